@@ -1,0 +1,1 @@
+"""TensorRT-LLM PyTorch-backend path for the Qwen-VL family."""

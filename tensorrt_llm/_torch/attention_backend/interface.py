@@ -1,0 +1,46 @@
+"""AttentionMetadata: the per-step description of the batch, built once by the engine.
+
+Batch layout (TensorRT-LLM convention): context requests first, then generation requests.
+Tokens are packed: T = num_ctx_tokens + num_generations (one token per generation request).
+NOTE: plain fields only. Nothing here copies to the device behind the caller's back; the
+engine fills the device tensors explicitly (pinned, non_blocking) when it builds the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from ..pyexecutor.resource_manager import KVCacheManager
+
+
+@dataclass
+class AttentionMetadata:
+    num_contexts: int
+    num_generations: int
+    num_ctx_tokens: int
+    num_tokens: int  # real (unpadded) tokens in the step
+    # host copies, for Python-level loops in reference backends (no device sync needed)
+    seq_lens_cpu: torch.Tensor  # [B] int32 new tokens per request this step
+    num_cached_tokens_cpu: torch.Tensor  # [B] int32 tokens already in the KV cache
+    # device copies
+    seq_lens: torch.Tensor  # [B] int32
+    num_cached_tokens: torch.Tensor  # [B] int32
+    cu_seqlens_q: torch.Tensor  # [B+1] int32, offsets of each request's new tokens
+    block_tables: torch.Tensor  # [B, max_blocks_per_seq] int32 (block ids, -1 unused)
+    slot_mapping: torch.Tensor  # [T_padded] int64, block*tokens_per_block+offset; -1 = skip
+    seq_slots: torch.Tensor  # [B] int64 seq slot of each request (device)
+    seq_slots_cpu: torch.Tensor  # [B] int64
+    kv_cache_manager: KVCacheManager | None
+    tokens_per_block: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.num_contexts + self.num_generations
+
+    @property
+    def is_pure_generation(self) -> bool:
+        return self.num_contexts == 0

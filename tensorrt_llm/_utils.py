@@ -1,0 +1,40 @@
+"""Host-to-device helpers: pinned staging so H2D copies never block the host."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+
+
+@lru_cache(maxsize=1)
+def prefer_pinned() -> bool:
+    """True when pinned host memory is worth using (a CUDA device is present)."""
+    return torch.cuda.is_available()
+
+
+def maybe_pin_memory(t: torch.Tensor) -> torch.Tensor:
+    """Pin a CPU tensor when CUDA exists; a no-op for device or already pinned tensors."""
+    if not prefer_pinned() or t.device.type != "cpu" or t.is_pinned():
+        return t
+    return t.pin_memory()
+
+
+def async_tensor_h2d(
+    data: Sequence[int | float] | torch.Tensor,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> torch.Tensor:
+    """Build `data` on the host in pinned memory and copy it to `device` with non_blocking.
+
+    NOTE: the pinned staging tensor must outlive the copy; the caching host allocator keeps
+    it alive until the copy's stream event completes, so returning only the device tensor is safe.
+    """
+    if isinstance(data, torch.Tensor):
+        host = data.to(dtype=dtype)
+    else:
+        host = torch.tensor(data, dtype=dtype)
+    if torch.device(device).type == "cpu":
+        return host
+    return maybe_pin_memory(host).to(device, non_blocking=True)
