@@ -41,6 +41,20 @@ def _move(value: Any, device: torch.device, pin_memory: bool) -> Any:
 
 
 @dataclass
+class MultimodalRuntimeData:
+    """Which vision tokens of a request the current prefill chunk covers, per modality.
+
+    Set by the engine each step (host ints): the chunk holds image tokens
+    [num_cached_image_tokens, num_cached_image_tokens + num_image_tokens_in_chunk), likewise video.
+    """
+
+    num_cached_image_tokens: int = 0
+    num_image_tokens_in_chunk: int = 0
+    num_cached_video_tokens: int = 0
+    num_video_tokens_in_chunk: int = 0
+
+
+@dataclass
 class MultimodalParams:
     """Multimodal tensors of one request, keyed by modality.
 
@@ -52,6 +66,7 @@ class MultimodalParams:
     """
 
     multimodal_data: dict[str, Any] = field(default_factory=dict)
+    runtime: MultimodalRuntimeData | None = None
 
     def to_device(
         self,
