@@ -67,6 +67,8 @@ class MultimodalParams:
 
     multimodal_data: dict[str, Any] = field(default_factory=dict)
     runtime: MultimodalRuntimeData | None = None
+    # Vision-tower outputs kept across prefill chunks of one request (set by the model).
+    cached_embeddings: dict[str, Any] | None = None
 
     def to_device(
         self,
@@ -92,6 +94,8 @@ class MultimodalParams:
 
     def strip_for_generation(self) -> None:
         """Drop everything but the mRoPE delta once the context phase is over."""
+        self.cached_embeddings = None
+        self.runtime = None
         parent, leaf = _get_path(self.multimodal_data, MROPE_POSITION_DELTAS)
         if parent is None:
             self.multimodal_data = {}

@@ -1,0 +1,87 @@
+"""Decoder self-attention: fused qkv projection, optional per-head q/k RMSNorm, rotary, backend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention_backend import AttentionMetadata, get_attention_backend
+from .linear import Linear
+from .rms_norm import RMSNorm
+from .rotary_embedding import apply_rotary_emb
+
+
+class Attention(nn.Module):
+    """GQA self-attention over packed tokens.
+
+    `qkv_proj` holds HF's q_proj, k_proj, v_proj rows in that order (biases too, for Qwen2).
+    `qk_norm` adds Qwen3's per-head RMSNorm on q and k, applied before the rotary.
+    The rotary angles come in from the model as packed `cos_sin: [T, rotary_dim]`; with
+    `rotary_dim < head_dim` only the first `rotary_dim` channels of each head rotate.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        layer_idx: int,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm: bool = False,
+        rms_norm_eps: float = 1e-6,
+        attn_backend: str = "vanilla",
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"num_heads {num_heads} not divisible by num_kv_heads {num_kv_heads}")
+        self.hidden_size = hidden_size
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.layer_idx = layer_idx
+        self.q_size = num_heads * head_dim
+        self.kv_size = num_kv_heads * head_dim
+        self.qkv_proj = Linear(
+            hidden_size,
+            self.q_size + 2 * self.kv_size,
+            bias=qkv_bias,
+            dtype=dtype,
+            output_splits=(self.q_size, self.kv_size, self.kv_size),
+        )
+        self.o_proj = Linear(self.q_size, hidden_size, bias=o_bias, dtype=dtype)
+        self.q_norm = RMSNorm(head_dim, rms_norm_eps, dtype=dtype) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, rms_norm_eps, dtype=dtype) if qk_norm else None
+        backend_cls = get_attention_backend(attn_backend)
+        self.attn = backend_cls(num_heads, num_kv_heads, head_dim, layer_idx, head_dim**-0.5)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        cos_sin: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """`hidden_states: [T, hidden]`, `cos_sin: [T, rotary_dim]` -> `[T, hidden]`."""
+        num_tokens = hidden_states.shape[0]
+        if cos_sin.shape[0] != num_tokens:
+            raise ValueError(f"cos_sin has {cos_sin.shape[0]} rows for {num_tokens} tokens")
+        if cos_sin.shape[-1] > self.head_dim:
+            raise ValueError(f"rotary_dim {cos_sin.shape[-1]} exceeds head_dim {self.head_dim}")
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rotary_emb(q, cos_sin)
+        k = apply_rotary_emb(k, cos_sin)
+        out = self.attn.forward(
+            q.reshape(num_tokens, self.q_size),
+            k.reshape(num_tokens, self.kv_size),
+            v.contiguous(),
+            attn_metadata,
+        )
+        return self.o_proj(out)

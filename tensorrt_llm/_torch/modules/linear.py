@@ -1,0 +1,47 @@
+"""Linear layer with optional fused output shards (qkv, gate_up)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Linear(nn.Module):
+    """`y = x @ W^T + b` with `W: [out_features, in_features]` (nn.Linear layout).
+
+    `output_splits` records how the output rows are made of several HF projections (for a
+    fused qkv or gate_up projection), so the weight loader can place each shard and later
+    quantised variants know the boundaries.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
+        output_splits: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__()
+        if in_features <= 0 or out_features <= 0:
+            raise ValueError(f"Linear sizes must be positive, got {in_features}x{out_features}")
+        splits = tuple(output_splits) if output_splits is not None else (out_features,)
+        if sum(splits) != out_features:
+            raise ValueError(f"output_splits {splits} do not sum to out_features={out_features}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.output_splits = splits
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, output_splits={self.output_splits}"
+        )

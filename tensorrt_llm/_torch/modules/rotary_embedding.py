@@ -1,0 +1,166 @@
+"""Rotary position embeddings: 1-D RoPE and multimodal RoPE (mRoPE) with precomputed tables.
+
+Layout contract (docs/interfaces.md): `get_cos_sin(...)` returns float32 `[T, rotary_dim]` packed
+as `cat(cos, sin)` over the `rotary_dim // 2` frequencies. Rotation is the neox / HF
+`rotate_half` style: frequency j rotates channels (j, j + rotary_dim // 2). With
+`rotary_dim < head_dim` only the first `rotary_dim` channels of each head rotate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+def _check_dims(head_dim: int, rotary_dim: int, max_positions: int) -> None:
+    if rotary_dim <= 0 or rotary_dim % 2 != 0:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    if rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim {rotary_dim} exceeds head_dim {head_dim}")
+    if max_positions <= 0:
+        raise ValueError(f"max_positions must be positive, got {max_positions}")
+
+
+class RotaryEmbedding(nn.Module):
+    """Standard RoPE. The cos/sin table is built once at init; forward only indexes it.
+
+    NOTE: the table is built on `device` (CPU by default) with an explicit device argument,
+    so building the model under `torch.device("meta")` still yields real values.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        rotary_dim: int | None = None,
+        base: float = 10000.0,
+        max_positions: int = 32768,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        _check_dims(head_dim, rotary_dim, max_positions)
+        self.head_dim = head_dim
+        self.rotary_dim = rotary_dim
+        self.base = float(base)
+        self.max_positions = max_positions
+        exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=device).float()
+        inv_freq = 1.0 / (self.base ** (exponent / rotary_dim))
+        positions = torch.arange(max_positions, dtype=torch.int64, device=device).float()
+        freqs = positions[:, None] * inv_freq[None, :]  # [P, rotary_dim // 2]
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # [P, rotary_dim] float32: cat(cos, sin)
+        table = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+        self.register_buffer("cos_sin_table", table, persistent=False)
+
+    def _lookup(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.cos_sin_table.index_select(0, position_ids.reshape(-1))
+
+    def get_cos_sin(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """`position_ids: [T]` (or `[1, T]`) -> float32 `[T, rotary_dim]`."""
+        if position_ids.dim() == 2 and position_ids.shape[0] == 1:
+            position_ids = position_ids[0]
+        if position_ids.dim() != 1:
+            raise ValueError(
+                f"RotaryEmbedding expects position_ids [T], got shape {tuple(position_ids.shape)}"
+            )
+        return self._lookup(position_ids)
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
+            f"max_positions={self.max_positions}"
+        )
+
+
+def mrope_channel_axes(mrope_section: Sequence[int], interleaved: bool) -> torch.Tensor:
+    """Which position axis (0=T, 1=H, 2=W) drives each of the `sum(mrope_section)` frequencies.
+
+    Contiguous (Qwen2/2.5-VL): `[T]*s0 + [H]*s1 + [W]*s2`.
+    Interleaved (Qwen3-VL, Qwen3.5): frequency 3k+1 is H for k < s1, 3k+2 is W for k < s2, and
+    every other frequency (including the tail past the interleaved prefix) is T.
+    """
+    if len(mrope_section) != 3 or any(int(s) < 0 for s in mrope_section):
+        raise ValueError(f"mrope_section must be 3 non-negative ints, got {list(mrope_section)}")
+    s_t, s_h, s_w = (int(s) for s in mrope_section)
+    half = s_t + s_h + s_w
+    if not interleaved:
+        return torch.tensor([0] * s_t + [1] * s_h + [2] * s_w, dtype=torch.int64, device="cpu")
+    # NOTE: explicit CPU device so this also works under a `torch.device("meta")` context.
+    axes = torch.zeros(half, dtype=torch.int64, device="cpu")
+    h_idx = torch.arange(1, 3 * s_h, 3, device="cpu")
+    w_idx = torch.arange(2, 3 * s_w, 3, device="cpu")
+    if (h_idx.numel() and h_idx[-1] >= half) or (w_idx.numel() and w_idx[-1] >= half):
+        raise ValueError(
+            f"interleaved mrope_section {list(mrope_section)} does not fit {half} frequencies"
+        )
+    axes[h_idx] = 1
+    axes[w_idx] = 2
+    return axes
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """mRoPE: each frequency takes its angle from one of three position axes (T, H, W).
+
+    `mrope_section` counts frequencies per axis and must sum to `rotary_dim // 2`.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        rotary_dim: int | None = None,
+        base: float = 10000.0,
+        max_positions: int = 32768,
+        mrope_section: Sequence[int] = (16, 24, 24),
+        interleaved: bool = False,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__(head_dim, rotary_dim, base, max_positions, device)
+        section = [int(s) for s in mrope_section]
+        if len(section) != 3 or sum(section) != self.rotary_dim // 2:
+            raise ValueError(
+                f"mrope_section {section} must have 3 entries summing to rotary_dim // 2 = "
+                f"{self.rotary_dim // 2}"
+            )
+        self.mrope_section = tuple(section)
+        self.interleaved = interleaved
+        axes = mrope_channel_axes(section, interleaved).to(device)
+        # The same axis choice applies to the cos half and the sin half of the packed table.
+        self.register_buffer("channel_axes", torch.cat([axes, axes])[None, None, :], persistent=False)
+
+    def get_cos_sin(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """`position_ids: [3, T]` (or `[3, 1, T]`, or `[T]` for text) -> float32 `[T, rotary_dim]`."""
+        if position_ids.dim() == 3 and position_ids.shape[1] == 1:
+            position_ids = position_ids[:, 0]
+        if position_ids.dim() == 1:
+            return self._lookup(position_ids)
+        if position_ids.dim() != 2 or position_ids.shape[0] != 3:
+            raise ValueError(
+                "MRotaryEmbedding expects position_ids [3, T], [3, 1, T] or [T], got shape "
+                f"{tuple(position_ids.shape)}"
+            )
+        num_tokens = position_ids.shape[1]
+        per_axis = self._lookup(position_ids).view(3, num_tokens, self.rotary_dim)
+        index = self.channel_axes.expand(1, num_tokens, self.rotary_dim)
+        return per_axis.gather(0, index)[0]
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, mrope_section={list(self.mrope_section)}, " + (
+            f"interleaved={self.interleaved}"
+        )
+
+
+def apply_rotary_emb(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `x: [T, H, D]` with packed `cos_sin: [T, rotary_dim]`; channels past
+    `rotary_dim` pass through. Computed in float32, returned in `x.dtype`."""
+    rotary_dim = cos_sin.shape[-1]
+    half = rotary_dim // 2
+    cos = cos_sin[:, None, :half]
+    sin = cos_sin[:, None, half:]
+    x_rot = x[..., :rotary_dim].float()
+    x1, x2 = x_rot[..., :half], x_rot[..., half:]
+    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    if rotary_dim == x.shape[-1]:
+        return rotated
+    return torch.cat([rotated, x[..., rotary_dim:]], dim=-1)

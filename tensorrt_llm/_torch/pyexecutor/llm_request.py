@@ -1,0 +1,215 @@
+"""LlmRequest: one request's host-side state as it moves through the executor.
+
+Lifecycle: CONTEXT_INIT (prompt being prefilled, possibly over several chunks) ->
+GENERATION_IN_PROGRESS (one token per step) -> GENERATION_COMPLETE (finish_reason set).
+The scheduler writes `context_chunk_size` and `seq_slot`; after the forward the executor (or
+`TorchSampler.update_requests`) advances `context_current_position`.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from ...inputs.multimodal import MultimodalParams
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+class LlmRequestState(enum.Enum):
+    CONTEXT_INIT = enum.auto()
+    GENERATION_IN_PROGRESS = enum.auto()
+    GENERATION_COMPLETE = enum.auto()
+
+
+class LlmRequest:
+    """Host state of one request. Plain attributes; nothing here touches a device."""
+
+    def __init__(
+        self,
+        request_id: int,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams | None = None,
+        multimodal_params: MultimodalParams | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        prompt = np.asarray(prompt_token_ids)
+        if prompt.ndim != 1 or prompt.size == 0:
+            raise ValueError("prompt_token_ids must be a non-empty 1-D sequence of token ids")
+        if not np.issubdtype(prompt.dtype, np.integer):
+            raise ValueError(f"prompt_token_ids must hold ints, got dtype {prompt.dtype}")
+        if int(prompt.min()) < 0:
+            raise ValueError("prompt_token_ids must be non-negative")
+        self.request_id = request_id
+        # NOTE: the prompt never changes after construction; the numpy copy backs the
+        # cumulative counts and fast slicing, the list serves Python consumers.
+        self._prompt_array: np.ndarray = prompt.astype(np.int64, copy=True)
+        self._prompt_array.flags.writeable = False
+        self.prompt_token_ids: list[int] = self._prompt_array.tolist()
+        self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
+        self.multimodal_params = multimodal_params
+
+        self.state = LlmRequestState.CONTEXT_INIT
+        self.seq_slot: int | None = None
+        self.context_current_position = 0  # prompt tokens already prefilled (in the KV cache)
+        self.context_chunk_size = 0  # prompt tokens scheduled for the current step
+        self.output_token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        # Why a "stop" finish happened: the token id (end_id or a stop token) or the stop string.
+        self.stop_reason: int | str | None = None
+        # For stop strings: keep `text[:stop_text_end]` of the detokenized output.
+        self.stop_text_end: int | None = None
+        self.error: str | None = None
+
+        # time.perf_counter() stamps, for TTFT / ITL / latency metrics.
+        self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.finish_time: float | None = None
+        self._cumsum_cache: dict[int, np.ndarray] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"LlmRequest(id={self.request_id}, state={self.state.name}, prompt_len={self.prompt_len},"
+            f" ctx_pos={self.context_current_position}, generated={len(self.output_token_ids)},"
+            f" finish_reason={self.finish_reason})"
+        )
+
+    # ---- sizes -------------------------------------------------------------------------------
+    @property
+    def prompt_len(self) -> int:
+        return self._prompt_array.shape[0]
+
+    @property
+    def prompt_token_array(self) -> np.ndarray:
+        """Read-only int64 view of the prompt, for cheap chunk slicing."""
+        return self._prompt_array
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return self.prompt_len + len(self.output_token_ids)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def max_num_tokens(self) -> int:
+        """Upper bound on `num_tokens` over the request's life (prompt + max_tokens)."""
+        return self.prompt_len + self.sampling_params.max_tokens
+
+    @property
+    def context_remaining_length(self) -> int:
+        """Prompt tokens not prefilled yet."""
+        return self.prompt_len - self.context_current_position
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    # ---- state -------------------------------------------------------------------------------
+    @property
+    def is_context_init(self) -> bool:
+        return self.state is LlmRequestState.CONTEXT_INIT
+
+    @property
+    def is_generation(self) -> bool:
+        return self.state is LlmRequestState.GENERATION_IN_PROGRESS
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state is LlmRequestState.GENERATION_COMPLETE
+
+    @property
+    def is_first_context_chunk(self) -> bool:
+        return self.context_current_position == 0
+
+    @property
+    def is_last_context_chunk(self) -> bool:
+        """True when the scheduled chunk reaches the end of the prompt (the step samples a token)."""
+        return self.context_current_position + self.context_chunk_size >= self.prompt_len
+
+    def move_to_next_context_chunk(self) -> None:
+        """Mark the scheduled chunk as prefilled. Safe to call twice (the chunk resets to 0)."""
+        self.context_current_position = min(
+            self.prompt_len, self.context_current_position + self.context_chunk_size
+        )
+        self.context_chunk_size = 0
+
+    def add_new_token(self, token_id: int, now: float | None = None) -> None:
+        """Append one generated token; a request that just finished its prompt enters generation."""
+        if self.is_finished:
+            raise ValueError(f"request {self.request_id} is finished; cannot add token {token_id}")
+        if self.is_context_init:
+            self.context_current_position = self.prompt_len
+            self.context_chunk_size = 0
+            self.state = LlmRequestState.GENERATION_IN_PROGRESS
+        now = time.perf_counter() if now is None else now
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.last_token_time = now
+        self.output_token_ids.append(token_id)
+
+    def finish(self, reason: str, now: float | None = None) -> None:
+        """Move to GENERATION_COMPLETE with `reason`; a second call keeps the first reason."""
+        if reason not in FINISH_REASONS:
+            raise ValueError(f"finish reason must be one of {FINISH_REASONS}, got {reason!r}")
+        if self.is_finished:
+            return
+        self.finish_reason = reason
+        self.state = LlmRequestState.GENERATION_COMPLETE
+        self.finish_time = time.perf_counter() if now is None else now
+
+    def cancel(self) -> None:
+        self.finish("cancelled")
+
+    def set_error(self, message: str) -> None:
+        self.error = message
+        self.finish("error")
+
+    # ---- metrics -----------------------------------------------------------------------------
+    @property
+    def ttft(self) -> float | None:
+        """Seconds from arrival to the first generated token."""
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def mean_itl(self) -> float | None:
+        """Mean seconds between generated tokens (None with fewer than two tokens)."""
+        n = len(self.output_token_ids)
+        if n < 2 or self.first_token_time is None or self.last_token_time is None:
+            return None
+        return (self.last_token_time - self.first_token_time) / (n - 1)
+
+    # ---- prompt token counts -----------------------------------------------------------------
+    def _cumsum(self, token_id: int) -> np.ndarray:
+        counts = self._cumsum_cache.get(token_id)
+        if counts is None:
+            # counts[p] = occurrences of token_id in prompt[:p]; computed once per token id.
+            counts = np.zeros(self.prompt_len + 1, dtype=np.int64)
+            np.cumsum(self._prompt_array == token_id, out=counts[1:])
+            self._cumsum_cache[token_id] = counts
+        return counts
+
+    def count_tokens_before(self, token_id: int, position: int) -> int:
+        """How many times `token_id` occurs in `prompt_token_ids[:position]`."""
+        if not 0 <= position <= self.prompt_len:
+            raise ValueError(f"position must be in [0, {self.prompt_len}], got {position}")
+        return int(self._cumsum(token_id)[position])
+
+    def count_tokens_in_range(self, token_id: int, start: int, end: int) -> int:
+        """How many times `token_id` occurs in `prompt_token_ids[start:end]`."""
+        if not 0 <= start <= end <= self.prompt_len:
+            raise ValueError(f"need 0 <= start <= end <= {self.prompt_len}, got [{start}, {end})")
+        counts = self._cumsum(token_id)
+        return int(counts[end] - counts[start])

@@ -1,0 +1,216 @@
+"""PyTorchModelEngine: turns a scheduled batch into model inputs and runs the forward.
+
+Per step it builds the token, position and KV-slot arrays on the host (numpy, no device reads),
+copies them into the persistent `InputBuffers` through pinned staging, builds one
+`AttentionMetadata`, and calls the model. Generation positions are `past_len` here; mRoPE models
+add the per-slot delta on the device, so nothing in the decode step reads a device value.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..._utils import maybe_pin_memory
+from ...inputs.multimodal import MROPE_POSITION_IDS, MultimodalParams, MultimodalRuntimeData
+from ..attention_backend.interface import AttentionMetadata
+from .input_buffers import InputBuffers
+from .llm_request import LlmRequest
+from .scheduler import ScheduledRequests
+
+if TYPE_CHECKING:
+    from .resource_manager import KVCacheManager
+
+
+class PyTorchModelEngine:
+    """Owns the model, its input buffers and the step preparation."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        max_num_tokens: int,
+        max_batch_size: int,
+        max_seq_len: int,
+        tokens_per_block: int,
+        image_token_id: int | None = None,
+        video_token_id: int | None = None,
+    ) -> None:
+        self.model = model
+        self.device = torch.device(device)
+        self.max_num_tokens = max_num_tokens
+        self.max_batch_size = max_batch_size
+        self.tokens_per_block = tokens_per_block
+        self.max_blocks_per_seq = -(-max_seq_len // tokens_per_block)
+        # NOTE: mRoPE models always take the (3,1,max_num_tokens) int32 position buffer, also
+        # for text-only batches, so one code path (and one graph shape) serves every request.
+        self.use_mrope = hasattr(model, "multimodal_data_device_paths")
+        self.device_paths: list[str] = list(getattr(model, "multimodal_data_device_paths", []))
+        self.image_token_id = image_token_id
+        self.video_token_id = video_token_id
+        self.vocab_size: int = int(getattr(model, "vocab_size", 0))
+        self.kv_cache_manager: KVCacheManager | None = None
+        self.buffers = InputBuffers.allocate(
+            max_num_tokens, max_batch_size, self.max_blocks_per_seq, self.use_mrope, self.device
+        )
+
+    def set_kv_cache_manager(self, kv_cache_manager: KVCacheManager | None) -> None:
+        self.kv_cache_manager = kv_cache_manager
+
+    # ------------------------------------------------------------------ step preparation
+    def _h2d(self, dst: torch.Tensor, host: np.ndarray) -> torch.Tensor:
+        """Copy a host array into the leading rows of a persistent buffer; returns that view."""
+        view = dst[: host.shape[0]]
+        view.copy_(maybe_pin_memory(torch.from_numpy(host)), non_blocking=True)
+        return view
+
+    def _context_positions(self, req: LlmRequest, begin: int, end: int) -> torch.Tensor | None:
+        """The chunk's mRoPE positions [3,1,n] (device or host), or None for text LLMs."""
+        if not self.use_mrope:
+            return None
+        params = req.multimodal_params
+        pos = params.get(MROPE_POSITION_IDS) if params is not None else None
+        if pos is None:
+            raise RuntimeError(
+                f"request {req.request_id} has no mrope_config.mrope_position_ids; every "
+                "request to an mRoPE model must come through its input processor"
+            )
+        return pos[:, :, begin:end]
+
+    def _prepare_multimodal(self, req: LlmRequest, begin: int, end: int) -> MultimodalParams:
+        params = req.multimodal_params
+        if params is None:
+            raise RuntimeError(f"request {req.request_id} has no multimodal params")
+        if begin == 0:
+            # Once per request: move the listed tensors (mRoPE keys always among them).
+            params.to_device(
+                "multimodal_data",
+                self.device,
+                pin_memory=True,
+                target_keywords=self.device_paths,
+            )
+        runtime = MultimodalRuntimeData()
+        for kind, token_id in (("image", self.image_token_id), ("video", self.video_token_id)):
+            if token_id is None:
+                continue
+            cached = req.count_tokens_before(token_id, begin)
+            in_chunk = req.count_tokens_in_range(token_id, begin, end)
+            setattr(runtime, f"num_cached_{kind}_tokens", cached)
+            setattr(runtime, f"num_{kind}_tokens_in_chunk", in_chunk)
+        params.runtime = runtime
+        return params
+
+    def prepare(
+        self, scheduled: ScheduledRequests
+    ) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor, list[MultimodalParams]]:
+        ctx = list(scheduled.context_requests)
+        gen = list(scheduled.generation_requests)
+        requests = ctx + gen
+        if len(requests) > self.max_batch_size:
+            raise RuntimeError(f"batch of {len(requests)} exceeds max_batch_size")
+        tpb = self.tokens_per_block
+        ids_parts: list[np.ndarray] = []
+        pos_parts: list[np.ndarray] = []
+        mrope_ctx: list[tuple[int, torch.Tensor]] = []
+        slot_parts: list[np.ndarray] = []
+        seq_lens = np.zeros(len(requests), dtype=np.int32)
+        cached = np.zeros(len(requests), dtype=np.int32)
+        block_table = np.full((len(requests), self.max_blocks_per_seq), -1, dtype=np.int32)
+        mm_params: list[MultimodalParams] = []
+        offset = 0
+        for i, req in enumerate(requests):
+            if i < len(ctx):
+                begin = req.context_current_position
+                end = begin + req.context_chunk_size
+                ids_parts.append(req.prompt_token_array[begin:end])
+                chunk_pos = self._context_positions(req, begin, end)
+                if chunk_pos is not None:
+                    mrope_ctx.append((offset, chunk_pos))
+                    mm_params.append(self._prepare_multimodal(req, begin, end))
+            else:
+                begin = req.num_tokens - 1
+                end = begin + 1
+                ids_parts.append(np.asarray(req.output_token_ids[-1:], dtype=np.int64))
+            pos_parts.append(np.arange(begin, end, dtype=np.int32))
+            seq_lens[i] = end - begin
+            cached[i] = begin
+            blocks = self._block_ids(req)
+            block_table[i, : len(blocks)] = blocks
+            tok = np.arange(begin, end)
+            slot_parts.append(np.asarray(blocks, dtype=np.int64)[tok // tpb] * tpb + tok % tpb)
+            offset += end - begin
+        num_tokens = offset
+        if num_tokens > self.max_num_tokens:
+            raise RuntimeError(f"step of {num_tokens} tokens exceeds max_num_tokens")
+        num_ctx_tokens = int(seq_lens[: len(ctx)].sum())
+
+        buf = self.buffers
+        input_ids = self._h2d(buf.input_ids, np.concatenate(ids_parts).astype(np.int64))
+        host_pos = np.concatenate(pos_parts)
+        if self.use_mrope:
+            position_ids = buf.position_ids[:, :, :num_tokens]
+            position_ids.copy_(
+                maybe_pin_memory(torch.from_numpy(host_pos)).view(1, 1, -1).expand(3, 1, -1),
+                non_blocking=True,
+            )
+            for start, chunk_pos in mrope_ctx:
+                position_ids[:, :, start : start + chunk_pos.shape[-1]].copy_(
+                    chunk_pos, non_blocking=True
+                )
+        else:
+            position_ids = buf.position_ids[:, :num_tokens]
+            position_ids.copy_(
+                maybe_pin_memory(torch.from_numpy(host_pos)).view(1, -1), non_blocking=True
+            )
+        slot_mapping = self._h2d(buf.slot_mapping, np.concatenate(slot_parts))
+        cu = np.zeros(len(requests) + 1, dtype=np.int32)
+        np.cumsum(seq_lens, out=cu[1:])
+        slots_host = np.asarray([r.seq_slot for r in requests], dtype=np.int64)
+        metadata = AttentionMetadata(
+            num_contexts=len(ctx),
+            num_generations=len(gen),
+            num_ctx_tokens=num_ctx_tokens,
+            num_tokens=num_tokens,
+            seq_lens_cpu=torch.from_numpy(seq_lens),
+            num_cached_tokens_cpu=torch.from_numpy(cached),
+            seq_lens=self._h2d(buf.seq_lens, seq_lens),
+            num_cached_tokens=self._h2d(buf.num_cached_tokens, cached),
+            cu_seqlens_q=self._h2d(buf.cu_seqlens_q, cu),
+            block_tables=self._h2d(buf.block_tables, block_table),
+            slot_mapping=slot_mapping,
+            seq_slots=self._h2d(buf.seq_slots, slots_host),
+            seq_slots_cpu=torch.from_numpy(slots_host),
+            kv_cache_manager=self.kv_cache_manager,
+            tokens_per_block=tpb,
+        )
+        return metadata, input_ids, position_ids, mm_params
+
+    def _block_ids(self, req: LlmRequest) -> list[int]:
+        if self.kv_cache_manager is None:
+            raise RuntimeError("the engine has no KV cache manager")
+        return self.kv_cache_manager.get_block_ids(req.request_id)
+
+    # ------------------------------------------------------------------ forward
+    @torch.inference_mode()
+    def forward(
+        self, scheduled: ScheduledRequests, return_context_logits: bool = False
+    ) -> torch.Tensor:
+        """Logits of the last token of every scheduled request ([num_seqs, vocab], context first)."""
+        metadata, input_ids, position_ids, mm_params = self.prepare(scheduled)
+        if self.use_mrope:
+            return self.model(
+                metadata,
+                input_ids,
+                position_ids,
+                multimodal_params=mm_params,
+                return_context_logits=return_context_logits,
+            )
+        return self.model(
+            metadata,
+            input_ids=input_ids,
+            position_ids=position_ids,
+            return_context_logits=return_context_logits,
+        )

@@ -1,0 +1,54 @@
+"""Prompt types accepted by `LLM.generate` and the input processors."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+# A chat message: {"role": "user", "content": "text" | [{"type": "text"|"image"|"video", ...}]}.
+ChatMessage = dict[str, Any]
+
+
+class _TextPromptRequired(TypedDict):
+    prompt: str | list[ChatMessage]
+
+
+class TextPrompt(_TextPromptRequired, total=False):
+    """A prompt given as text (or chat messages) with optional media.
+
+    prompt: a string (may already hold `<|image_pad|>` / `<|video_pad|>` placeholders, one per
+      item) or a list of chat messages rendered through the tokenizer's chat template.
+    multi_modal_data: {"image": item | [items], "video": video | [videos]}; see
+      `tensorrt_llm.inputs.utils.load_image` / `load_video` for the accepted item forms.
+    mm_processor_kwargs: per-request processor overrides (min_pixels, max_pixels, fps, ...).
+    """
+
+    multi_modal_data: dict[str, Any] | None
+    mm_processor_kwargs: dict[str, Any] | None
+
+
+class _TokensPromptRequired(TypedDict):
+    prompt_token_ids: list[int]
+
+
+class TokensPrompt(_TokensPromptRequired, total=False):
+    """A prompt given as token ids (placeholders, if any, already in id form)."""
+
+    multi_modal_data: dict[str, Any] | None
+    mm_processor_kwargs: dict[str, Any] | None
+
+
+PromptInputs = str | TextPrompt | TokensPrompt
+
+
+def as_prompt_dict(inputs: PromptInputs | list[ChatMessage]) -> dict[str, Any]:
+    """Normalise a bare string or message list into a TextPrompt-shaped dict."""
+    if isinstance(inputs, str | list):
+        return {"prompt": inputs}
+    if not isinstance(inputs, dict):
+        raise ValueError(
+            f"a prompt must be a str, a list of chat messages, a TextPrompt or a TokensPrompt; "
+            f"got {type(inputs).__name__}"
+        )
+    if "prompt" not in inputs and "prompt_token_ids" not in inputs:
+        raise ValueError("a prompt dict needs a 'prompt' or a 'prompt_token_ids' key")
+    return dict(inputs)

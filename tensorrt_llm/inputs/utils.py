@@ -1,0 +1,189 @@
+"""Media loading: every accepted image or video form becomes RGB PIL frames.
+
+Images: PIL images, torch tensors or numpy arrays ([C,H,W], [H,W,C] or [H,W]; uint8, or float
+in [0, 1]), file paths, `data:` URLs, raw base64 strings, bytes, and http(s) URLs.
+Videos: a `VideoData`, a sequence of frames in any image form, a 4-D array/tensor
+([T,C,H,W] or [T,H,W,C]) or a folder of frame images (sorted by name). Video files are not
+decoded here (no decoder dependency); decode them to frames first.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+ImageSource = Image.Image | torch.Tensor | np.ndarray | str | os.PathLike | bytes | bytearray
+
+_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
+_URL_TIMEOUT_S = 30.0
+
+
+@dataclass
+class VideoData:
+    """Decoded video frames plus the timing the Qwen-VL models need.
+
+    fps: the rate the given frames were sampled at (frames per second of `frames`).
+    timestamps: optional seconds of each frame; wins over `fps` where both are given.
+    """
+
+    frames: list[Image.Image]
+    fps: float | None = None
+    timestamps: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.frames:
+            raise ValueError("a video needs at least one frame")
+        if self.fps is not None and not self.fps > 0:
+            raise ValueError(f"video fps must be positive, got {self.fps}")
+        if self.timestamps is not None and len(self.timestamps) != len(self.frames):
+            raise ValueError(
+                f"video has {len(self.frames)} frames but {len(self.timestamps)} timestamps"
+            )
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """RGB copy; transparency is composited onto white (as the HF image processors do)."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def _open_bytes(data: bytes, what: str) -> Image.Image:
+    try:
+        image = Image.open(io.BytesIO(data))
+        image.load()  # decode now, so truncated data fails here and not deep in a resize
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise ValueError(f"corrupt image {what}: {exc}") from exc
+    return image
+
+
+def _array_to_image(array: np.ndarray, prefer_channels_first: bool) -> Image.Image:
+    if array.ndim == 3:
+        first, last = array.shape[0] in (1, 3, 4), array.shape[-1] in (1, 3, 4)
+        if first and (prefer_channels_first or not last):
+            array = np.moveaxis(array, 0, -1)
+        elif not last:
+            raise ValueError(f"image array must be [C,H,W] or [H,W,C], got {list(array.shape)}")
+        if array.shape[-1] == 1:
+            array = array[..., 0]
+    elif array.ndim != 2:
+        raise ValueError(f"image array must have 2 or 3 dims, got {list(array.shape)}")
+    if np.issubdtype(array.dtype, np.floating):
+        if array.size and (array.min() < 0.0 or array.max() > 1.0):
+            raise ValueError("float image values must lie in [0, 1]")
+        array = np.rint(array * 255.0)
+    elif array.dtype != np.uint8:
+        if array.size and (array.min() < 0 or array.max() > 255):
+            raise ValueError("integer image values must lie in [0, 255]")
+    return _to_rgb(Image.fromarray(np.ascontiguousarray(array.astype(np.uint8))))
+
+
+def _load_image_string(src: str) -> Image.Image:
+    if src.startswith("data:"):
+        header, _, payload = src.partition(",")
+        if ";base64" not in header:
+            raise ValueError("image data URL must be base64 encoded (data:<mime>;base64,...)")
+        return _open_bytes(_b64decode(payload, "data URL"), "in data URL")
+    if src.startswith(("http://", "https://")):
+        with urllib.request.urlopen(src, timeout=_URL_TIMEOUT_S) as response:
+            return _open_bytes(response.read(), f"at {src}")
+    if len(src) < 4096 and os.path.isfile(src):
+        return _open_bytes(Path(src).read_bytes(), f"file {src}")
+    try:
+        data = _b64decode(src, "string")
+    except ValueError:
+        raise ValueError(
+            f"image string is not an existing file, a data URL, an http(s) URL or base64: "
+            f"{src[:64]!r}"
+        ) from None
+    return _open_bytes(data, "in base64 string")
+
+
+def _b64decode(payload: str, what: str) -> bytes:
+    try:
+        return base64.b64decode("".join(payload.split()), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"invalid base64 in image {what}: {exc}") from exc
+
+
+def load_image(src: ImageSource) -> Image.Image:
+    """Load any accepted image form as an RGB PIL image. Bad input raises ValueError."""
+    if isinstance(src, Image.Image):
+        return _to_rgb(src)
+    if isinstance(src, torch.Tensor):
+        return _array_to_image(src.detach().cpu().numpy(), prefer_channels_first=True)
+    if isinstance(src, np.ndarray):
+        return _array_to_image(src, prefer_channels_first=False)
+    if isinstance(src, bytes | bytearray):
+        return _to_rgb(_open_bytes(bytes(src), "bytes"))
+    if isinstance(src, os.PathLike):
+        path = Path(src)
+        if not path.is_file():
+            raise ValueError(f"image file not found: {path}")
+        return _to_rgb(_open_bytes(path.read_bytes(), f"file {path}"))
+    if isinstance(src, str):
+        return _to_rgb(_load_image_string(src))
+    raise ValueError(f"unsupported image type {type(src).__name__}")
+
+
+def _video_frames(src: Any) -> list[Image.Image]:
+    if isinstance(src, torch.Tensor | np.ndarray):
+        if src.ndim != 4:
+            raise ValueError(f"video array must be [T,C,H,W] or [T,H,W,C], got {list(src.shape)}")
+        return [load_image(frame) for frame in src]
+    if isinstance(src, str | os.PathLike) and Path(src).is_dir():
+        files = sorted(p for p in Path(src).iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES)
+        if not files:
+            raise ValueError(f"video folder {src} holds no frame images")
+        return [load_image(p) for p in files]
+    if isinstance(src, str | os.PathLike):
+        raise ValueError(
+            f"cannot decode video {str(src)[:64]!r}: pass decoded frames (a list of images, a "
+            f"4-D array or a folder of frame images) with their fps"
+        )
+    if isinstance(src, Sequence):
+        return [load_image(frame) for frame in src]
+    raise ValueError(f"unsupported video type {type(src).__name__}")
+
+
+def load_video(
+    src: VideoData | Sequence[ImageSource] | torch.Tensor | np.ndarray | str | os.PathLike,
+    fps: float | None = None,
+    timestamps: Sequence[float] | None = None,
+) -> VideoData:
+    """Load a video as RGB frames. `fps`/`timestamps` fill in timing the source lacks."""
+    if isinstance(src, VideoData):
+        return VideoData(
+            frames=[_to_rgb(frame) for frame in src.frames],
+            fps=src.fps if src.fps is not None else fps,
+            timestamps=src.timestamps if src.timestamps is not None else _floats(timestamps),
+        )
+    return VideoData(frames=_video_frames(src), fps=fps, timestamps=_floats(timestamps))
+
+
+def _floats(values: Sequence[float] | None) -> list[float] | None:
+    return None if values is None else [float(v) for v in values]
+
+
+def is_video_like(src: Any) -> bool:
+    """True for forms that are one whole video (not a single frame)."""
+    if isinstance(src, VideoData):
+        return True
+    if isinstance(src, torch.Tensor | np.ndarray):
+        return src.ndim == 4
+    if isinstance(src, str | os.PathLike):
+        return Path(src).is_dir() if len(str(src)) < 4096 else False
+    return isinstance(src, Sequence) and not isinstance(src, str | bytes | bytearray)

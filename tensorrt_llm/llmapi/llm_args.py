@@ -1,0 +1,174 @@
+"""LlmArgs: the validated knobs of `LLM(...)`, checked once at construction.
+
+Every field is validated in `__post_init__` with a ValueError that names the field, and
+`LlmArgs.from_kwargs` rejects unknown keyword arguments, listing the valid ones. The object is
+frozen: the engine reads it, nobody mutates it (resolve derived values with the `resolve_*`
+helpers instead of writing them back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+DEVICES = ("auto", "cpu", "cuda")
+ATTN_BACKENDS = ("auto", "vanilla", "triton", "flash_attn")
+MODALITIES = ("image", "video")
+_BOOL_FIELDS = (
+    "enable_chunked_prefill",
+    "use_cuda_graph",
+    "skip_tokenizer_init",
+    "trust_remote_code",
+)
+# NOTE: when max_seq_len is not given, the config's max_position_embeddings (often 128k+) is capped
+# here so that the KV cache of a default LLM(...) stays a sane size.
+DEFAULT_MAX_SEQ_LEN_CAP = 8192
+# Used when neither the user nor the config gives a context length.
+FALLBACK_MAX_SEQ_LEN = 4096
+
+
+def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...] | list[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LlmArgs:
+    """Arguments of `tensorrt_llm.LLM`. See the README for what each knob does."""
+
+    model: str
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_batch_size: int = 8
+    max_num_tokens: int = 4096
+    # None: take max_position_embeddings from the config, capped at DEFAULT_MAX_SEQ_LEN_CAP.
+    max_seq_len: int | None = None
+    kv_cache_free_gpu_memory_fraction: float = 0.9
+    # Hard cap on KV-cache tokens (None: size from the memory fraction only).
+    kv_cache_max_tokens: int | None = None
+    tokens_per_block: int = 32
+    enable_chunked_prefill: bool = False
+    attn_backend: str = "auto"
+    use_cuda_graph: bool = False
+    # Max items per prompt for each modality, e.g. {"image": 4, "video": 1}; None = unlimited.
+    limit_mm_per_prompt: dict[str, int] | None = None
+    seed: int | None = None
+    skip_tokenizer_init: bool = False
+    trust_remote_code: bool = False
+    # Free-form kwargs forwarded to the HF processor (e.g. min_pixels/max_pixels).
+    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._validate_paths()
+        _check_choice("dtype", self.dtype, list(DTYPES))
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
+        _check_int("max_batch_size", self.max_batch_size, 1)
+        _check_int("max_num_tokens", self.max_num_tokens, 1)
+        _check_int("max_seq_len", self.max_seq_len, 1, allow_none=True)
+        _check_int("kv_cache_max_tokens", self.kv_cache_max_tokens, 1, allow_none=True)
+        _check_int("tokens_per_block", self.tokens_per_block, 1)
+        _check_int("seed", self.seed, 0, allow_none=True)
+        frac = self.kv_cache_free_gpu_memory_fraction
+        if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0.0 < frac <= 1.0:
+            raise ValueError(
+                f"kv_cache_free_gpu_memory_fraction must be a number in (0, 1], got {frac!r}"
+            )
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        self._validate_mm_limits()
+        if not isinstance(self.mm_processor_kwargs, dict):
+            kwargs = self.mm_processor_kwargs
+            raise ValueError(f"mm_processor_kwargs must be a dict, got {kwargs!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was requested but no CUDA device is available")
+
+    def _validate_paths(self) -> None:
+        if not isinstance(self.model, str | os.PathLike) or not str(self.model):
+            raise ValueError(f"model must be a non-empty path, got {self.model!r}")
+        # NOTE: the only in-place normalisation of this frozen object: PathLike -> str.
+        object.__setattr__(self, "model", os.fspath(self.model))
+        if not os.path.isdir(self.model):
+            raise ValueError(
+                f"model must be a local checkpoint folder (no hub downloads): {self.model!r} "
+                "is not a directory"
+            )
+        if self.tokenizer is not None and not os.path.isdir(str(self.tokenizer)):
+            raise ValueError(f"tokenizer must be a local folder, got {self.tokenizer!r}")
+
+    def _validate_mm_limits(self) -> None:
+        limits = self.limit_mm_per_prompt
+        if limits is None:
+            return
+        if not isinstance(limits, dict):
+            raise ValueError(f"limit_mm_per_prompt must be a dict, got {type(limits).__name__}")
+        for key, value in limits.items():
+            _check_choice("limit_mm_per_prompt key", key, MODALITIES)
+            _check_int(f"limit_mm_per_prompt[{key!r}]", value, 0)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> LlmArgs:
+        """Build from keyword arguments; unknown names raise a ValueError listing valid ones."""
+        valid = cls.field_names()
+        unknown = sorted(set(kwargs) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown LLM argument(s) {unknown}; valid arguments: {valid}")
+        if "model" not in kwargs:
+            raise ValueError("model is required")
+        return cls(**kwargs)
+
+    def resolve_device(self) -> torch.device:
+        """'auto' picks CUDA when present, else the CPU."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolve_dtype(self, config_dtype: torch.dtype | str | None) -> torch.dtype:
+        """'auto' uses the checkpoint dtype on GPU and float32 on CPU (CPU half math is slow)."""
+        explicit = DTYPES[self.dtype]
+        if explicit is not None:
+            return explicit
+        if self.resolve_device().type == "cpu":
+            return torch.float32
+        if isinstance(config_dtype, str):
+            config_dtype = DTYPES.get(config_dtype.removeprefix("torch."))
+        if isinstance(config_dtype, torch.dtype) and config_dtype.is_floating_point:
+            return config_dtype
+        return torch.bfloat16
+
+    def resolve_max_seq_len(self, config_max_position_embeddings: int | None) -> int:
+        """The user's max_seq_len, else the config's context length capped at the default cap."""
+        if self.max_seq_len is not None:
+            return self.max_seq_len
+        if not config_max_position_embeddings:
+            return FALLBACK_MAX_SEQ_LEN
+        return min(int(config_max_position_embeddings), DEFAULT_MAX_SEQ_LEN_CAP)
+
+
+# Upstream name of the PyTorch-backend args.
+TorchLlmArgs = LlmArgs

@@ -1,0 +1,172 @@
+"""GenerationResult: the handle `LLM.generate_async` returns.
+
+It is a `RequestOutput` that fills in as executor responses arrive. Use `.result()` to block,
+`await handle` in asyncio code, and `async for out in handle` (or plain `for`) to stream
+snapshots with `text_diff`/`token_ids_diff` of each update.
+
+Threading: the executor thread only appends responses to a locked list and wakes waiters;
+detokenization and stop-string checks run in the consumer's thread, so a slow tokenizer never
+stalls the engine loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .outputs import CompletionOutput, CompletionState, RequestOutput
+
+if TYPE_CHECKING:
+    from .._torch.pyexecutor.py_executor import LlmResponse
+    from ..sampling_params import SamplingParams
+
+
+class GenerationResult(RequestOutput):
+    """A `RequestOutput` being filled by the executor (one executor request per completion)."""
+
+    def __init__(
+        self,
+        request_id: int,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        tokenizer: Any | None,
+        child_request_ids: list[int],
+        abort_fn: Callable[[int], None] | None = None,
+        streaming: bool = False,
+    ) -> None:
+        outputs = [CompletionOutput(index=i) for i in range(len(child_request_ids))]
+        super().__init__(request_id, prompt, prompt_token_ids, outputs)
+        self.streaming = streaming
+        self.sampling_params = sampling_params
+        self._index_of = {rid: i for i, rid in enumerate(child_request_ids)}
+        self._abort_fn = abort_fn
+        self._states = [
+            CompletionState(
+                out,
+                tokenizer,
+                sampling_params.stop_strings,
+                include_stop_str=sampling_params.include_stop_str_in_output,
+                detokenize=sampling_params.detokenize,
+            )
+            for out in outputs
+        ]
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._pending: list[LlmResponse] = []
+        self._process_lock = threading.Lock()
+        self._aio_loop: asyncio.AbstractEventLoop | None = None
+        self._aio_event: asyncio.Event | None = None
+
+    # ---- producer side (executor thread) -------------------------------------------------------
+    def _on_response(self, response: LlmResponse) -> None:
+        with self._cond:
+            self._pending.append(response)
+            self._cond.notify_all()
+            loop, event = self._aio_loop, self._aio_event
+        if loop is not None and event is not None:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the consumer's loop is closed: nobody is waiting there
+                pass
+
+    # ---- consumer side -------------------------------------------------------------------------
+    def _process(self) -> bool:
+        """Apply pending responses. Returns True when anything visible changed."""
+        with self._process_lock:
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if not batch or self.finished:
+                return False
+            for state in self._states:
+                state.begin_update()
+            for response in batch:
+                self._apply(response)
+            self.finished = all(out.finished for out in self.outputs)
+            return True
+
+    def _apply(self, response: LlmResponse) -> None:
+        index = self._index_of.get(response.request_id)
+        if index is None:
+            return
+        state = self._states[index]
+        if state.output.finished:
+            return  # e.g. a stop string was found here and the abort is still in flight
+        if response.error is not None:
+            self.error = response.error
+        if state.add_tokens(response.new_token_ids):
+            # A stop string ended the completion on this side; free the executor's copy.
+            if not response.finished and self._abort_fn is not None:
+                self._abort_fn(response.request_id)
+            return
+        if response.finished:
+            state.finish(response.finish_reason or "stop", response.stop_reason)
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        """Block until every completion finished; return self. TimeoutError after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._process()
+            if self.finished:
+                return self
+            with self._cond:
+                if self._pending:
+                    continue
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"request {self.request_id} did not finish in {timeout} s")
+                self._cond.wait(remaining)
+
+    async def _wait_async(self) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._pending:
+                return
+            if self._aio_loop is not loop or self._aio_event is None:
+                self._aio_loop, self._aio_event = loop, asyncio.Event()
+            event = self._aio_event
+            # NOTE: cleared under the lock after checking `_pending`, and set only through
+            # call_soon_threadsafe on this loop, so a response can never be missed.
+            event.clear()
+        await event.wait()
+
+    async def aresult(self) -> GenerationResult:
+        while True:
+            self._process()
+            if self.finished:
+                return self
+            await self._wait_async()
+
+    def __await__(self) -> Generator[Any, None, GenerationResult]:
+        return self.aresult().__await__()
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._aiter()
+
+    async def _aiter(self) -> AsyncIterator[RequestOutput]:
+        while not self.finished:
+            if self._process():
+                yield self.snapshot()
+            elif not self.finished:
+                await self._wait_async()
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        """Synchronous streaming: yields a snapshot per update until finished."""
+        while not self.finished:
+            if self._process():
+                yield self.snapshot()
+                continue
+            with self._cond:
+                if not self._pending:
+                    self._cond.wait()
+
+    def abort(self) -> None:
+        """Cancel every completion of this request (their finish_reason becomes "cancelled")."""
+        if self._abort_fn is None:
+            return
+        for rid, index in self._index_of.items():
+            if not self.outputs[index].finished:
+                self._abort_fn(rid)

@@ -1,0 +1,529 @@
+"""Tiny random HF-format checkpoints for every Qwen(-VL) family, built locally in well under a second.
+
+Tests, the demo and the benchmarks share this writer so nobody needs hub access. Each folder holds
+config.json, model.safetensors (hub layout), a locally trained byte-level BPE tokenizer with the Qwen
+special tokens, a Qwen-style chat template, and the image/video processor configs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+TINY_FAMILIES: tuple[str, ...] = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen_image_bench",
+    "qwen2",
+    "qwen3",
+)
+
+VOCAB_SIZE = 512
+BPE_VOCAB_SIZE = 400
+# NOTE: the special tokens sit right after the trained BPE vocab, in Qwen's order.
+SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+SPECIAL_IDS: dict[str, int] = {tok: BPE_VOCAB_SIZE + i for i, tok in enumerate(SPECIAL_TOKENS)}
+HIDDEN = 64
+_DEMO_VERSION = "v1"
+# NOTE: every file get_or_build_demo_checkpoint requires before it trusts a cached folder.
+REQUIRED_FILES: tuple[str, ...] = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+)
+_VL_FILES: tuple[str, ...] = ("preprocessor_config.json", "video_preprocessor_config.json")
+
+
+def _text_base(**extra: Any) -> dict[str, Any]:
+    ids = SPECIAL_IDS
+    base: dict[str, Any] = {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": HIDDEN,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        # Wider than the real 0.02 so tiny models give peaked logits and greedy parity is stable.
+        "initializer_range": 0.05,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+    }
+    base.update(extra)
+    return base
+
+
+def _mrope(section: list[int], theta: float, interleaved: bool, **extra: Any) -> dict[str, Any]:
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": theta, "mrope_section": section}
+    if interleaved:
+        params["mrope_interleaved"] = True
+    params.update(extra)
+    return params
+
+
+def _vision_v3(model_type: str, deepstack: bool) -> dict[str, Any]:
+    """Qwen3-VL / Qwen3.5 vision tower: patch 16, learned 8x8 position grid."""
+    cfg: dict[str, Any] = {
+        "model_type": model_type,
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "in_channels": 3,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": HIDDEN,
+        "num_position_embeddings": 64,
+        "hidden_act": "gelu_pytorch_tanh",
+        "initializer_range": 0.05,
+    }
+    if deepstack:
+        cfg["deepstack_visual_indexes"] = [0]
+    return cfg
+
+
+def _qwen2_vl() -> dict[str, Any]:
+    text = _text_base(model_type="qwen2_vl_text", head_dim=None)
+    del text["head_dim"]  # Qwen2 derives it: 64 / 4 = 16, so the rotary half is 8 = 2+3+3.
+    text["rope_parameters"] = _mrope([2, 3, 3], 1e6, interleaved=False)
+    vision = {
+        "model_type": "qwen2_vl_vision",
+        "depth": 2,
+        "embed_dim": 32,
+        "hidden_size": HIDDEN,
+        "mlp_ratio": 2,
+        "num_heads": 2,
+        "in_channels": 3,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "initializer_range": 0.05,
+    }
+    return {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl",
+            "text_config": text, "vision_config": vision}
+
+
+def _qwen2_5_vl() -> dict[str, Any]:
+    cfg = _qwen2_vl()
+    cfg["architectures"] = ["Qwen2_5_VLForConditionalGeneration"]
+    cfg["model_type"] = "qwen2_5_vl"
+    cfg["text_config"]["model_type"] = "qwen2_5_vl_text"
+    cfg["vision_config"] = {
+        "model_type": "qwen2_5_vl_vision",
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "in_channels": 3,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "tokens_per_second": 2,
+        # 56 px = 2x2 merged units per window: block 0 is windowed, block 1 attends globally.
+        "window_size": 56,
+        "fullatt_block_indexes": [1],
+        "out_hidden_size": HIDDEN,
+        "hidden_act": "silu",
+        "initializer_range": 0.05,
+    }
+    return cfg
+
+
+def _qwen3_vl(moe: bool = False) -> dict[str, Any]:
+    text = _text_base(model_type="qwen3_vl_moe_text" if moe else "qwen3_vl_text")
+    # head_dim 16 -> rotary half 8, interleaved T,H,W sections like Qwen3-VL's [24,20,20].
+    text["rope_parameters"] = _mrope([3, 3, 2], 5e6, interleaved=True)
+    if moe:
+        # moe_intermediate 48 keeps 2*I != hidden, so a transposed expert tensor cannot pass
+        # a shape check by accident.
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                    decoder_sparse_step=1, norm_topk_prob=True, mlp_only_layers=[])
+    name = "Qwen3VLMoe" if moe else "Qwen3VL"
+    return {"architectures": [f"{name}ForConditionalGeneration"],
+            "model_type": "qwen3_vl_moe" if moe else "qwen3_vl",
+            "text_config": text,
+            "vision_config": _vision_v3("qwen3_vl_moe" if moe else "qwen3_vl", deepstack=True)}
+
+
+def _qwen3_5(moe: bool = False, vision_model_type: str | None = None) -> dict[str, Any]:
+    text = _text_base(
+        model_type="qwen3_5_moe_text" if moe else "qwen3_5_text",
+        num_hidden_layers=4,
+        head_dim=64,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        full_attention_interval=4,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        attn_output_gate=True,
+    )
+    # head_dim 64 with partial rotary 0.25 -> rotary 16 -> half 8 = 3+3+2 (real: [11,11,10]).
+    text["rope_parameters"] = _mrope([3, 3, 2], 1e7, interleaved=True, partial_rotary_factor=0.25)
+    if moe:
+        del text["intermediate_size"]
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                    shared_expert_intermediate_size=64)
+    base = "qwen3_5_moe" if moe else "qwen3_5"
+    vtype = vision_model_type or f"{base}_vision"
+    name = "Qwen3_5Moe" if moe else "Qwen3_5"
+    return {"architectures": [f"{name}ForConditionalGeneration"], "model_type": base,
+            "language_model_only": False, "text_config": text,
+            "vision_config": _vision_v3(vtype, deepstack=False)}
+
+
+def _text_llm(family: str) -> dict[str, Any]:
+    if family == "qwen2":
+        cfg = _text_base(model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1e6)
+        del cfg["head_dim"]
+        cfg.update(use_sliding_window=False, max_window_layers=2)
+        return cfg
+    return _text_base(model_type="qwen3", architectures=["Qwen3ForCausalLM"], rope_theta=1e6,
+                      attention_bias=False)
+
+
+def build_config_dict(family: str, **overrides: Any) -> dict[str, Any]:
+    """The config.json content for `family`, with `overrides` merged in (see write_tiny_checkpoint)."""
+    builders = {
+        "qwen2_vl": _qwen2_vl,
+        "qwen2_5_vl": _qwen2_5_vl,
+        "qwen3_vl": lambda: _qwen3_vl(moe=False),
+        "qwen3_vl_moe": lambda: _qwen3_vl(moe=True),
+        "qwen3_5": lambda: _qwen3_5(moe=False),
+        "qwen3_5_moe": lambda: _qwen3_5(moe=True),
+        # Legacy image-bench layout: the vision sub-config keeps the old model_type "qwen3_5".
+        "qwen_image_bench": lambda: _qwen3_5(moe=False, vision_model_type="qwen3_5"),
+        "qwen2": lambda: _text_llm("qwen2"),
+        "qwen3": lambda: _text_llm("qwen3"),
+    }
+    if family not in builders:
+        raise ValueError(f"unknown tiny family {family!r}; expected one of {TINY_FAMILIES}")
+    cfg = builders[family]()
+    if "vision_config" in cfg:
+        ids = SPECIAL_IDS
+        cfg.update(
+            image_token_id=ids["<|image_pad|>"],
+            video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+            tie_word_embeddings=False,
+        )
+    _apply_overrides(cfg, overrides)
+    return cfg
+
+
+def _apply_overrides(cfg: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """`text_config=`/`vision_config=` dicts merge into the sub-config; other keys set top level.
+
+    `tie_word_embeddings` is mirrored into text_config because HF reads it from either place.
+    """
+    for key, value in overrides.items():
+        if key in ("text_config", "vision_config"):
+            if key not in cfg:
+                raise ValueError(f"override {key!r} given for a family without a {key}")
+            if not isinstance(value, dict):
+                raise ValueError(f"override {key!r} must be a dict, got {type(value).__name__}")
+            cfg[key].update(copy.deepcopy(value))
+        else:
+            cfg[key] = copy.deepcopy(value)
+    if "tie_word_embeddings" in overrides and "text_config" in cfg:
+        cfg["text_config"]["tie_word_embeddings"] = overrides["tie_word_embeddings"]
+
+
+def _hf_model_class(architecture: str) -> type:
+    import transformers
+
+    cls = getattr(transformers, architecture, None)
+    if cls is None:
+        raise ValueError(f"transformers {transformers.__version__} has no class {architecture}")
+    return cls
+
+
+def _hf_config(cfg: dict[str, Any]) -> Any:
+    from transformers import CONFIG_MAPPING
+
+    kwargs = copy.deepcopy(cfg)
+    model_type = kwargs.pop("model_type")
+    return CONFIG_MAPPING[model_type](**kwargs)
+
+
+def _randomize_norms(model: torch.nn.Module) -> None:
+    """HF initialises norms to constants; random values make parity tests see scale/offset bugs."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() != 1 or "norm" not in name.rsplit(".", 1)[0].rsplit(".", 1)[-1]:
+                continue
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.05)
+            elif bool((param == 0).all()):  # zero-centred (1 + w) norms, e.g. Qwen3.5
+                param.uniform_(-0.3, 0.3)
+            else:
+                param.uniform_(0.7, 1.3)
+
+
+def _to_hub_layout(family: str, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename/reshape a transformers-5 state dict into the layout published on the hub."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in sd.items():
+        if family in ("qwen2_vl", "qwen2_5_vl"):
+            # Qwen2/2.5-VL hub checkpoints keep the LLM at `model.*` and the tower at `visual.*`.
+            name = name.replace("model.language_model.", "model.", 1)
+            name = name.replace("model.visual.", "visual.", 1)
+        if name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj"):
+            if family == "qwen3_vl_moe":
+                # Hub Qwen3-VL-MoE stores fused experts as [E, in, out].
+                out[name] = t.transpose(1, 2)
+                continue
+            prefix, proj = name.rsplit(".", 1)
+            for e in range(t.shape[0]):
+                if proj == "down_proj":
+                    out[f"{prefix}.{e}.down_proj.weight"] = t[e]
+                else:
+                    gate, up = t[e].chunk(2, dim=0)
+                    out[f"{prefix}.{e}.gate_proj.weight"] = gate
+                    out[f"{prefix}.{e}.up_proj.weight"] = up
+            continue
+        out[name] = t
+    return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in sorted(out.items())}
+
+
+def build_state_dict(family: str, cfg: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """Deterministic random weights in hub layout; tied lm_head is left out like HF does."""
+    hf_cfg = _hf_config(cfg)
+    cls = _hf_model_class(cfg["architectures"][0])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(hf_cfg)
+        _randomize_norms(model)
+    sd = model.state_dict()
+    if cfg.get("tie_word_embeddings") or cfg.get("text_config", {}).get("tie_word_embeddings"):
+        sd.pop("lm_head.weight", None)
+    return _to_hub_layout(family, sd)
+
+
+# A small fixed English corpus: enough distinct pairs for exactly BPE_VOCAB_SIZE - 256 merges.
+_CORPUS: tuple[str, ...] = (
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "A picture shows a red square, a green circle and a blue triangle on a white table.",
+    "Describe this image in one sentence. What colour is the large shape in the middle?",
+    "The video shows a small cat walking across the kitchen floor and then sitting down.",
+    "There are three people standing in front of the old stone building in the city.",
+    "Please answer the question about the picture with a short and clear answer.",
+    "The weather today is sunny and warm, with a light wind coming from the west.",
+    "She reads a book about history, science, music and the art of painting.",
+    "How many birds are sitting on the wire? I can count seven birds in total.",
+    "The model looks at each frame of the video and writes a caption for it.",
+    "Numbers like 1, 2, 3, 10, 42 and 100 appear in the text from time to time.",
+    "Yes, the man is holding an umbrella because it is raining outside the station.",
+    "The mountain is covered with snow, and the sky above it is bright and clear.",
+    "Children are playing football in the park while their parents watch them.",
+    "This is a test of the tokenizer, the chat template and the image processor.",
+    "Tell me what you see: a yellow car, a tall tree and a long road to the hills.",
+)
+
+# Qwen-style chat template: no default system prompt, images and videos as pad placeholders.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or part['type'] == 'image_url' -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'video' -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def build_tokenizer() -> Any:
+    """Byte-level BPE trained on _CORPUS (deterministic), plus the Qwen special tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB_SIZE,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(_CORPUS), trainer)
+    if tok.get_vocab_size() != BPE_VOCAB_SIZE:
+        raise RuntimeError(f"BPE vocab is {tok.get_vocab_size()}, expected {BPE_VOCAB_SIZE}")
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
+    for text, tid in SPECIAL_IDS.items():
+        if tok.token_to_id(text) != tid:
+            raise RuntimeError(f"special token {text} landed at {tok.token_to_id(text)}, not {tid}")
+    return tok
+
+
+def _tokenizer_config() -> dict[str, Any]:
+    decoder = {
+        str(tid): {"content": text, "lstrip": False, "normalized": False, "rstrip": False,
+                   "single_word": False, "special": True}
+        for text, tid in SPECIAL_IDS.items()
+    }
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "added_tokens_decoder": decoder,
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "model_max_length": 4096,
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": False,
+    }
+
+
+def _processor_configs(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    vision = cfg["vision_config"]
+    patch, merge = vision["patch_size"], vision["spatial_merge_size"]
+    factor = patch * merge
+    # Small pixel budget: a tiny image gives 4..64 merged tokens, a video frame at most 16.
+    min_px, max_px, max_video_px = factor * factor * 4, factor * factor * 64, factor * factor * 16
+    legacy = cfg["model_type"] in ("qwen2_vl", "qwen2_5_vl")
+    processor = {
+        "qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"
+    }.get(cfg["model_type"], "Qwen3VLProcessor")
+    mean = [0.48145466, 0.4578275, 0.40821073] if legacy else [0.5, 0.5, 0.5]
+    std = [0.26862954, 0.26130258, 0.27577711] if legacy else [0.5, 0.5, 0.5]
+    common = {
+        "patch_size": patch,
+        "temporal_patch_size": vision["temporal_patch_size"],
+        "merge_size": merge,
+        "image_mean": mean,
+        "image_std": std,
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "processor_class": processor,
+    }
+    image = dict(common, image_processor_type="Qwen2VLImageProcessor", min_pixels=min_px,
+                 max_pixels=max_px, size={"shortest_edge": min_px, "longest_edge": max_px})
+    video_type = "Qwen2VLVideoProcessor" if legacy else "Qwen3VLVideoProcessor"
+    video = dict(common, video_processor_type=video_type, min_pixels=min_px,
+                 max_pixels=max_video_px,
+                 size={"shortest_edge": min_px, "longest_edge": max_video_px},
+                 fps=2.0, min_frames=2, max_frames=16, do_sample_frames=False)
+    return image, video
+
+
+def _generation_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "bos_token_id": SPECIAL_IDS["<|endoftext|>"],
+        "eos_token_id": [SPECIAL_IDS["<|im_end|>"], SPECIAL_IDS["<|endoftext|>"]],
+        "pad_token_id": SPECIAL_IDS["<|endoftext|>"],
+        "do_sample": False,
+    }
+
+
+def _dump_json(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def write_tiny_checkpoint(
+    family: str, out_dir: str | Path, seed: int = 0, **overrides: Any
+) -> Path:
+    """Write a complete tiny HF checkpoint folder for `family` into `out_dir` and return it.
+
+    overrides: `text_config={...}` / `vision_config={...}` merge into those sub-configs; any
+    other key is set at the top level of config.json (e.g. `tie_word_embeddings=True`).
+    """
+    cfg = build_config_dict(family, **overrides)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = build_state_dict(family, cfg, seed)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _dump_json(out / "config.json", cfg)
+    _dump_json(out / "generation_config.json", _generation_config(cfg))
+    build_tokenizer().save(str(out / "tokenizer.json"))
+    _dump_json(out / "tokenizer_config.json", _tokenizer_config())
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    if "vision_config" in cfg:
+        image, video = _processor_configs(cfg)
+        _dump_json(out / "preprocessor_config.json", image)
+        _dump_json(out / "video_preprocessor_config.json", video)
+    return out
+
+
+def _is_complete(folder: Path) -> bool:
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    needed = REQUIRED_FILES + (_VL_FILES if "vision_config" in cfg else ())
+    return all((folder / name).is_file() and (folder / name).stat().st_size > 0 for name in needed)
+
+
+def get_or_build_demo_checkpoint(
+    family: str = "qwen2_vl", cache_dir: str | Path | None = None
+) -> Path:
+    """Build the demo checkpoint once into a cache folder and reuse it afterwards.
+
+    The cache root is `cache_dir`, else $TLLM_QWENVL_CACHE, else ~/.cache/tensorrt_llm_qwenvl.
+    """
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"unknown tiny family {family!r}; expected one of {TINY_FAMILIES}")
+    root = Path(
+        cache_dir
+        or os.environ.get("TLLM_QWENVL_CACHE")
+        or Path.home() / ".cache" / "tensorrt_llm_qwenvl"
+    ).expanduser()
+    target = root / f"demo-{family}-{_DEMO_VERSION}"
+    if _is_complete(target):
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    # Build beside the target, then rename: a crashed or concurrent build never leaves a
+    # half-written folder at the final path.
+    tmp = Path(tempfile.mkdtemp(prefix=f".demo-{family}-", dir=root))
+    try:
+        write_tiny_checkpoint(family, tmp, seed=0)
+        if target.exists() and not _is_complete(target):
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not _is_complete(target):  # a concurrent builder did not win either
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
