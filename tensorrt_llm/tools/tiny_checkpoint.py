@@ -277,11 +277,12 @@ def _hf_config(cfg: dict[str, Any]) -> Any:
     return CONFIG_MAPPING[model_type](**kwargs)
 
 
-def _randomize_norms(model: torch.nn.Module) -> None:
-    """HF initialises norms to constants; random values make parity tests see scale/offset bugs."""
+def _randomize_constants(model: torch.nn.Module) -> None:
+    """HF initialises norms and biases to constants; random values let parity tests catch
+    a dropped bias or a wrong norm convention (w vs 1 + w)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.dim() != 1 or "norm" not in name.rsplit(".", 1)[0].rsplit(".", 1)[-1]:
+            if param.dim() != 1 or param.numel() < 2 or not bool((param == param[0]).all()):
                 continue
             if name.endswith("bias"):
                 param.normal_(0.0, 0.05)
@@ -324,7 +325,7 @@ def build_state_dict(family: str, cfg: dict[str, Any], seed: int) -> dict[str, t
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(hf_cfg)
-        _randomize_norms(model)
+        _randomize_constants(model)
     sd = model.state_dict()
     if cfg.get("tie_word_embeddings") or cfg.get("text_config", {}).get("tie_word_embeddings"):
         sd.pop("lm_head.weight", None)

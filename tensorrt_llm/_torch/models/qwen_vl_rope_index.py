@@ -96,13 +96,15 @@ class _GridCursor:
     def take(self, video: bool) -> tuple[list[int], float | None]:
         if video:
             if self._next_video >= len(self._videos):
-                raise ValueError(f"prompt has more video blocks than video_grid_thw rows "
-                                 f"({len(self._videos)})")
+                raise ValueError(
+                    f"prompt has more video blocks than video_grid_thw rows ({len(self._videos)})"
+                )
             index, self._next_video = self._next_video, self._next_video + 1
             return self._videos[index], self._seconds[index]
         if self._next_image >= len(self._images):
-            raise ValueError(f"prompt has more image blocks than image_grid_thw rows "
-                             f"({len(self._images)})")
+            raise ValueError(
+                f"prompt has more image blocks than image_grid_thw rows ({len(self._images)})"
+            )
         index, self._next_image = self._next_image, self._next_image + 1
         return self._images[index], None
 
@@ -211,7 +213,7 @@ class Qwen2VLRopeIndexMixin:
         blocks: list[tuple[int, int, np.ndarray]] = []
         shift = 0
         num_pads = 0
-        for start, video in zip(starts.tolist(), is_video):
+        for start, video in zip(starts.tolist(), is_video, strict=True):
             (t, h, w), seconds = cursor.take(video)
             h, w = h // tokens.merge, w // tokens.merge
             end = start + t * h * w
@@ -277,7 +279,7 @@ class Qwen2_5VLRopeIndexMixin(Qwen2VLRopeIndexMixin):
         # another order or precision can land on the other side of an integer.
         scaled = (
             np.arange(t, dtype=np.float32)
-            * np.float32(second_per_grid_t) * np.float32(0.9999)
+            * np.float32(second_per_grid_t)
             * np.float32(_tokens_per_second(model_config))
         )
         return _plain_grid(scaled.astype(np.int64), h, w)

@@ -77,9 +77,9 @@ class LlmRequest:
 
     def __repr__(self) -> str:
         return (
-            f"LlmRequest(id={self.request_id}, state={self.state.name}, prompt_len={self.prompt_len},"
-            f" ctx_pos={self.context_current_position}, generated={len(self.output_token_ids)},"
-            f" finish_reason={self.finish_reason})"
+            f"LlmRequest(id={self.request_id}, state={self.state.name},"
+            f" prompt_len={self.prompt_len}, ctx_pos={self.context_current_position},"
+            f" generated={len(self.output_token_ids)}, finish_reason={self.finish_reason})"
         )
 
     # ---- sizes -------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ class LlmRequest:
 
     @property
     def is_last_context_chunk(self) -> bool:
-        """True when the scheduled chunk reaches the end of the prompt (the step samples a token)."""
+        """True when the scheduled chunk reaches the prompt's end (this step samples a token)."""
         return self.context_current_position + self.context_chunk_size >= self.prompt_len
 
     def move_to_next_context_chunk(self) -> None:

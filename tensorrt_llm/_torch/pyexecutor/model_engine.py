@@ -198,19 +198,20 @@ class PyTorchModelEngine:
     def forward(
         self, scheduled: ScheduledRequests, return_context_logits: bool = False
     ) -> torch.Tensor:
-        """Logits of the last token of every scheduled request ([num_seqs, vocab], context first)."""
+        """Logits of each request's last token: [num_seqs, vocab], context requests first."""
         metadata, input_ids, position_ids, mm_params = self.prepare(scheduled)
         if self.use_mrope:
-            return self.model(
-                metadata,
-                input_ids,
-                position_ids,
-                multimodal_params=mm_params,
+            logits = self.model(
+                metadata, input_ids, position_ids, multimodal_params=mm_params,
                 return_context_logits=return_context_logits,
             )
-        return self.model(
-            metadata,
-            input_ids=input_ids,
-            position_ids=position_ids,
-            return_context_logits=return_context_logits,
-        )
+        else:
+            logits = self.model(
+                metadata, input_ids=input_ids, position_ids=position_ids,
+                return_context_logits=return_context_logits,
+            )
+        for req in scheduled.context_requests:
+            if req.is_last_context_chunk and req.multimodal_params is not None:
+                # The delta now lives in the seq-slot cache; pixels and embeddings can go.
+                req.multimodal_params.strip_for_generation()
+        return logits

@@ -216,7 +216,7 @@ class KVCacheManager:
         for row, rid in enumerate(request_ids):
             blocks = self._blocks.get(rid, ())
             if len(blocks) > max_blocks:
-                raise ValueError(f"request {rid} owns {len(blocks)} blocks > max_blocks={max_blocks}")
+                raise ValueError(f"request {rid} has {len(blocks)} blocks, max_blocks={max_blocks}")
             table[row, : len(blocks)] = blocks
         result = torch.from_numpy(table)
         if out is None:

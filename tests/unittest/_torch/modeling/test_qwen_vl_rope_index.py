@@ -343,9 +343,9 @@ def test_missing_config_field_raises() -> None:
 # ----------------------------------------------------------------------------- random layouts
 
 _SIDES = st.sampled_from([2, 4, 6, 8])
-_VISION = st.tuples(
-    st.sampled_from(["image", "video"]), st.integers(1, 4), _SIDES, _SIDES
-).map(lambda v: (v[0], (1 if v[0] == "image" else v[1], v[2], v[3])))
+_VISION = st.tuples(st.sampled_from(["image", "video"]), st.integers(1, 4), _SIDES, _SIDES).map(
+    lambda v: (v[0], (1 if v[0] == "image" else v[1], v[2], v[3]))
+)
 _SEGMENT = st.one_of(st.integers(1, 6).map(lambda n: ("text", n)), _VISION)
 _ROW = st.lists(_SEGMENT, min_size=1, max_size=6)
 

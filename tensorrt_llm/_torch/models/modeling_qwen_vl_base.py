@@ -1,0 +1,210 @@
+"""QwenVLModelBase: vision tower + mRoPE text LLM, shared by every Qwen-VL model class.
+
+A step's context requests may carry pixels; their vision embeddings are computed once per request
+(kept across prefill chunks) and scattered into the token embeddings of the chunk. The mRoPE delta of
+each context request goes into the seq-slot cache; generation rows read theirs back on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ...inputs.multimodal import MultimodalParams
+from ..attention_backend.interface import AttentionMetadata
+from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
+from .modeling_qwen2vl import _prepare_qwen_vl_mrope_config, apply_generation_deltas
+from .modeling_utils import ModelConfig
+
+_MODALITIES = (("image", "pixel_values", "image_grid_thw"),
+               ("video", "pixel_values_videos", "video_grid_thw"))
+
+
+def split_vl_weights(
+    weights: dict[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Split HF VL weights into (text LLM names `model.*`/`lm_head.*`, vision names).
+
+    Accepts the transformers-5 layout (`model.language_model.*`, `model.visual.*`) and the hub
+    layout (`model.*`, `visual.*`).
+    """
+    text: dict[str, torch.Tensor] = {}
+    vision: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        if name.startswith("model.visual."):
+            vision[name[len("model.visual."):]] = tensor
+        elif name.startswith("visual."):
+            vision[name[len("visual."):]] = tensor
+        elif name.startswith("model.language_model."):
+            text["model." + name[len("model.language_model."):]] = tensor
+        else:
+            text[name] = tensor
+    return text, vision
+
+
+class QwenVLModelBase(nn.Module):
+    """Subclasses set `text_model_cls`, `vision_model_cls` and the device paths."""
+
+    text_model_cls: ClassVar[type[nn.Module]]
+    vision_model_cls: ClassVar[type[nn.Module] | None]
+    multimodal_data_device_paths: ClassVar[list[str]] = compose_device_paths(VISION_DEVICE_PATHS)
+    has_deepstack: ClassVar[bool] = False
+
+    def __init__(self, model_config: ModelConfig) -> None:
+        super().__init__()
+        config = model_config.pretrained_config
+        self.config = config
+        self.model_config = model_config
+        text_config = config.text_config
+        self.llm = self.text_model_cls(replace(model_config, pretrained_config=text_config))
+        self.vision_language = not getattr(config, "language_model_only", False)
+        self.visual: nn.Module | None = None
+        if self.vision_language and self.vision_model_cls is not None:
+            self.visual = self.vision_model_cls(config.vision_config, dtype=model_config.torch_dtype)
+        self.image_token_id: int = config.image_token_id
+        self.video_token_id: int = config.video_token_id
+        self.vocab_size: int = text_config.vocab_size
+        # NOTE: one entry per seq slot plus a dummy slot (the last) that is never written, so
+        # padded rows and requests without a delta read 0.
+        self.register_buffer(
+            "mrope_position_deltas_cache",
+            torch.zeros(model_config.max_num_seq_slots + 1, dtype=torch.int32),
+            persistent=False,
+        )
+
+    @property
+    def rotary_emb(self) -> nn.Module:
+        return self.llm.model.rotary_emb
+
+    # ------------------------------------------------------------------ vision
+    def _run_tower(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+        out = self.visual(pixels, grid_thw)
+        if isinstance(out, tuple):
+            return out[0], list(out[1])
+        return out, []
+
+    def _vision_embeddings(self, params: MultimodalParams) -> dict[str, Any]:
+        """Per-modality (embeddings, deepstack list) of a request; computed once, then cached."""
+        if params.cached_embeddings is not None:
+            return params.cached_embeddings
+        cached: dict[str, Any] = {}
+        for kind, pix_key, grid_key in _MODALITIES:
+            pixels = params.get(f"{kind}.{pix_key}")
+            if pixels is None:
+                continue
+            if self.visual is None:
+                raise ValueError(
+                    "this checkpoint was loaded without a vision tower (language_model_only); "
+                    f"it cannot take {kind} inputs"
+                )
+            grid = params.get(f"{kind}.{grid_key}").cpu()
+            dtype = next(self.visual.parameters()).dtype
+            cached[kind] = self._run_tower(pixels.to(dtype), grid)
+        params.cached_embeddings = cached
+        return cached
+
+    def _merge_vision(
+        self,
+        input_ids: torch.Tensor,
+        inputs_embeds: torch.Tensor,
+        multimodal_params: Sequence[MultimodalParams],
+    ) -> list[torch.Tensor] | None:
+        """Scatter the chunk's vision embeddings into `inputs_embeds` (in place).
+
+        Returns the deepstack inputs ([T, hidden] each) for models that have them.
+        """
+        chunks: dict[str, list[torch.Tensor]] = {"image": [], "video": []}
+        deep: dict[str, list[list[torch.Tensor]]] = {"image": [], "video": []}
+        for params in multimodal_params:
+            runtime = params.runtime
+            if runtime is None:
+                continue
+            wanted = {
+                "image": (runtime.num_cached_image_tokens, runtime.num_image_tokens_in_chunk),
+                "video": (runtime.num_cached_video_tokens, runtime.num_video_tokens_in_chunk),
+            }
+            if not any(n for _, n in wanted.values()):
+                continue
+            embeds = self._vision_embeddings(params)
+            for kind, (begin, count) in wanted.items():
+                if count == 0:
+                    continue
+                if kind not in embeds:
+                    raise ValueError(f"prompt has {kind} placeholder tokens but no {kind} data")
+                main, stack = embeds[kind]
+                chunks[kind].append(main[begin : begin + count])
+                deep[kind].append([d[begin : begin + count] for d in stack])
+        if not chunks["image"] and not chunks["video"]:
+            return None
+        deepstack: list[torch.Tensor] | None = None
+        for kind, token_id in (("image", self.image_token_id), ("video", self.video_token_id)):
+            if not chunks[kind]:
+                continue
+            mask = (input_ids == token_id).unsqueeze(-1)
+            src = torch.cat(chunks[kind]).to(inputs_embeds.dtype)
+            inputs_embeds.masked_scatter_(mask, src)
+            if self.has_deepstack and deep[kind] and deep[kind][0]:
+                if deepstack is None:
+                    deepstack = [torch.zeros_like(inputs_embeds) for _ in deep[kind][0]]
+                for level, target in enumerate(deepstack):
+                    level_src = torch.cat([d[level] for d in deep[kind]]).to(target.dtype)
+                    target.masked_scatter_(mask, level_src)
+        return deepstack
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        attn_metadata: AttentionMetadata,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        multimodal_params: Sequence[MultimodalParams] = (),
+        return_context_logits: bool = False,
+    ) -> torch.Tensor:
+        num_ctx = attn_metadata.num_contexts
+        num_ctx_tokens = attn_metadata.num_ctx_tokens
+        inputs_embeds = self.llm.model.embed_tokens(input_ids)
+        deepstack = None
+        if num_ctx:
+            deepstack = self._merge_vision(input_ids, inputs_embeds, multimodal_params)
+        seq_slots = attn_metadata.seq_slots
+        mrope = _prepare_qwen_vl_mrope_config(
+            self.mrope_position_deltas_cache,
+            seq_slots[:num_ctx],
+            seq_slots[num_ctx : attn_metadata.num_seqs],
+            multimodal_params,
+            self.rotary_emb,
+            position_ids,
+            num_ctx_tokens,
+        )
+        positions = apply_generation_deltas(
+            position_ids, mrope["mrope_position_deltas"], num_ctx_tokens
+        )
+        ctx_cos_sin = mrope["mrope_rotary_cos_sin"]
+        if ctx_cos_sin is None:
+            cos_sin = self.rotary_emb.get_cos_sin(positions[:, 0, :])
+        elif attn_metadata.num_generations:
+            gen_cos_sin = self.rotary_emb.get_cos_sin(positions[:, 0, num_ctx_tokens:])
+            cos_sin = torch.cat([ctx_cos_sin, gen_cos_sin])
+        else:
+            cos_sin = ctx_cos_sin
+        return self.llm(
+            attn_metadata,
+            inputs_embeds=inputs_embeds,
+            position_ids=positions,
+            cos_sin=cos_sin,
+            deepstack_embeds=deepstack,
+            return_context_logits=return_context_logits,
+        )
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        text, vision = split_vl_weights(weights)
+        self.llm.load_weights(text)
+        if self.visual is not None:
+            self.visual.load_weights(vision)
+        elif vision and self.vision_language:
+            raise ValueError(f"unexpected vision weights: {sorted(vision)[:3]} ...")

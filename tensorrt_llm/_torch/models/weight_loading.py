@@ -1,0 +1,219 @@
+"""HF checkpoint loading: safetensors (single file or sharded), name mapping, meta-device build.
+
+How the engine builds a model (see `load_model`):
+  1. `build_model_on_meta(cls, model_config, device)`: construct under `torch.device("meta")`
+     (no memory touched), then materialise every parameter as an empty tensor on `device`.
+     Buffers built with an explicit device (rotary tables, caches) keep their values and move
+     to `device`; a module whose buffers are still on meta must define `init_buffers(device)`.
+  2. `load_safetensors_checkpoint(dir)` reads all shards (tqdm progress bar).
+  3. `model.load_weights(weights)` maps HF names onto the model through `load_hf_weights`,
+     which fills fused projections from their HF parts and raises a ValueError naming any
+     missing or unexpected weights.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from tqdm import tqdm
+
+# our fused projection -> the HF projections stacked along the output dim, in order
+FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+# HF checkpoint entries that carry no weights we use
+DEFAULT_IGNORE: tuple[str, ...] = (r"(^|\.)rotary_emb\.inv_freq$",)
+_INDEX_FILE = "model.safetensors.index.json"
+_SINGLE_FILE = "model.safetensors"
+
+
+def checkpoint_shards(checkpoint_dir: str | Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The shard files of a checkpoint folder, plus the index's weight map if it is sharded."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        raise ValueError(f"checkpoint folder {str(root)!r} does not exist")
+    index_path = root / _INDEX_FILE
+    if index_path.is_file():
+        weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+        shards = [root / name for name in sorted(set(weight_map.values()))]
+        absent = [s.name for s in shards if not s.is_file()]
+        if absent:
+            raise ValueError(f"{index_path} lists shard files that are missing: {absent}")
+        return shards, weight_map
+    if (root / _SINGLE_FILE).is_file():
+        return [root / _SINGLE_FILE], None
+    shards = sorted(root.glob("*.safetensors"))
+    if not shards:
+        raise ValueError(f"no *.safetensors files in checkpoint folder {str(root)!r}")
+    return shards, None
+
+
+def iter_safetensors_checkpoint(
+    checkpoint_dir: str | Path, device: str | torch.device = "cpu", progress: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield `(name, tensor)` shard by shard, so at most one shard is held at a time."""
+    shards, weight_map = checkpoint_shards(checkpoint_dir)
+    seen: set[str] = set()
+    for shard in tqdm(shards, desc="Loading safetensors shards", disable=not progress):
+        for name, tensor in load_file(str(shard), device=str(device)).items():
+            seen.add(name)
+            yield name, tensor
+    if weight_map is not None and set(weight_map) - seen:
+        missing = sorted(set(weight_map) - seen)
+        raise ValueError(
+            f"{len(missing)} weights listed in {_INDEX_FILE} are not in any shard: "
+            f"{_preview(missing)}"
+        )
+
+
+def load_safetensors_checkpoint(
+    checkpoint_dir: str | Path, device: str | torch.device = "cpu", progress: bool = True
+) -> dict[str, torch.Tensor]:
+    """All tensors of an HF safetensors checkpoint (single file or sharded index)."""
+    return dict(iter_safetensors_checkpoint(checkpoint_dir, device, progress))
+
+
+def _preview(names: Iterable[str], limit: int = 5) -> str:
+    names = sorted(names)
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def check_weights(
+    expected: set[str], got: set[str], optional: Iterable[str] = ()
+) -> None:
+    """Raise a ValueError naming missing and unexpected weights (a few names and the count)."""
+    optional = set(optional)
+    missing = expected - got - optional
+    unexpected = got - expected - optional
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} weights: {_preview(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {len(unexpected)} weights: {_preview(unexpected)}")
+    if problems:
+        raise ValueError("checkpoint does not match the model: " + "; ".join(problems))
+
+
+def _split_fused(param_name: str, fused: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """Our parameter name -> the HF names that fill it (itself when not fused)."""
+    parts = param_name.split(".")
+    if len(parts) >= 2 and parts[-2] in fused:
+        return [".".join([*parts[:-2], src, parts[-1]]) for src in fused[parts[-2]]]
+    return [param_name]
+
+
+def load_hf_weights(
+    model: nn.Module,
+    weights: Mapping[str, torch.Tensor],
+    *,
+    rename: Callable[[str], str | None] | None = None,
+    fused: Mapping[str, tuple[str, ...]] = FUSED_PROJECTIONS,
+    ignore: Iterable[str] = DEFAULT_IGNORE,
+    optional: Iterable[str] = (),
+) -> None:
+    """Copy HF-named `weights` into `model`'s parameters.
+
+    `rename` maps a checkpoint name onto the model's naming (None drops it), applied before
+    the fused split; `ignore` are regexes of checkpoint names to drop; `optional` names (in
+    the model's HF naming) may be absent, for example a tied `lm_head.weight`.
+    """
+    patterns = [re.compile(p) for p in ignore]
+    renamed: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        target = rename(name) if rename is not None else name
+        if target is None or any(p.search(target) for p in patterns):
+            continue
+        renamed[target] = tensor
+    params = dict(model.named_parameters(remove_duplicate=False))
+    sources = {p: _split_fused(p, fused) for p in params}
+    expected = {hf for names in sources.values() for hf in names}
+    check_weights(expected, set(renamed), optional)
+    with torch.no_grad():
+        for param_name, hf_names in sources.items():
+            present = [renamed[n] for n in hf_names if n in renamed]
+            if not present:
+                continue  # an optional weight (tied head) left out of the checkpoint
+            _copy_into(params[param_name], param_name, present, hf_names)
+
+
+def _copy_into(
+    param: torch.Tensor, name: str, shards: list[torch.Tensor], hf_names: list[str]
+) -> None:
+    if param.is_meta:
+        raise ValueError(f"parameter {name!r} is still on the meta device; materialise first")
+    if len(shards) != len(hf_names):
+        raise ValueError(f"{name!r} needs all of {hf_names}, got {len(shards)} of them")
+    value = shards[0] if len(shards) == 1 else torch.cat(shards, dim=0)
+    if value.shape != param.shape:
+        raise ValueError(
+            f"shape mismatch for {name!r} (from {hf_names}): checkpoint "
+            f"{tuple(value.shape)} vs model {tuple(param.shape)}"
+        )
+    param.copy_(value)
+
+
+def materialize_meta_model(model: nn.Module, device: str | torch.device) -> nn.Module:
+    """Give every meta parameter real (uninitialised) storage on `device`, keeping its dtype.
+
+    NOTE: shared Parameters (tied embeddings) stay shared. Buffers with values move to
+    `device`; modules whose buffers are still on meta rebuild them in `init_buffers(device)`.
+    """
+    device = torch.device(device)
+    memo: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            if id(param) not in memo:
+                data = torch.empty_like(param, device=device) if param.is_meta else param.to(device)
+                memo[id(param)] = nn.Parameter(data, requires_grad=False)
+            module._parameters[name] = memo[id(param)]
+        for name, buf in list(module._buffers.items()):
+            if buf is not None and not buf.is_meta:
+                module._buffers[name] = buf.to(device)
+        init_buffers = getattr(module, "init_buffers", None)
+        if callable(init_buffers):
+            init_buffers(device)
+    still_meta = [n for n, b in model.named_buffers() if b.is_meta]
+    if still_meta:
+        raise ValueError(
+            f"buffers left on the meta device (build them with an explicit device or define "
+            f"init_buffers(device) on their module): {_preview(still_meta)}"
+        )
+    return model
+
+
+def build_model_on_meta(
+    cls: Callable[[Any], nn.Module], model_config: Any, device: str | torch.device
+) -> nn.Module:
+    """Construct `cls(model_config)` without allocating weights, then materialise on `device`.
+
+    The parameters hold garbage until `model.load_weights(...)` fills them.
+    """
+    with torch.device("meta"):
+        model = cls(model_config)
+    return materialize_meta_model(model, device).eval()
+
+
+def load_model(
+    cls: Callable[[Any], nn.Module],
+    model_config: Any,
+    device: str | torch.device,
+    checkpoint_dir: str | Path | None = None,
+) -> nn.Module:
+    """Build on meta, then load the safetensors checkpoint (default: model_config.checkpoint_dir)."""
+    checkpoint_dir = checkpoint_dir or getattr(model_config, "checkpoint_dir", None)
+    if checkpoint_dir is None:
+        raise ValueError("load_model needs a checkpoint_dir (or model_config.checkpoint_dir)")
+    model = build_model_on_meta(cls, model_config, device)
+    model.load_weights(load_safetensors_checkpoint(checkpoint_dir))  # type: ignore[operator]
+    return model

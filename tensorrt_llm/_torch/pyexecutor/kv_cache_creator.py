@@ -1,0 +1,141 @@
+"""Capacity probe and KV-cache sizing.
+
+Before the KV cache is sized from free memory, a text-only dummy request AND a multimodal dummy
+request go through the real engine path (device moves, seq-slot delta cache, vision tower, one
+decode step). Upstream's Qwen3.6 startup crash happened exactly in such a probe, so a route that
+cannot serve text-only or multimodal requests fails here, at startup, with the real error.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .llm_request import LlmRequest
+from .model_engine import PyTorchModelEngine
+from .resource_manager import KVCacheManager, SeqSlotManager
+from .scheduler import ScheduledRequests
+
+logger = logging.getLogger(__name__)
+
+_PROBE_REQUEST_ID_BASE = -1_000_000
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """Shape of the paged KV cache of a model (attention layers only)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @classmethod
+    def from_text_config(cls, text_config: Any, dtype: torch.dtype) -> KVCacheSpec:
+        head_dim = getattr(text_config, "head_dim", None) or (
+            text_config.hidden_size // text_config.num_attention_heads
+        )
+        layer_types = getattr(text_config, "layer_types", None) or []
+        num_layers = sum(1 for t in layer_types if t == "full_attention") or (
+            text_config.num_hidden_layers
+        )
+        return cls(num_layers, text_config.num_key_value_heads, head_dim, dtype)
+
+    def make_manager(
+        self, tokens_per_block: int, num_blocks: int, max_blocks_per_seq: int,
+        device: torch.device,
+    ) -> KVCacheManager:
+        return KVCacheManager(
+            self.num_layers, self.num_kv_heads, self.head_dim, tokens_per_block, num_blocks,
+            max_blocks_per_seq, dtype=self.dtype, device=device,
+        )
+
+
+def _run_dummy(
+    engine: PyTorchModelEngine,
+    kv: KVCacheManager,
+    slots: SeqSlotManager,
+    request: LlmRequest,
+) -> None:
+    """Prefill (in max_num_tokens chunks) plus one decode step of one dummy request."""
+    request.seq_slot = slots.acquire(request.request_id)
+    if not kv.add_tokens(request.request_id, request.prompt_len + 1):
+        raise RuntimeError("the probe KV cache is too small for the dummy request")
+    try:
+        while request.is_context_init:
+            request.context_chunk_size = min(
+                request.context_remaining_length, engine.max_num_tokens
+            )
+            last = request.is_last_context_chunk
+            engine.forward(ScheduledRequests(context_requests=[request], generation_requests=[]))
+            if last:
+                request.add_new_token(0)
+            else:
+                request.move_to_next_context_chunk()
+        engine.forward(ScheduledRequests(context_requests=[], generation_requests=[request]))
+    finally:
+        kv.free(request.request_id)
+        slots.release(request.request_id)
+
+
+def run_capacity_probe(
+    engine: PyTorchModelEngine,
+    spec: KVCacheSpec,
+    dummy_requests: list[tuple[list[int], Any]],
+    tokens_per_block: int,
+) -> int:
+    """Run each dummy (prompt ids, multimodal params) through the engine; returns peak bytes."""
+    device = engine.device
+    longest = max(len(ids) for ids, _ in dummy_requests) + 2
+    blocks_per_seq = -(-longest // tokens_per_block)
+    kv = spec.make_manager(tokens_per_block, blocks_per_seq, blocks_per_seq, device)
+    slots = SeqSlotManager(engine.max_batch_size)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    engine.set_kv_cache_manager(kv)
+    try:
+        for i, (ids, params) in enumerate(dummy_requests):
+            req = LlmRequest(_PROBE_REQUEST_ID_BASE - i, ids, multimodal_params=params)
+            _run_dummy(engine, kv, slots, req)
+    finally:
+        engine.set_kv_cache_manager(None)
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def choose_num_blocks(
+    spec: KVCacheSpec,
+    device: torch.device,
+    tokens_per_block: int,
+    max_batch_size: int,
+    max_blocks_per_seq: int,
+    free_memory_fraction: float,
+    max_tokens: int | None,
+) -> int:
+    """Blocks to allocate: enough for a full batch at max_seq_len, capped by memory.
+
+    On CUDA the cap is `free_memory_fraction` of the memory left after the probe; on the CPU the
+    full-batch figure is used (there is no separate device pool to size).
+    """
+    wanted = max_batch_size * max_blocks_per_seq
+    if max_tokens is not None:
+        wanted = min(wanted, max(1, -(-max_tokens // tokens_per_block)))
+    if device.type != "cuda":
+        return wanted
+    per_block = KVCacheManager.bytes_per_block(
+        spec.num_layers, spec.num_kv_heads, spec.head_dim, tokens_per_block, spec.dtype
+    )
+    free, _total = torch.cuda.mem_get_info(device)
+    budget = int(free * free_memory_fraction) // per_block
+    if budget < max_blocks_per_seq:
+        raise RuntimeError(
+            f"not enough GPU memory for one max_seq_len sequence: {budget} KV blocks fit, "
+            f"{max_blocks_per_seq} needed; lower max_seq_len or raise the memory fraction"
+        )
+    return min(wanted, budget)

@@ -1,0 +1,341 @@
+"""PyExecutor: the background loop that serves requests with continuous batching.
+
+Each iteration: fetch commands (new requests, cancels, shutdown) -> validate new requests ->
+schedule -> engine forward -> sample -> one D2H of the tokens -> update requests -> emit
+responses -> free the seq slot and KV blocks of finished requests.
+
+NOTE: every `LlmRequest` is touched by the loop thread only. Other threads talk to the loop
+through the command queue (`enqueue_request`, `cancel_request`, `shutdown`) and read
+`get_stats()`, a snapshot published under a lock after each step.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..._utils import async_tensor_h2d
+from .llm_request import LlmRequest
+
+if TYPE_CHECKING:
+    from .resource_manager import KVCacheManager, SeqSlotManager
+    from .sampler import TorchSampler
+    from .scheduler import ScheduledRequests, SimpleScheduler
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_ERROR = "the executor was shut down before the request finished"
+
+
+@dataclass
+class LlmResponse:
+    """One update of one request: tokens generated since the previous response."""
+
+    request_id: int
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None  # see llm_request.FINISH_REASONS
+    stop_reason: int | str | None = None
+    error: str | None = None
+
+
+@dataclass
+class ExecutorStats:
+    """A snapshot for metrics, published after every step."""
+
+    num_running: int = 0  # admitted requests (hold a seq slot)
+    num_waiting: int = 0  # accepted, not admitted yet
+    num_free_seq_slots: int = 0
+    kv_cache_usage: float = 0.0  # fraction of KV blocks in use
+    num_free_kv_blocks: int = 0
+    num_steps: int = 0
+    num_completed: int = 0  # finished normally (stop / length)
+    num_failed: int = 0  # errors, including validation failures
+    num_cancelled: int = 0
+    last_step_num_tokens: int = 0
+    last_step_time_s: float = 0.0
+
+
+ResponseCallback = Callable[[LlmResponse], None]
+
+
+class PyExecutor:
+    """Runs the serving loop in a daemon thread, started by the constructor."""
+
+    def __init__(
+        self,
+        model_engine: Any,
+        scheduler: SimpleScheduler,
+        sampler: TorchSampler,
+        kv_cache_manager: KVCacheManager,
+        seq_slot_manager: SeqSlotManager,
+        tokenizer: Any = None,
+        max_seq_len: int = 4096,
+        on_step: Callable[[ExecutorStats], None] | None = None,
+    ) -> None:
+        if max_seq_len < 1:
+            raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
+        self.model_engine = model_engine
+        self.scheduler = scheduler
+        self.sampler = sampler
+        self.kv_cache_manager = kv_cache_manager
+        self.seq_slot_manager = seq_slot_manager
+        self.tokenizer = tokenizer
+        self.max_seq_len = max_seq_len
+        self.on_step = on_step
+        # Responses of requests enqueued without a callback land here.
+        self.responses: queue.Queue[LlmResponse] = queue.Queue()
+        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._active: list[LlmRequest] = []  # FCFS order; loop thread only
+        self._callbacks: dict[int, ResponseCallback | None] = {}
+        self._num_sent: dict[int, int] = {}  # output tokens already emitted, per request
+        self._stopping = False
+        self._closed = False  # no more enqueues (set by shutdown, any thread)
+        self._closed_lock = threading.Lock()
+        self._stats = ExecutorStats()
+        self._stats_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="PyExecutor", daemon=True)
+        self._thread.start()
+
+    # ---- public API (any thread) ---------------------------------------------------------------
+    def enqueue_request(
+        self, request: LlmRequest, callback: ResponseCallback | None = None
+    ) -> None:
+        """Submit a request. Responses go to `callback` (called on the loop thread; keep it
+        short) or, without one, to `self.responses`. Raises RuntimeError after shutdown."""
+        with self._closed_lock:
+            if self._closed:
+                raise RuntimeError("the executor is shut down; no new requests are accepted")
+            self._commands.put(("request", (request, callback)))
+
+    def cancel_request(self, request_id: int) -> None:
+        """Cancel a queued or running request; its final response has finish_reason "cancelled".
+        Unknown or already finished ids are ignored."""
+        self._commands.put(("cancel", request_id))
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the loop. wait=True lets in-flight requests finish first; wait=False fails them
+        (error response). Blocks until the loop thread exits either way. Idempotent."""
+        with self._closed_lock:
+            first = not self._closed
+            self._closed = True
+            if first:
+                self._commands.put(("shutdown", wait))
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def get_stats(self) -> ExecutorStats:
+        with self._stats_lock:
+            return ExecutorStats(**vars(self._stats))
+
+    # ---- loop ----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            try:
+                self._drain_commands(block=not self._active)
+                if self._stopping and not self._active:
+                    break
+                if self._active:
+                    self._step()
+            except Exception as exc:  # a bug outside the step guards: fail all, keep serving
+                logger.exception("PyExecutor loop error")
+                self._fail_all(f"executor error: {type(exc).__name__}: {exc}")
+            self._publish_stats()
+        self._publish_stats()
+
+    def _drain_commands(self, block: bool) -> None:
+        """Handle every queued command; wait for the first one when idle."""
+        while True:
+            try:
+                kind, payload = self._commands.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            self._handle_one(kind, payload)
+
+    def _handle_one(self, kind: str, payload: Any) -> None:
+        if kind == "request":
+            self._accept(*payload)
+        elif kind == "cancel":
+            self._cancel(payload)
+        elif kind == "shutdown":
+            self._stopping = True
+            if not payload:
+                self._fail_all(SHUTDOWN_ERROR)
+
+    def _accept(self, request: LlmRequest, callback: ResponseCallback | None) -> None:
+        rid = request.request_id
+        self._callbacks[rid] = callback
+        self._num_sent[rid] = 0
+        error = self._validate(request)
+        if error is not None:
+            request.set_error(error)
+            self._finish(request)
+            return
+        self._active.append(request)
+
+    def _validate(self, request: LlmRequest) -> str | None:
+        if self._stopping:
+            return SHUTDOWN_ERROR
+        if any(req.request_id == request.request_id for req in self._active):
+            return f"request id {request.request_id} is already in use"
+        need = request.max_num_tokens
+        if need > self.max_seq_len:
+            return (
+                f"prompt ({request.prompt_len} tokens) + max_tokens "
+                f"({request.sampling_params.max_tokens}) = {need} exceeds max_seq_len="
+                f"{self.max_seq_len}"
+            )
+        return self.scheduler.validate(request)
+
+    def _cancel(self, request_id: int) -> None:
+        for req in self._active:
+            if req.request_id == request_id:
+                req.cancel()
+                self._finish(req)
+                return
+
+    def _fail_all(self, message: str) -> None:
+        for req in list(self._active):
+            req.set_error(message)
+            self._finish(req)
+
+    # ---- one step ------------------------------------------------------------------------------
+    def _step(self) -> None:
+        start = time.perf_counter()
+        try:
+            scheduled = self.scheduler.schedule(self._active)
+        except Exception as exc:
+            logger.exception("scheduler failed")
+            self._fail_all(f"scheduler error: {type(exc).__name__}: {exc}")
+            return
+        if scheduled.is_empty:
+            # Nothing fits right now (resources still held); wait briefly for a command.
+            self._wait_for_command(0.005)
+            return
+        requests = scheduled.all_requests
+        try:
+            self._run_step(scheduled)
+        except Exception as exc:
+            # NOTE: only this step's requests fail; the loop keeps serving the others.
+            logger.exception("engine step failed for requests %s", [r.request_id for r in requests])
+            for req in requests:
+                req.set_error(f"engine step failed: {type(exc).__name__}: {exc}")
+        for req in requests:
+            self._emit(req)
+            if req.is_finished:
+                self._finish(req, emitted=True)
+        with self._stats_lock:
+            self._stats.num_steps += 1
+            self._stats.last_step_num_tokens = scheduled.num_tokens
+            self._stats.last_step_time_s = time.perf_counter() - start
+
+    def _run_step(self, scheduled: ScheduledRequests) -> None:
+        # Decide before the forward which rows give a real token: generation rows, and context
+        # rows whose chunk reaches the end of the prompt. Non-final chunk rows are ignored.
+        ctx = scheduled.context_requests
+        final_ctx = [req.is_last_context_chunk for req in ctx]
+        logits = self.model_engine.forward(scheduled)
+        rows = [i for i, final in enumerate(final_ctx) if final]
+        rows += range(len(ctx), scheduled.batch_size)
+        sampled = [scheduled.all_requests[i] for i in rows]
+        if sampled:
+            if len(rows) != logits.shape[0]:
+                index = async_tensor_h2d(rows, torch.int64, logits.device)
+                logits = logits.index_select(0, index)
+            tokens = self.sampler.sample(logits, sampled)
+            host_tokens = self.sampler.to_host(tokens)  # the step's one sync
+        for req, final in zip(ctx, final_ctx, strict=True):
+            if not final:
+                req.move_to_next_context_chunk()
+        if sampled:
+            self.sampler.update_requests(sampled, host_tokens, self.tokenizer)
+        for req, final in zip(ctx, final_ctx, strict=True):
+            params = req.multimodal_params
+            if final and params is not None:
+                # Pixels are dead weight after the prefill; only the mRoPE delta stays.
+                params.strip_for_generation()
+
+    def _wait_for_command(self, timeout: float) -> None:
+        try:
+            kind, payload = self._commands.get(timeout=timeout)
+        except queue.Empty:
+            return
+        self._handle_one(kind, payload)
+        self._drain_commands(block=False)
+
+    # ---- responses and cleanup -----------------------------------------------------------------
+    def _emit(self, req: LlmRequest) -> None:
+        rid = req.request_id
+        sent = self._num_sent.get(rid, 0)
+        new = req.output_token_ids[sent:]
+        if not new and not req.is_finished:
+            return
+        self._num_sent[rid] = sent + len(new)
+        response = LlmResponse(
+            request_id=rid,
+            new_token_ids=list(new),
+            finished=req.is_finished,
+            finish_reason=req.finish_reason,
+            stop_reason=req.stop_reason,
+            error=req.error,
+        )
+        callback = self._callbacks.get(rid)
+        if callback is None:
+            self.responses.put(response)
+            return
+        try:
+            callback(response)
+        except Exception:
+            logger.exception("response callback of request %s raised", rid)
+
+    def _finish(self, req: LlmRequest, emitted: bool = False) -> None:
+        """Send the final response (unless already sent) and free the request's resources."""
+        if not emitted:
+            self._emit(req)
+        rid = req.request_id
+        try:
+            self.scheduler.release_resources(req)
+        except Exception:
+            logger.exception("freeing resources of request %s failed", rid)
+        release = getattr(self.sampler, "release", None)
+        if release is not None:
+            release(rid)
+        if req in self._active:
+            self._active.remove(req)
+        self._callbacks.pop(rid, None)
+        self._num_sent.pop(rid, None)
+        with self._stats_lock:
+            if req.finish_reason == "error":
+                self._stats.num_failed += 1
+            elif req.finish_reason == "cancelled":
+                self._stats.num_cancelled += 1
+            else:
+                self._stats.num_completed += 1
+
+    def _publish_stats(self) -> None:
+        running = sum(1 for req in self._active if req.seq_slot is not None)
+        kv = self.kv_cache_manager
+        with self._stats_lock:
+            self._stats.num_running = running
+            self._stats.num_waiting = len(self._active) - running + self._commands.qsize()
+            self._stats.num_free_seq_slots = self.seq_slot_manager.num_free
+            self._stats.kv_cache_usage = kv.usage
+            self._stats.num_free_kv_blocks = kv.num_free_blocks
+            snapshot = ExecutorStats(**vars(self._stats))
+        if self.on_step is not None:
+            try:
+                self.on_step(snapshot)
+            except Exception:
+                logger.exception("on_step callback raised")

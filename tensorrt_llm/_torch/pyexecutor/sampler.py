@@ -1,0 +1,201 @@
+"""TorchSampler: batched token selection on the device, then stop checks on the host.
+
+`sample` never syncs: per-row knobs go up through pinned staging with non_blocking copies, and
+randomness comes from the exponential-race trick (argmax of p / E, E ~ Exp(1)), which draws from
+p without a multinomial's host round trip. `to_host` is the step's single sync point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..._utils import async_tensor_h2d, prefer_pinned
+from .llm_request import LlmRequest
+
+# NOTE: stop-string offsets (`LlmRequest.stop_text_end`) index text decoded with these kwargs;
+# consumers must decode the same way (use `detokenize_output`).
+DETOKENIZE_KWARGS: dict[str, Any] = {"skip_special_tokens": True}
+_MIN_TEMPERATURE = 1e-5  # avoids inf logits for tiny positive temperatures
+
+
+class TorchSampler:
+    def __init__(self, vocab_size: int, device: torch.device | str) -> None:
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self._generators: dict[int, torch.Generator] = {}
+
+    # ---- device side ---------------------------------------------------------------------------
+    def sample(self, logits: torch.Tensor, requests: Sequence[LlmRequest]) -> torch.Tensor:
+        """One token per row of `logits` [B, V>=vocab_size], as int64 [B] on logits' device."""
+        if logits.dim() != 2 or logits.shape[0] != len(requests):
+            raise ValueError(
+                f"logits must be [num_requests={len(requests)}, vocab], got {tuple(logits.shape)}"
+            )
+        if logits.shape[1] < self.vocab_size:
+            raise ValueError(f"logits have {logits.shape[1]} columns, vocab_size={self.vocab_size}")
+        logits = logits[:, : self.vocab_size]
+        greedy_tokens = logits.argmax(dim=-1)
+        params = [req.sampling_params for req in requests]
+        if all(p.is_greedy for p in params):
+            return greedy_tokens  # the common decode case: no H2D, no sort
+        dev = logits.device
+        greedy = async_tensor_h2d([p.is_greedy for p in params], torch.bool, dev)
+        temps = async_tensor_h2d(
+            [1.0 if p.is_greedy else max(p.temperature, _MIN_TEMPERATURE) for p in params],
+            torch.float32,
+            dev,
+        )
+        scaled = logits.float() / temps.unsqueeze(1)
+        needs_filter = any(not p.is_greedy and (p.top_k > 0 or p.top_p < 1.0) for p in params)
+        if needs_filter:
+            probs, order = self._filtered_sorted_probs(scaled, params)
+        else:
+            probs, order = torch.softmax(scaled, dim=-1), None
+        noise = self._exponential_noise(probs.shape, requests, dev)
+        choice = (probs / noise).argmax(dim=-1)
+        sampled = choice if order is None else order.gather(1, choice.unsqueeze(1)).squeeze(1)
+        return torch.where(greedy, greedy_tokens, sampled)
+
+    def _filtered_sorted_probs(
+        self, scaled: torch.Tensor, params: Sequence[Any]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Probabilities in descending order with top-k then top-p applied (renormalised)."""
+        vocab = scaled.shape[1]
+        dev = scaled.device
+        top_k = async_tensor_h2d(
+            [vocab if p.top_k == 0 or p.top_k > vocab else p.top_k for p in params],
+            torch.int64,
+            dev,
+        )
+        # top_p == 1 rows get 2.0 so float rounding in the cumsum can never drop their tail.
+        top_p = async_tensor_h2d(
+            [float(p.top_p) if p.top_p < 1.0 else 2.0 for p in params], torch.float32, dev
+        )
+        sorted_logits, order = scaled.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab, device=dev).unsqueeze(0)
+        sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before
+        # it already does. The first token is always kept (its prefix mass is 0).
+        mass_before = probs.cumsum(dim=-1) - probs
+        probs = probs.masked_fill(mass_before >= top_p.unsqueeze(1), 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+        return probs, order
+
+    def _exponential_noise(
+        self, shape: torch.Size, requests: Sequence[LlmRequest], device: torch.device
+    ) -> torch.Tensor:
+        """Exp(1) draws; a seeded request's row comes from its own generator only.
+
+        That makes a seeded request's tokens independent of its batch companions.
+        """
+        noise = torch.empty(shape, dtype=torch.float32, device=device).exponential_()
+        for row, req in enumerate(requests):
+            params = req.sampling_params
+            if params.seed is None or params.is_greedy:
+                continue
+            gen = self._generators.get(req.request_id)
+            if gen is None:
+                gen = torch.Generator(device=device)
+                gen.manual_seed(params.seed)
+                self._generators[req.request_id] = gen
+            noise[row].exponential_(generator=gen)
+        # A zero draw would make p / E = 0 / 0 = NaN for a filtered token, and argmax picks NaN.
+        return noise.clamp_min_(torch.finfo(torch.float32).tiny)
+
+    def to_host(self, tokens: torch.Tensor) -> list[int]:
+        """Bring the sampled tokens to the host with one copy (the step's sync point)."""
+        if tokens.device.type == "cpu":
+            return tokens.tolist()
+        staging = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=prefer_pinned())
+        staging.copy_(tokens, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()
+        return staging.tolist()
+
+    def release(self, request_id: int) -> None:
+        """Drop a request's generator (called for finished requests)."""
+        self._generators.pop(request_id, None)
+
+    # ---- host side -----------------------------------------------------------------------------
+    def update_requests(
+        self,
+        requests: Sequence[LlmRequest],
+        new_tokens: Sequence[int],
+        tokenizer: Any = None,
+    ) -> None:
+        """Append each request's token and apply its stop conditions.
+
+        A context request whose prompt is not fully prefilled yet (a non-final chunk) produced
+        no real token: its entry is ignored. So are requests that already finished.
+        """
+        if len(requests) != len(new_tokens):
+            raise ValueError(f"{len(requests)} requests but {len(new_tokens)} tokens")
+        for req, token in zip(requests, new_tokens, strict=True):
+            if req.is_finished:
+                self.release(req.request_id)
+                continue
+            if req.is_context_init and not req.is_last_context_chunk:
+                continue
+            req.add_new_token(token)
+            self._check_stop(req, token, tokenizer)
+            if req.is_finished:
+                self.release(req.request_id)
+
+    def _check_stop(self, req: LlmRequest, token: int, tokenizer: Any) -> None:
+        params = req.sampling_params
+        if not params.ignore_eos and params.end_id is not None and token == params.end_id:
+            req.stop_reason = token
+            req.finish("stop")
+            return
+        if token in params.stop_token_set:
+            req.stop_reason = token
+            req.finish("stop")
+            return
+        stops = params.stop_strings
+        if stops and self._check_stop_strings(req, stops, tokenizer):
+            return
+        if req.num_generated_tokens >= params.max_tokens:
+            req.finish("length")
+
+    def _check_stop_strings(self, req: LlmRequest, stops: list[str], tokenizer: Any) -> bool:
+        if tokenizer is None:
+            raise ValueError(
+                f"request {req.request_id} has stop strings but update_requests got no tokenizer"
+            )
+        # A stop string of n chars spans at most ~4n byte-level tokens (multi-byte characters
+        # split across tokens); a few more give a clean boundary before it.
+        window = 4 * max(len(s) for s in stops) + 4
+        tail = tokenizer.decode(req.output_token_ids[-window:], **DETOKENIZE_KWARGS)
+        if not any(s in tail for s in stops):
+            return False
+        # Rare (once per request): locate the stop in the full text, which consumers decode.
+        text = tokenizer.decode(req.output_token_ids, **DETOKENIZE_KWARGS)
+        hits = [(text.find(s), s) for s in stops if s in text]
+        if hits:
+            start, stop = min(hits)
+            end = start + len(stop) if req.sampling_params.include_stop_str_in_output else start
+            req.stop_text_end = end
+            req.stop_reason = stop
+        else:  # the tail decoded differently from the full text; stop without cutting
+            req.stop_reason = next(s for s in stops if s in tail)
+        req.finish("stop")
+        return True
+
+
+def detokenize_output(request: LlmRequest, tokenizer: Any) -> str:
+    """The request's output text with stop tokens / strings removed as its params ask."""
+    ids = request.output_token_ids
+    stop_on_token = request.finish_reason == "stop" and isinstance(request.stop_reason, int)
+    if stop_on_token and ids and not request.sampling_params.include_stop_str_in_output:
+        ids = ids[:-1]
+    text = tokenizer.decode(ids, **DETOKENIZE_KWARGS)
+    if request.stop_text_end is not None:
+        text = text[: request.stop_text_end]
+    return text
