@@ -187,3 +187,70 @@ def is_video_like(src: Any) -> bool:
     if isinstance(src, str | os.PathLike):
         return Path(src).is_dir() if len(str(src)) < 4096 else False
     return isinstance(src, Sequence) and not isinstance(src, str | bytes | bytearray)
+
+
+# ---------------------------------------------------------------- multimodal data of a prompt
+
+MODALITIES: tuple[str, ...] = ("image", "video")
+
+
+def _as_item_list(modality: str, value: Any) -> list[Any]:
+    """One item or a list of items -> a list. A video may itself be a list of frames."""
+    if value is None:
+        return []
+    if modality == "image":
+        if isinstance(value, list | tuple):
+            return list(value)
+        if isinstance(value, torch.Tensor | np.ndarray) and value.ndim == 4:
+            return list(value)  # a batch of images
+        return [value]
+    # video: a single video is a VideoData, a 4-D array, a folder, or a flat list of frames.
+    if isinstance(value, list | tuple) and value and all(is_video_like(v) for v in value):
+        return list(value)
+    return [value]
+
+
+def collect_multimodal_data(
+    multi_modal_data: dict[str, Any] | None,
+) -> dict[str, list[Any]]:
+    """Validate the modality keys and turn each value into a list of items (not loaded yet)."""
+    data = multi_modal_data or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"multi_modal_data must be a dict, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(MODALITIES))
+    if unknown:
+        raise ValueError(
+            f"unknown modality key(s) {unknown} in multi_modal_data; supported: {list(MODALITIES)}"
+        )
+    return {m: _as_item_list(m, data.get(m)) for m in MODALITIES}
+
+
+def media_from_messages(messages: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Media carried inside chat content parts, in prompt order.
+
+    A part {"type": "image", "image": src} (or "image_url": src | {"url": src}) carries an
+    image; {"type": "video", "video": src} a video. Parts without a source are placeholders
+    for `multi_modal_data` items.
+    """
+    found: dict[str, list[Any]] = {m: [] for m in MODALITIES}
+    for message in messages:
+        if not isinstance(message, dict) or "role" not in message:
+            raise ValueError("every chat message must be a dict with a 'role' and a 'content'")
+        content = message.get("content")
+        if isinstance(content, str) or content is None:
+            continue
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in ("image", "image_url"):
+                src = part.get("image", part.get("image_url"))
+                if isinstance(src, dict):
+                    src = src.get("url")
+                if src is not None:
+                    found["image"].append(src)
+            elif kind == "video":
+                src = part.get("video", part.get("video_url"))
+                if src is not None:
+                    found["video"].append(src)
+            elif kind != "text":
+                raise ValueError(f"unknown chat content part type {kind!r}")
+    return found

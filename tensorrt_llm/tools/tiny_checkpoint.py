@@ -1,8 +1,8 @@
-"""Tiny random HF-format checkpoints for every Qwen(-VL) family, built locally in well under a second.
+"""Tiny random HF-format checkpoints for every Qwen(-VL) family, built locally in well under 1 s.
 
-Tests, the demo and the benchmarks share this writer so nobody needs hub access. Each folder holds
-config.json, model.safetensors (hub layout), a locally trained byte-level BPE tokenizer with the Qwen
-special tokens, a Qwen-style chat template, and the image/video processor configs.
+Tests, the demo and the benchmarks share this writer, so nobody needs hub access. Each folder holds
+config.json, model.safetensors (hub layout), a locally trained byte-level BPE tokenizer with the
+Qwen special tokens, a Qwen-style chat template, and the image/video processor configs.
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ def _vision_v3(model_type: str, deepstack: bool) -> dict[str, Any]:
 
 
 def _qwen2_vl() -> dict[str, Any]:
-    text = _text_base(model_type="qwen2_vl_text", head_dim=None)
-    del text["head_dim"]  # Qwen2 derives it: 64 / 4 = 16, so the rotary half is 8 = 2+3+3.
+    text = _text_base(model_type="qwen2_vl_text")
+    text.pop("head_dim")  # Qwen2 derives it: 64 / 4 = 16, so the rotary half is 8 = 2+3+3.
     text["rope_parameters"] = _mrope([2, 3, 3], 1e6, interleaved=False)
     vision = {
         "model_type": "qwen2_vl_vision",
@@ -128,8 +128,12 @@ def _qwen2_vl() -> dict[str, Any]:
         "temporal_patch_size": 2,
         "initializer_range": 0.05,
     }
-    return {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl",
-            "text_config": text, "vision_config": vision}
+    return {
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "model_type": "qwen2_vl",
+        "text_config": text,
+        "vision_config": vision,
+    }
 
 
 def _qwen2_5_vl() -> dict[str, Any]:
@@ -165,13 +169,21 @@ def _qwen3_vl(moe: bool = False) -> dict[str, Any]:
     if moe:
         # moe_intermediate 48 keeps 2*I != hidden, so a transposed expert tensor cannot pass
         # a shape check by accident.
-        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
-                    decoder_sparse_step=1, norm_topk_prob=True, mlp_only_layers=[])
+        text.update(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            decoder_sparse_step=1,
+            norm_topk_prob=True,
+            mlp_only_layers=[],
+        )
     name = "Qwen3VLMoe" if moe else "Qwen3VL"
-    return {"architectures": [f"{name}ForConditionalGeneration"],
-            "model_type": "qwen3_vl_moe" if moe else "qwen3_vl",
-            "text_config": text,
-            "vision_config": _vision_v3("qwen3_vl_moe" if moe else "qwen3_vl", deepstack=True)}
+    return {
+        "architectures": [f"{name}ForConditionalGeneration"],
+        "model_type": "qwen3_vl_moe" if moe else "qwen3_vl",
+        "text_config": text,
+        "vision_config": _vision_v3("qwen3_vl_moe" if moe else "qwen3_vl", deepstack=True),
+    }
 
 
 def _qwen3_5(moe: bool = False, vision_model_type: str | None = None) -> dict[str, Any]:
@@ -192,28 +204,37 @@ def _qwen3_5(moe: bool = False, vision_model_type: str | None = None) -> dict[st
     text["rope_parameters"] = _mrope([3, 3, 2], 1e7, interleaved=True, partial_rotary_factor=0.25)
     if moe:
         del text["intermediate_size"]
-        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
-                    shared_expert_intermediate_size=64)
+        text.update(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            shared_expert_intermediate_size=64,
+        )
     base = "qwen3_5_moe" if moe else "qwen3_5"
     vtype = vision_model_type or f"{base}_vision"
     name = "Qwen3_5Moe" if moe else "Qwen3_5"
-    return {"architectures": [f"{name}ForConditionalGeneration"], "model_type": base,
-            "language_model_only": False, "text_config": text,
-            "vision_config": _vision_v3(vtype, deepstack=False)}
+    return {
+        "architectures": [f"{name}ForConditionalGeneration"],
+        "model_type": base,
+        "language_model_only": False,
+        "text_config": text,
+        "vision_config": _vision_v3(vtype, deepstack=False),
+    }
 
 
 def _text_llm(family: str) -> dict[str, Any]:
     if family == "qwen2":
         cfg = _text_base(model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1e6)
-        del cfg["head_dim"]
+        cfg.pop("head_dim")  # Qwen2 derives it from hidden / heads
         cfg.update(use_sliding_window=False, max_window_layers=2)
         return cfg
-    return _text_base(model_type="qwen3", architectures=["Qwen3ForCausalLM"], rope_theta=1e6,
-                      attention_bias=False)
+    return _text_base(
+        model_type="qwen3", architectures=["Qwen3ForCausalLM"], rope_theta=1e6, attention_bias=False
+    )
 
 
 def build_config_dict(family: str, **overrides: Any) -> dict[str, Any]:
-    """The config.json content for `family`, with `overrides` merged in (see write_tiny_checkpoint)."""
+    """The config.json content for `family`, with `overrides` merged (see write_tiny_checkpoint)."""
     builders = {
         "qwen2_vl": _qwen2_vl,
         "qwen2_5_vl": _qwen2_5_vl,
@@ -385,9 +406,7 @@ def build_tokenizer() -> Any:
     tok.train_from_iterator(list(_CORPUS), trainer)
     if tok.get_vocab_size() != BPE_VOCAB_SIZE:
         raise RuntimeError(f"BPE vocab is {tok.get_vocab_size()}, expected {BPE_VOCAB_SIZE}")
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
-    )
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     for text, tid in SPECIAL_IDS.items():
         if tok.token_to_id(text) != tid:
             raise RuntimeError(f"special token {text} landed at {tok.token_to_id(text)}, not {tid}")
@@ -396,8 +415,14 @@ def build_tokenizer() -> Any:
 
 def _tokenizer_config() -> dict[str, Any]:
     decoder = {
-        str(tid): {"content": text, "lstrip": False, "normalized": False, "rstrip": False,
-                   "single_word": False, "special": True}
+        str(tid): {
+            "content": text,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
         for text, tid in SPECIAL_IDS.items()
     }
     return {
@@ -420,9 +445,9 @@ def _processor_configs(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     # Small pixel budget: a tiny image gives 4..64 merged tokens, a video frame at most 16.
     min_px, max_px, max_video_px = factor * factor * 4, factor * factor * 64, factor * factor * 16
     legacy = cfg["model_type"] in ("qwen2_vl", "qwen2_5_vl")
-    processor = {
-        "qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"
-    }.get(cfg["model_type"], "Qwen3VLProcessor")
+    processor = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}.get(
+        cfg["model_type"], "Qwen3VLProcessor"
+    )
     mean = [0.48145466, 0.4578275, 0.40821073] if legacy else [0.5, 0.5, 0.5]
     std = [0.26862954, 0.26130258, 0.27577711] if legacy else [0.5, 0.5, 0.5]
     common = {
@@ -438,13 +463,25 @@ def _processor_configs(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
         "do_convert_rgb": True,
         "processor_class": processor,
     }
-    image = dict(common, image_processor_type="Qwen2VLImageProcessor", min_pixels=min_px,
-                 max_pixels=max_px, size={"shortest_edge": min_px, "longest_edge": max_px})
+    image = dict(
+        common,
+        image_processor_type="Qwen2VLImageProcessor",
+        min_pixels=min_px,
+        max_pixels=max_px,
+        size={"shortest_edge": min_px, "longest_edge": max_px},
+    )
     video_type = "Qwen2VLVideoProcessor" if legacy else "Qwen3VLVideoProcessor"
-    video = dict(common, video_processor_type=video_type, min_pixels=min_px,
-                 max_pixels=max_video_px,
-                 size={"shortest_edge": min_px, "longest_edge": max_video_px},
-                 fps=2.0, min_frames=2, max_frames=16, do_sample_frames=False)
+    video = dict(
+        common,
+        video_processor_type=video_type,
+        min_pixels=min_px,
+        max_pixels=max_video_px,
+        size={"shortest_edge": min_px, "longest_edge": max_video_px},
+        fps=2.0,
+        min_frames=2,
+        max_frames=16,
+        do_sample_frames=False,
+    )
     return image, video
 
 

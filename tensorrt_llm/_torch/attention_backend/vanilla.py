@@ -48,7 +48,10 @@ def gather_kv(
 def causal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int, scale: float
 ) -> torch.Tensor:
-    """`q: [n, H, D]` at positions `num_cached..`, `k, v: [num_cached + n, KVH, D]` -> `[n, H, D]`."""
+    """`q: [n, H, D]` at positions `num_cached..`; `k, v: [num_cached + n, KVH, D]`.
+
+    Returns `[n, H, D]`.
+    """
     n, num_heads, _ = q.shape
     total, num_kv_heads, _ = k.shape
     if num_heads != num_kv_heads:

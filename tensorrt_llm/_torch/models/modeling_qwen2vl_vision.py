@@ -89,7 +89,12 @@ class _Qwen2VisionBase(nn.Module):
     """Shared skeleton: patch embed, rope table, blocks, merger, per-grid host caches."""
 
     def _init_base(
-        self, config: Any, dim: int, dtype: torch.dtype, blocks: list[VisionBlock], merger: nn.Module
+        self,
+        config: Any,
+        dim: int,
+        dtype: torch.dtype,
+        blocks: list[VisionBlock],
+        merger: nn.Module,
     ) -> None:
         self.merge = int(config.spatial_merge_size)
         self.num_heads = int(config.num_heads)
@@ -114,7 +119,9 @@ class _Qwen2VisionBase(nn.Module):
         # NOTE: each video frame is its own full-attention segment (HF semantics).
         return [h * w for t, h, w in grids for _ in range(t)]
 
-    def _check(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> list[tuple[int, int, int]]:
+    def _check(
+        self, pixel_values: torch.Tensor, grid_thw: torch.Tensor
+    ) -> list[tuple[int, int, int]]:
         grids = validate_grid_thw(grid_thw, self.merge)
         num_patches = sum(t * h * w for t, h, w in grids)
         check_pixel_values(pixel_values, self.patch_embed.patch_dim, num_patches)

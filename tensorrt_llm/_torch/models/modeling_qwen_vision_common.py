@@ -82,9 +82,7 @@ class VisionInputs:
     interp_weight: torch.Tensor | None = None  # fp32 [N, 4]
 
 
-def validate_grid_thw(
-    grid_thw: torch.Tensor, merge_size: int
-) -> list[tuple[int, int, int]]:
+def validate_grid_thw(grid_thw: torch.Tensor, merge_size: int) -> list[tuple[int, int, int]]:
     """Check a host `[num_items, 3]` integer grid and return it as Python tuples."""
     if not isinstance(grid_thw, torch.Tensor):
         raise ValueError(f"grid_thw must be a torch.Tensor, got {type(grid_thw).__name__}")
@@ -100,14 +98,17 @@ def validate_grid_thw(
         if t <= 0 or h <= 0 or w <= 0:
             raise ValueError(f"grid_thw entries must be positive, got {(t, h, w)}")
         if h % merge_size or w % merge_size:
-            raise ValueError(f"grid (h={h}, w={w}) is not divisible by spatial_merge_size {merge_size}")
+            raise ValueError(
+                f"grid (h={h}, w={w}) is not divisible by spatial_merge_size {merge_size}"
+            )
     return grids
 
 
 def check_pixel_values(pixel_values: torch.Tensor, patch_dim: int, num_patches: int) -> None:
     if pixel_values.dim() != 2 or pixel_values.shape[1] != patch_dim:
         raise ValueError(
-            f"pixel_values must have shape [N_patches, {patch_dim}], got {tuple(pixel_values.shape)}"
+            f"pixel_values must have shape [N_patches, {patch_dim}], "
+            f"got {tuple(pixel_values.shape)}"
         )
     if pixel_values.shape[0] != num_patches:
         raise ValueError(
@@ -176,10 +177,13 @@ class VisionRotaryTable(nn.Module):
         if head_dim % 4 != 0:
             raise ValueError(f"vision head_dim {head_dim} must be divisible by 4 for 2D rope")
         half = head_dim // 2
-        inv_freq = 1.0 / (theta ** (torch.arange(0, half, 2, dtype=torch.float32) / half))
+        # explicit device: the tables are real even when the model is built on meta
+        steps = torch.arange(0, half, 2, dtype=torch.float32, device="cpu")
+        inv_freq = 1.0 / (theta ** (steps / half))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.register_buffer("cos_table", torch.empty(0, half // 2), persistent=False)
-        self.register_buffer("sin_table", torch.empty(0, half // 2), persistent=False)
+        empty = torch.empty(0, half // 2, device="cpu")
+        self.register_buffer("cos_table", empty, persistent=False)
+        self.register_buffer("sin_table", empty.clone(), persistent=False)
         self.ensure_side(max_side)
 
     @property

@@ -8,7 +8,6 @@ each context request goes into the seq-slot cache; generation rows read theirs b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -17,7 +16,6 @@ from torch import nn
 from ...inputs.multimodal import MultimodalParams
 from ..attention_backend.interface import AttentionMetadata
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
-from .modeling_qwen2vl import _prepare_qwen_vl_mrope_config, apply_generation_deltas
 from .modeling_utils import ModelConfig
 
 _MODALITIES = (("image", "pixel_values", "image_grid_thw"),
@@ -60,10 +58,18 @@ class QwenVLModelBase(nn.Module):
         self.config = config
         self.model_config = model_config
         text_config = config.text_config
-        self.llm = self.text_model_cls(replace(model_config, pretrained_config=text_config))
+        tie = getattr(config, "tie_word_embeddings", None)
+        self.llm = self.text_model_cls(
+            text_config,
+            dtype=model_config.torch_dtype,
+            attn_backend=model_config.attn_backend,
+            tie_word_embeddings=tie,
+        )
+        # `language_model_only: true` checkpoints have no vision tower; media is rejected.
         self.vision_language = not getattr(config, "language_model_only", False)
         self.visual: nn.Module | None = None
         if self.vision_language and self.vision_model_cls is not None:
+            # The tower picks its own packed-attention path (its backends differ from the LLM's).
             self.visual = self.vision_model_cls(config.vision_config, dtype=model_config.torch_dtype)
         self.image_token_id: int = config.image_token_id
         self.video_token_id: int = config.video_token_id
@@ -72,7 +78,8 @@ class QwenVLModelBase(nn.Module):
         # padded rows and requests without a delta read 0.
         self.register_buffer(
             "mrope_position_deltas_cache",
-            torch.zeros(model_config.max_num_seq_slots + 1, dtype=torch.int32),
+            # explicit device: built for real even under a meta-device construction
+            torch.zeros(model_config.max_num_seq_slots + 1, dtype=torch.int32, device="cpu"),
             persistent=False,
         )
 
@@ -83,9 +90,7 @@ class QwenVLModelBase(nn.Module):
     # ------------------------------------------------------------------ vision
     def _run_tower(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
         out = self.visual(pixels, grid_thw)
-        if isinstance(out, tuple):
-            return out[0], list(out[1])
-        return out, []
+        return out.embeddings, list(out.deepstack_embeddings)
 
     def _vision_embeddings(self, params: MultimodalParams) -> dict[str, Any]:
         """Per-modality (embeddings, deepstack list) of a request; computed once, then cached."""
@@ -164,6 +169,9 @@ class QwenVLModelBase(nn.Module):
         multimodal_params: Sequence[MultimodalParams] = (),
         return_context_logits: bool = False,
     ) -> torch.Tensor:
+        # Imported here: modeling_qwen2vl defines its model classes on top of this base.
+        from .modeling_qwen2vl import _prepare_qwen_vl_mrope_config, apply_generation_deltas
+
         num_ctx = attn_metadata.num_contexts
         num_ctx_tokens = attn_metadata.num_ctx_tokens
         inputs_embeds = self.llm.model.embed_tokens(input_ids)

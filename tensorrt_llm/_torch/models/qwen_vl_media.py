@@ -11,9 +11,11 @@ An image is the one-frame case; its output equals the HF image processor's (test
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,39 @@ from PIL import Image
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _MAX_ASPECT_RATIO = 200
+# preprocessor_config.json keys the fallback image-processor construction passes on.
+_IMAGE_PROCESSOR_KEYS = (
+    "min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size",
+    "image_mean", "image_std", "do_resize", "do_rescale", "do_normalize",
+)  # fmt: skip
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A json file's content, or None when the file does not exist."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def load_image_processor(model_path: str, trust_remote_code: bool = False) -> Any:
+    """The checkpoint's HF image processor from local files only (never the hub).
+
+    Falls back to the PIL Qwen2-VL class built from preprocessor_config.json when
+    AutoImageProcessor cannot load (for example, a processor class that needs torchvision).
+    """
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(
+            model_path, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except Exception as exc:  # a missing backend or an unknown class name: use the json
+        cfg = read_json(Path(model_path) / "preprocessor_config.json")
+        if cfg is None:
+            raise ValueError(f"no preprocessor_config.json in {model_path}") from exc
+        try:
+            from transformers import Qwen2VLImageProcessorPil as processor_cls
+        except ImportError:  # older transformers: the slow class is the PIL one
+            from transformers import Qwen2VLImageProcessor as processor_cls
+        return processor_cls(**{k: cfg[k] for k in _IMAGE_PROCESSOR_KEYS if k in cfg})
 
 
 def _size_value(size: Any, key: str) -> int | None:
@@ -193,7 +228,9 @@ def target_size(
     return smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
 
 
-def frame_to_array(image: Image.Image, size: tuple[int, int], cfg: VisionPreprocessConfig) -> np.ndarray:
+def frame_to_array(
+    image: Image.Image, size: tuple[int, int], cfg: VisionPreprocessConfig
+) -> np.ndarray:
     """Resize, rescale and normalise one RGB frame -> float32 [C, H, W]."""
     height, width = size
     if image.size != (width, height):

@@ -87,9 +87,7 @@ def _preview(names: Iterable[str], limit: int = 5) -> str:
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
-def check_weights(
-    expected: set[str], got: set[str], optional: Iterable[str] = ()
-) -> None:
+def check_weights(expected: set[str], got: set[str], optional: Iterable[str] = ()) -> None:
     """Raise a ValueError naming missing and unexpected weights (a few names and the count)."""
     optional = set(optional)
     missing = expected - got - optional
@@ -210,7 +208,8 @@ def load_model(
     device: str | torch.device,
     checkpoint_dir: str | Path | None = None,
 ) -> nn.Module:
-    """Build on meta, then load the safetensors checkpoint (default: model_config.checkpoint_dir)."""
+    """Build on meta, then load the safetensors checkpoint (default: `checkpoint_dir` of
+    `model_config`)."""
     checkpoint_dir = checkpoint_dir or getattr(model_config, "checkpoint_dir", None)
     if checkpoint_dir is None:
         raise ValueError("load_model needs a checkpoint_dir (or model_config.checkpoint_dir)")

@@ -127,10 +127,12 @@ class MRotaryEmbedding(RotaryEmbedding):
         self.interleaved = interleaved
         axes = mrope_channel_axes(section, interleaved).to(device)
         # The same axis choice applies to the cos half and the sin half of the packed table.
-        self.register_buffer("channel_axes", torch.cat([axes, axes])[None, None, :], persistent=False)
+        self.register_buffer(
+            "channel_axes", torch.cat([axes, axes])[None, None, :], persistent=False
+        )
 
     def get_cos_sin(self, position_ids: torch.Tensor) -> torch.Tensor:
-        """`position_ids: [3, T]` (or `[3, 1, T]`, or `[T]` for text) -> float32 `[T, rotary_dim]`."""
+        """`position_ids: [3, T]` (or `[3, 1, T]`, or `[T]` for text) -> f32 `[T, rotary_dim]`."""
         if position_ids.dim() == 3 and position_ids.shape[1] == 1:
             position_ids = position_ids[:, 0]
         if position_ids.dim() == 1:

@@ -71,7 +71,9 @@ class VarlenSegments:
         if cu_seqlens is None:
             cu_seqlens = cls.host_cu_seqlens(lens)
         if cu_seqlens.numel() != len(lens) + 1:
-            raise ValueError(f"cu_seqlens has {cu_seqlens.numel()} entries for {len(lens)} segments")
+            raise ValueError(
+                f"cu_seqlens has {cu_seqlens.numel()} entries for {len(lens)} segments"
+            )
         runs: list[list[int]] = []
         start = 0
         for n in lens:
@@ -87,21 +89,25 @@ class VarlenSegments:
         return sum(self.seqlens)
 
 
-def _sdpa_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: VarlenSegments) -> torch.Tensor:
+def _sdpa_runs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: VarlenSegments
+) -> torch.Tensor:
     out = torch.empty_like(q)
     heads, dim = q.shape[1], q.shape[2]
     for start, length, count in seg.runs:
         end = start + length * count
-
-        def batch(x: torch.Tensor) -> torch.Tensor:
-            return x[start:end].view(count, length, heads, dim).transpose(1, 2)
-
-        o = F.scaled_dot_product_attention(batch(q), batch(k), batch(v))
+        # A run of equal-length segments is one SDPA batch: [count, heads, length, dim].
+        qb, kb, vb = (
+            x[start:end].view(count, length, heads, dim).transpose(1, 2) for x in (q, k, v)
+        )
+        o = F.scaled_dot_product_attention(qb, kb, vb)
         out[start:end] = o.transpose(1, 2).reshape(length * count, heads, dim)
     return out
 
 
-def _sdpa_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: VarlenSegments) -> torch.Tensor:
+def _sdpa_mask(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: VarlenSegments
+) -> torch.Tensor:
     lens = torch.tensor(seg.seqlens, device=q.device)
     seg_id = torch.repeat_interleave(torch.arange(len(seg.seqlens), device=q.device), lens)
     mask = seg_id[:, None] == seg_id[None, :]
@@ -163,7 +169,9 @@ def varlen_attention(
         raise ValueError(f"packed length {q.shape[0]} != sum of segment lengths {segments.total}")
     fn = _BACKEND_FNS.get(backend)
     if fn is None:
-        raise ValueError(f"unknown vision attention backend {backend!r}; one of {VISION_ATTN_BACKENDS}")
+        raise ValueError(
+            f"unknown vision attention backend {backend!r}; one of {VISION_ATTN_BACKENDS}"
+        )
     return fn(q, k, v, segments)
 
 
@@ -186,9 +194,7 @@ def apply_vision_rotary(
 class VisionAttention(nn.Module):
     """Fused-qkv vision self-attention (HF names `qkv`, `proj`) over packed segments."""
 
-    def __init__(
-        self, dim: int, num_heads: int, dtype: torch.dtype, backend: str = "auto"
-    ) -> None:
+    def __init__(self, dim: int, num_heads: int, dtype: torch.dtype, backend: str = "auto") -> None:
         super().__init__()
         if dim % num_heads != 0:
             raise ValueError(f"vision hidden size {dim} is not divisible by num_heads {num_heads}")

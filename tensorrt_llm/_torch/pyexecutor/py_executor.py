@@ -143,7 +143,7 @@ class PyExecutor:
     def _loop(self) -> None:
         while True:
             try:
-                self._drain_commands(block=not self._active)
+                self._drain_commands(block=not self._active and not self._stopping)
                 if self._stopping and not self._active:
                     break
                 if self._active:

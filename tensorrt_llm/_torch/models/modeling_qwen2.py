@@ -1,0 +1,278 @@
+"""Qwen2 decoder LLM (also the text stack of Qwen2-VL and Qwen2.5-VL).
+
+`Qwen2Model` (decoder stack) and `Qwen2TextForCausalLM` (stack + LM head) are built from an HF
+*text* config alone, so the VL models reuse them with `config.text_config`; the registered
+`Qwen2ForCausalLM` wraps them for a `ModelConfig`. A text config carrying `mrope_section` (or
+of a known VL text type) gets `MRotaryEmbedding`, otherwise `RotaryEmbedding`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..attention_backend import AttentionMetadata
+from ..modules.attention import Attention
+from ..modules.embedding import Embedding, LMHead
+from ..modules.gated_mlp import GatedMLP
+from ..modules.rms_norm import RMSNorm
+from ..modules.rotary_embedding import MRotaryEmbedding, RotaryEmbedding
+from .modeling_utils import ModelConfig, register_auto_model
+from .weight_loading import load_hf_weights
+
+# text model_type -> (HF default mrope_section, interleaved channels)
+_MROPE_DEFAULTS: dict[str, tuple[tuple[int, int, int], bool]] = {
+    "qwen2_vl_text": ((16, 24, 24), False),
+    "qwen2_5_vl_text": ((16, 24, 24), False),
+    "qwen3_vl_text": ((24, 20, 20), True),
+    "qwen3_vl_moe_text": ((24, 20, 20), True),
+    "qwen3_5_text": ((11, 11, 10), True),
+    "qwen3_5_moe_text": ((11, 11, 10), True),
+}
+
+
+def text_head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def build_rotary_embedding(config: Any) -> RotaryEmbedding:
+    """RoPE for an HF text config: base, partial rotary and (m)RoPE sections from its
+    `rope_parameters` (transformers 5) or legacy `rope_theta`/`rope_scaling`."""
+    rope: dict[str, Any] = dict(
+        getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    )
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "mrope"):
+        raise ValueError(f"unsupported rope_type {rope_type!r} (only default RoPE / mRoPE)")
+    base = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    head_dim = text_head_dim(config)
+    rotary_dim = int(head_dim * partial)
+    max_positions = int(getattr(config, "max_position_embeddings", 32768))
+    default_section, default_interleaved = _MROPE_DEFAULTS.get(
+        getattr(config, "model_type", ""), (None, False)
+    )
+    section = rope.get("mrope_section", default_section)
+    if section is None:
+        return RotaryEmbedding(head_dim, rotary_dim, base, max_positions)
+    interleaved = bool(rope.get("mrope_interleaved", default_interleaved))
+    return MRotaryEmbedding(head_dim, rotary_dim, base, max_positions, section, interleaved)
+
+
+def _check_text_config(config: Any) -> None:
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        raise ValueError(f"only full-attention layers are supported, got layer_types {layer_types}")
+
+
+class Qwen2DecoderLayer(nn.Module):
+    """Pre-norm decoder layer; the residual stream is carried separately (fused add-norm)."""
+
+    def __init__(
+        self,
+        config: Any,
+        layer_idx: int,
+        *,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+        attn_backend: str,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.self_attn = Attention(
+            hidden_size=config.hidden_size,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=text_head_dim(config),
+            layer_idx=layer_idx,
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            qk_norm=qk_norm,
+            rms_norm_eps=eps,
+            attn_backend=attn_backend,
+            dtype=dtype,
+        )
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, dtype=dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos_sin: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns `(mlp_out, residual)`; the layer's full output is their sum."""
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(hidden_states, cos_sin, attn_metadata)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class Qwen2Model(nn.Module):
+    """Embedding + decoder layers + final norm, over packed tokens `[T]`."""
+
+    qk_norm: ClassVar[bool] = False
+
+    def __init__(
+        self, config: Any, *, dtype: torch.dtype = torch.float32, attn_backend: str = "vanilla"
+    ) -> None:
+        super().__init__()
+        _check_text_config(config)
+        self.config = config
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        qkv_bias, o_bias = self.projection_biases(config)
+        self.layers = nn.ModuleList(
+            Qwen2DecoderLayer(
+                config,
+                i,
+                qkv_bias=qkv_bias,
+                o_bias=o_bias,
+                qk_norm=self.qk_norm,
+                attn_backend=attn_backend,
+                dtype=dtype,
+            )
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.rotary_emb = build_rotary_embedding(config)
+
+    @classmethod
+    def projection_biases(cls, config: Any) -> tuple[bool, bool]:
+        """(qkv bias, o_proj bias): Qwen2 always has q/k/v biases and no o_proj bias."""
+        return True, False
+
+    def get_cos_sin(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """`position_ids: [1,T] | [T]` (RoPE) or `[3,1,T] | [3,T]` (mRoPE) -> `[T, rotary_dim]`."""
+        if position_ids.dim() == 3 and position_ids.shape[1] == 1:
+            position_ids = position_ids[:, 0]
+        elif position_ids.dim() == 2 and position_ids.shape[0] == 1:
+            position_ids = position_ids[0]
+        if position_ids.dim() == 2 and not isinstance(self.rotary_emb, MRotaryEmbedding):
+            raise ValueError("3-axis position_ids given to a model without mRoPE")
+        return self.rotary_emb.get_cos_sin(position_ids)
+
+    def forward(
+        self,
+        attn_metadata: AttentionMetadata,
+        input_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        *,
+        cos_sin: torch.Tensor | None = None,
+        deepstack_embeds: Sequence[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Final-normed hidden states `[T, hidden]`."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            assert input_ids is not None
+            inputs_embeds = self.embed_tokens(input_ids.reshape(-1))
+        hidden_states = inputs_embeds.reshape(-1, self.config.hidden_size)
+        if cos_sin is None:
+            if position_ids is None:
+                raise ValueError("pass position_ids or a precomputed cos_sin")
+            cos_sin = self.get_cos_sin(position_ids)
+        if deepstack_embeds is not None and len(deepstack_embeds) > len(self.layers):
+            raise ValueError(
+                f"{len(deepstack_embeds)} deepstack embeddings for {len(self.layers)} layers"
+            )
+        residual: torch.Tensor | None = None
+        for i, layer in enumerate(self.layers):
+            hidden_states, residual = layer(hidden_states, residual, cos_sin, attn_metadata)
+            if deepstack_embeds is not None and i < len(deepstack_embeds):
+                # Folded into the residual stream, so it joins the layer output's sum.
+                residual = residual + deepstack_embeds[i].to(residual.dtype)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class Qwen2TextForCausalLM(nn.Module):
+    """Decoder stack + LM head from an HF text config (reused by the VL models)."""
+
+    model_cls: ClassVar[type[Qwen2Model]] = Qwen2Model
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        dtype: torch.dtype = torch.float32,
+        attn_backend: str = "vanilla",
+        tie_word_embeddings: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.model = self.model_cls(config, dtype=dtype, attn_backend=attn_backend)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype=dtype)
+        if tie_word_embeddings is None:
+            tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.tie_word_embeddings = tie_word_embeddings
+        if tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    def forward(
+        self,
+        attn_metadata: AttentionMetadata,
+        input_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        *,
+        cos_sin: torch.Tensor | None = None,
+        deepstack_embeds: Sequence[torch.Tensor] | None = None,
+        return_context_logits: bool = False,
+    ) -> torch.Tensor:
+        """Logits `[num_seqs, vocab]` of each request's last token, or `[T, vocab]`."""
+        hidden_states = self.model(
+            attn_metadata,
+            input_ids,
+            position_ids,
+            inputs_embeds,
+            cos_sin=cos_sin,
+            deepstack_embeds=deepstack_embeds,
+        )
+        if not return_context_logits:
+            # Device-side offsets: no host sync on the decode path.
+            last = attn_metadata.cu_seqlens_q[1 : attn_metadata.num_seqs + 1] - 1
+            hidden_states = hidden_states.index_select(0, last.to(hidden_states.device).long())
+        return self.lm_head(hidden_states)
+
+    def load_weights(
+        self,
+        weights: Mapping[str, torch.Tensor],
+        *,
+        rename: Callable[[str], str | None] | None = None,
+    ) -> None:
+        """Load HF-named weights (`model.layers.N...`, `model.embed_tokens`, `model.norm`,
+        `lm_head`); `rename` maps other layouts onto these names first."""
+        optional: set[str] = set()
+        if self.tie_word_embeddings:
+            # One tensor under two names; the checkpoint may carry either both or only the
+            # embedding, and the embedding wins.
+            optional.add("lm_head.weight")
+            weights = {
+                k: v
+                for k, v in weights.items()
+                if (rename(k) if rename is not None else k) != "lm_head.weight"
+            }
+        load_hf_weights(self, weights, rename=rename, optional=optional)
+
+
+@register_auto_model("Qwen2ForCausalLM")
+class Qwen2ForCausalLM(Qwen2TextForCausalLM):
+    def __init__(self, model_config: ModelConfig) -> None:
+        super().__init__(
+            model_config.pretrained_config,
+            dtype=model_config.torch_dtype,
+            attn_backend=model_config.attn_backend,
+        )
+        self.model_config = model_config

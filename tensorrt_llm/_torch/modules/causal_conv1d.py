@@ -1,0 +1,160 @@
+"""Causal depthwise conv1d with a carried state: Gated DeltaNet's short convolution.
+
+Each channel c of a sequence x is filtered causally,
+    y[t, c] = act(bias[c] + sum_j weight[c, j] * x[t - (width - 1) + j, c]),
+where the `width - 1` inputs before the sequence start come from the conv state (zeros for a
+fresh request). The conv state of a sequence is its last `width - 1` inputs, channel-major:
+`[dim, width - 1]`, the layout HF's cache and the causal-conv1d kernels use.
+
+Token tensors are token-major (`[T, dim]`) like every packed hidden state in the engine. The
+state tensors are per request (`[N, dim, width - 1]`, already gathered by seq slot) and are
+updated in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_ACTIVATIONS = ("silu", None)
+
+
+def _check(
+    x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor, activation: str | None
+) -> None:
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
+    dim, width = weight.shape
+    if width < 2:
+        raise ValueError(f"causal conv1d needs a kernel width >= 2, got {width}")
+    if x.dim() != 2 or x.shape[1] != dim:
+        raise ValueError(f"x must be [tokens, {dim}], got {tuple(x.shape)}")
+    if conv_states.dim() != 3 or tuple(conv_states.shape[1:]) != (dim, width - 1):
+        raise ValueError(
+            f"conv_states must be [N, {dim}, {width - 1}], got {tuple(conv_states.shape)}"
+        )
+
+
+def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
+    return F.silu(y) if activation == "silu" else y
+
+
+def causal_conv1d_fn(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    seq_lens: Sequence[int],
+    conv_states: torch.Tensor,
+    has_initial_state: Sequence[bool] | None = None,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """Prefill (or a prefill chunk) of packed sequences; torch reference.
+
+    x: [T, dim] with T = sum(seq_lens); weight: [dim, width]; conv_states: [N, dim, width-1],
+    N = len(seq_lens). Sequence i starts from conv_states[i] when has_initial_state[i] (a
+    later chunk of a chunked prefill) and from zeros otherwise (a fresh request; None means all
+    fresh). conv_states[i] is overwritten with the sequence's final state. Returns [T, dim].
+    """
+    _check(x, weight, conv_states, activation)
+    if len(seq_lens) != conv_states.shape[0] or sum(seq_lens) != x.shape[0]:
+        raise ValueError(
+            f"seq_lens {list(seq_lens)} must have one entry per conv state "
+            f"({conv_states.shape[0]}) and sum to the token count {x.shape[0]}"
+        )
+    if has_initial_state is not None and len(has_initial_state) != len(seq_lens):
+        raise ValueError(
+            f"has_initial_state has {len(has_initial_state)} entries for {len(seq_lens)} sequences"
+        )
+    dim, width = weight.shape
+    out = torch.empty_like(x)
+    start = 0
+    for i, length in enumerate(seq_lens):
+        if has_initial_state is not None and has_initial_state[i]:
+            history = conv_states[i].to(weight.dtype)
+        else:
+            history = weight.new_zeros(dim, width - 1)
+        # [dim, width-1+L]: the state first, so a plain (unpadded) conv is causal.
+        padded = torch.cat([history, x[start : start + length].t().to(weight.dtype)], dim=1)
+        y = F.conv1d(padded[None], weight[:, None, :], bias, groups=dim)[0]
+        out[start : start + length] = _activate(y, activation).t().to(x.dtype)
+        conv_states[i].copy_(padded[:, padded.shape[1] - (width - 1) :])
+        start += length
+    return out
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """One decode step for N requests; torch reference.
+
+    x: [N, dim] (one new token each); conv_states: [N, dim, width-1], shifted in place to
+    include the new token. Returns [N, dim].
+    NOTE: shapes only, no host sync, so a decode CUDA graph can capture it.
+    """
+    _check(x, weight, conv_states, activation)
+    if x.shape[0] != conv_states.shape[0]:
+        raise ValueError(f"{x.shape[0]} decode tokens for {conv_states.shape[0]} conv states")
+    window = torch.cat([conv_states.to(weight.dtype), x.to(weight.dtype)[:, :, None]], dim=2)
+    y = (window * weight[None]).sum(dim=-1)
+    if bias is not None:
+        y = y + bias
+    conv_states.copy_(window[:, :, 1:])
+    return _activate(y, activation).to(x.dtype)
+
+
+class CausalConv1d(nn.Module):
+    """Holds the depthwise filter in HF's `nn.Conv1d` layout, `weight: [dim, 1, width]`, so
+    checkpoints load without reshaping."""
+
+    def __init__(
+        self,
+        dim: int,
+        kernel_size: int,
+        bias: bool = False,
+        activation: str | None = "silu",
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if dim <= 0 or kernel_size < 2:
+            raise ValueError(
+                f"CausalConv1d needs dim > 0 and kernel_size >= 2, got {dim}, {kernel_size}"
+            )
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
+        self.dim = dim
+        self.kernel_size = kernel_size
+        self.activation = activation
+        self.weight = nn.Parameter(torch.empty(dim, 1, kernel_size, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(dim, dtype=dtype)) if bias else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        seq_lens: Sequence[int],
+        conv_states: torch.Tensor,
+        has_initial_state: Sequence[bool] | None = None,
+    ) -> torch.Tensor:
+        """Prefill of packed sequences; see `causal_conv1d_fn`."""
+        return causal_conv1d_fn(
+            x,
+            self.weight[:, 0],
+            self.bias,
+            seq_lens,
+            conv_states,
+            has_initial_state,
+            self.activation,
+        )
+
+    def step(self, x: torch.Tensor, conv_states: torch.Tensor) -> torch.Tensor:
+        """One decode token per request; see `causal_conv1d_update`."""
+        return causal_conv1d_update(x, conv_states, self.weight[:, 0], self.bias, self.activation)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, kernel_size={self.kernel_size}, activation={self.activation}"

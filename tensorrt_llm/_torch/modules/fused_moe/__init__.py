@@ -1,0 +1,22 @@
+"""Mixture-of-experts: top-k softmax routing and the sparse MoE block (torch reference)."""
+
+from __future__ import annotations
+
+from .moe import (
+    MoE,
+    MoEExperts,
+    convert_hf_expert_weights,
+    fused_moe_dense_ref,
+    fused_moe_ref,
+)
+from .router import TopKRouter, softmax_topk
+
+__all__ = [
+    "MoE",
+    "MoEExperts",
+    "TopKRouter",
+    "convert_hf_expert_weights",
+    "fused_moe_dense_ref",
+    "fused_moe_ref",
+    "softmax_topk",
+]

@@ -1,0 +1,127 @@
+"""OpenAI requests -> LLM API inputs: chat messages with resolved media, and SamplingParams."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from ..sampling_params import SamplingParams
+from .media import MediaConfig, MediaError, load_image_url, load_video_url
+from .openai_protocol import (
+    APIError,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    ImageURLPart,
+    TextPart,
+    VideoURLPart,
+)
+
+_PART_MODALITY = {"image_url": "image", "video_url": "video"}
+
+
+def count_media(messages: list[ChatMessage]) -> dict[str, int]:
+    counts = {"image": 0, "video": 0}
+    for message in messages:
+        for part in message.parts():
+            modality = _PART_MODALITY.get(part.type)
+            if modality is not None:
+                counts[modality] += 1
+    return counts
+
+
+def check_mm_limits(messages: list[ChatMessage], limits: dict[str, int] | None) -> None:
+    """Reject (before any fetch or decode) prompts with more items than --limit_mm_per_prompt."""
+    if not limits:
+        return
+    for modality, count in count_media(messages).items():
+        limit = limits.get(modality)
+        if limit is not None and count > limit:
+            raise APIError(
+                400,
+                f"this prompt has {count} {modality}(s) but the server allows at most {limit} "
+                f"{modality}(s) per prompt (--limit_mm_per_prompt)",
+                code="mm_limit_exceeded",
+                param="messages",
+            )
+
+
+async def _resolve_part(
+    part: TextPart | ImageURLPart | VideoURLPart,
+    param: str,
+    config: MediaConfig,
+    client: httpx.AsyncClient,
+) -> dict[str, Any]:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, ImageURLPart):
+        image = await load_image_url(part.url, config, client, param=f"{param}.image_url")
+        return {"type": "image", "image": image}
+    video = await load_video_url(part.url, config, client, fps=part.fps, param=f"{param}.video_url")
+    return {"type": "video", "video": video}
+
+
+async def resolve_messages(
+    messages: list[ChatMessage], config: MediaConfig, client: httpx.AsyncClient
+) -> list[dict[str, Any]]:
+    """Chat messages in the LLM API's form, every media URL loaded (concurrently).
+
+    Text-only messages keep a plain string content so any chat template can render them.
+    Raises APIError(400) for a media problem, naming the offending content part.
+    """
+    jobs: list[Any] = []
+    shapes: list[tuple[str, bool, int]] = []  # (role, content is plain text, number of parts)
+    for i, message in enumerate(messages):
+        role = "system" if message.role == "developer" else message.role
+        if message.content is None or isinstance(message.content, str):
+            shapes.append((role, True, 0))
+            jobs.append(_constant(message.content or ""))
+            continue
+        shapes.append((role, False, len(message.content)))
+        for j, part in enumerate(message.content):
+            jobs.append(_resolve_part(part, f"messages.{i}.content.{j}", config, client))
+    try:
+        resolved = await asyncio.gather(*jobs)
+    except MediaError as exc:
+        raise APIError(400, str(exc), code=exc.code, param=exc.param) from None
+    out, cursor = [], 0
+    for role, plain, num_parts in shapes:
+        if plain:
+            out.append({"role": role, "content": resolved[cursor]})
+            cursor += 1
+        else:
+            out.append({"role": role, "content": list(resolved[cursor : cursor + num_parts])})
+            cursor += num_parts
+    return out
+
+
+async def _constant(value: Any) -> Any:
+    return value
+
+
+def to_sampling_params(
+    request: ChatCompletionRequest | CompletionRequest, max_tokens: int
+) -> SamplingParams:
+    """SamplingParams of a request; invalid combinations raise APIError(400)."""
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "n": request.n}
+    if request.temperature is not None:
+        kwargs["temperature"] = float(request.temperature)
+    if request.top_p is not None:
+        kwargs["top_p"] = float(request.top_p)
+    if request.top_k is not None:
+        kwargs["top_k"] = max(int(request.top_k), 0)
+    if request.seed is not None:
+        kwargs["seed"] = int(request.seed)
+    if request.stop is not None:
+        kwargs["stop"] = [request.stop] if isinstance(request.stop, str) else list(request.stop)
+    if request.stop_token_ids:
+        kwargs["stop_token_ids"] = list(request.stop_token_ids)
+    kwargs["ignore_eos"] = bool(request.ignore_eos)
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as exc:
+        raise APIError(
+            400, f"invalid sampling parameters: {exc}", code="invalid_sampling_params"
+        ) from None

@@ -1,0 +1,332 @@
+"""Pydantic models of the OpenAI-compatible API: requests, responses, stream chunks, errors.
+
+Requests are validated here (types and ranges); anything a model cannot express (unsupported
+features, server limits) is checked in `openai_server`. Unknown request fields are ignored, as
+OpenAI clients send optional fields this server has no use for.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# OpenAI documents at most 4 stop sequences; a cap keeps the per-token stop check cheap.
+MAX_STOP_SEQUENCES = 4
+MAX_N = 16
+_MAX_SEED = 2**64 - 1
+
+
+class OpenAIBaseModel(BaseModel):
+    # NOTE: allow_inf_nan=False so that a NaN/inf sampling knob is a 400, never a crash later.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+# ---------------------------------------------------------------- errors
+
+
+class ErrorInfo(OpenAIBaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class ErrorResponse(OpenAIBaseModel):
+    error: ErrorInfo
+
+
+class APIError(Exception):
+    """Raised by handlers; the app turns it into an OpenAI-style error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        type: str | None = None,  # noqa: A002 (OpenAI's field name)
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.type = type or ("invalid_request_error" if status < 500 else "internal_server_error")
+
+    def to_response(self) -> ErrorResponse:
+        info = ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorResponse(error=info)
+
+
+def validation_error_message(exc: ValidationError, max_errors: int = 3) -> tuple[str, str | None]:
+    """A readable one-line message and the `param` (dotted path) of the first error."""
+    parts = []
+    first_param = None
+    for err in exc.errors(include_url=False)[:max_errors]:
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        if first_param is None and loc:
+            first_param = loc
+        parts.append(f"{loc}: {err.get('msg', 'invalid value')}" if loc else err.get("msg", ""))
+    more = len(exc.errors()) - max_errors
+    if more > 0:
+        parts.append(f"... and {more} more error(s)")
+    return "invalid request: " + "; ".join(parts), first_param
+
+
+# ---------------------------------------------------------------- shared request knobs
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool = False
+
+
+StopField = Annotated[
+    str | list[str] | None,
+    Field(default=None, description="stop sequences (a string or up to 4 strings)"),
+]
+
+
+class SamplingRequestFields(OpenAIBaseModel):
+    """Decoding knobs shared by chat and text completions."""
+
+    model: str
+    temperature: Annotated[float | None, Field(ge=0.0, le=2.0)] = None
+    top_p: Annotated[float | None, Field(gt=0.0, le=1.0)] = None
+    # -1 (vLLM's spelling) and 0 both mean "no top-k filter".
+    top_k: Annotated[int | None, Field(ge=-1)] = None
+    max_tokens: Annotated[int | None, Field(ge=1)] = None
+    stop: StopField = None
+    seed: Annotated[int | None, Field(ge=0, le=_MAX_SEED)] = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: Annotated[float | None, Field(ge=-2.0, le=2.0)] = None
+    frequency_penalty: Annotated[float | None, Field(ge=-2.0, le=2.0)] = None
+    logprobs: Any = None
+    user: str | None = None
+    # Extensions (vLLM names).
+    ignore_eos: bool = False
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        items = [value] if isinstance(value, str) else (value or [])
+        if len(items) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(items)}")
+        if any(not s for s in items):
+            raise ValueError("stop sequences must be non-empty strings")
+        return value
+
+    def unsupported_features(self) -> str | None:
+        """Name a feature the request asks for that this server cannot honour, if any."""
+        if self.presence_penalty or self.frequency_penalty:
+            return "presence_penalty / frequency_penalty are not supported"
+        if self.logprobs not in (None, False, 0):
+            return "logprobs are not supported"
+        return None
+
+
+# ---------------------------------------------------------------- chat completions
+
+
+class TextPart(OpenAIBaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImageURL(OpenAIBaseModel):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageURLPart(OpenAIBaseModel):
+    type: Literal["image_url"]
+    image_url: ImageURL | str
+
+    @property
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+
+class VideoURL(OpenAIBaseModel):
+    url: str
+    # Extension: the frame rate of the given frames, for sources that do not carry one.
+    fps: Annotated[float | None, Field(gt=0.0, le=240.0)] = None
+
+
+class VideoURLPart(OpenAIBaseModel):
+    type: Literal["video_url"]
+    video_url: VideoURL | str
+
+    @property
+    def url(self) -> str:
+        return self.video_url if isinstance(self.video_url, str) else self.video_url.url
+
+    @property
+    def fps(self) -> float | None:
+        return None if isinstance(self.video_url, str) else self.video_url.fps
+
+
+ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
+
+
+class ChatMessage(OpenAIBaseModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def parts(self) -> list[TextPart | ImageURLPart | VideoURLPart]:
+        if self.content is None:
+            return []
+        if isinstance(self.content, str):
+            return [TextPart(type="text", text=self.content)]
+        return list(self.content)
+
+
+class ChatCompletionRequest(SamplingRequestFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    # The newer OpenAI name of max_tokens; wins when both are given.
+    max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
+
+    @property
+    def effective_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+# ---------------------------------------------------------------- text completions
+
+PromptField = (
+    str | list[str] | list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]]
+)
+
+
+class CompletionRequest(SamplingRequestFields):
+    prompt: PromptField
+    echo: bool = False
+    suffix: str | None = None
+    best_of: Annotated[int | None, Field(ge=1)] = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, value: PromptField) -> PromptField:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("prompt must not be an empty list")
+            if any(isinstance(v, list) and not v for v in value):
+                raise ValueError("a token-id prompt must not be empty")
+        return value
+
+    @property
+    def effective_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt(s) as a list: each a string or a list of token ids."""
+        value = self.prompt
+        if isinstance(value, str):
+            return [value]
+        if all(isinstance(v, int) for v in value):
+            return [list(value)]  # one token-id prompt
+        return list(value)
+
+    def unsupported_features(self) -> str | None:
+        if self.echo:
+            return "echo is not supported"
+        if self.suffix:
+            return "suffix is not supported"
+        if self.best_of not in (None, self.n):
+            return "best_of != n is not supported"
+        return super().unsupported_features()
+
+
+# ---------------------------------------------------------------- responses
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+class UsageInfo(OpenAIBaseModel):
+    # NOTE: prompt_tokens is the full expanded prompt, vision tokens included.
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ChatResponseMessage(OpenAIBaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionChoice(OpenAIBaseModel):
+    index: int
+    message: ChatResponseMessage
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(OpenAIBaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=now_s)
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(OpenAIBaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatStreamChoice(OpenAIBaseModel):
+    index: int
+    delta: DeltaMessage
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(OpenAIBaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=now_s)
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class CompletionChoice(OpenAIBaseModel):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class CompletionResponse(OpenAIBaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=now_s)
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(OpenAIBaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=now_s)
+    owned_by: str = "tensorrt_llm"
+    max_model_len: int | None = None
+
+
+class ModelList(OpenAIBaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,235 @@
+"""Generation results -> OpenAI responses: whole responses, and SSE streams of chunks.
+
+Each HTTP request owns one or more `GenerationResult`s (a completion request may carry several
+prompts). `track` consumes a result's updates, feeding the TTFT / ITL metrics as tokens land;
+both the streaming and the non-streaming paths go through it, so the metrics mean the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .metrics import ServerMetrics
+from .openai_protocol import (
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionResponse,
+    DeltaMessage,
+    ErrorInfo,
+    ErrorResponse,
+    UsageInfo,
+)
+
+# The executor's "cancelled" has no OpenAI spelling; only aborted (disconnected) requests see it.
+_FINISH_REASON = {"stop": "stop", "length": "length", "cancelled": "abort", "error": "error"}
+
+
+@dataclass
+class RequestContext:
+    """What the response builders need to know about one HTTP request."""
+
+    kind: Literal["chat", "completion"]
+    request_id: str
+    model: str
+    n: int
+    metrics: ServerMetrics
+    include_usage: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    start: float = field(default_factory=time.perf_counter)
+
+
+def _usage(results: list[Any]) -> UsageInfo:
+    prompt = sum(len(r.prompt_token_ids) for r in results)
+    completion = sum(len(o.token_ids) for r in results for o in r.outputs)
+    return UsageInfo(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
+
+
+def _finish_reason(reason: str | None) -> str | None:
+    return None if reason is None else _FINISH_REASON.get(reason, reason)
+
+
+class _Timing:
+    """TTFT / ITL bookkeeping of one result."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.last: float | None = None
+        self.tokens = 0
+
+    def update(self, metrics: ServerMetrics, num_new: int) -> None:
+        if num_new <= 0:
+            return
+        now = time.perf_counter()
+        if self.last is None:
+            metrics.on_first_token(now - self.start)
+            num_new -= 1  # the first token has no inter-token gap
+        else:
+            metrics.on_tokens(now - self.last, num_new)
+        self.last = now
+
+
+async def track(
+    result: Any, metrics: ServerMetrics, start: float
+) -> AsyncIterator[tuple[Any, list[int]]]:
+    """Yield (snapshot, new token count per output) for each update; record metrics."""
+    timing = _Timing(start)
+    seen = [0] * len(result.outputs)
+    async for snapshot in result:
+        counts = [len(o.token_ids) - seen[i] for i, o in enumerate(snapshot.outputs)]
+        seen = [len(o.token_ids) for o in snapshot.outputs]
+        timing.update(metrics, sum(counts))
+        yield snapshot, counts
+    metrics.on_request_done(
+        (o.finish_reason for o in result.outputs),
+        len(result.prompt_token_ids),
+        sum(len(o.token_ids) for o in result.outputs),
+        time.perf_counter() - start,
+    )
+
+
+async def drain(result: Any, metrics: ServerMetrics, start: float) -> Any:
+    async for _ in track(result, metrics, start):
+        pass
+    return result
+
+
+# ---------------------------------------------------------------- whole responses
+
+
+def build_response(
+    ctx: RequestContext, results: list[Any]
+) -> ChatCompletionResponse | CompletionResponse:
+    usage = _usage(results)
+    if ctx.kind == "chat":
+        choices = [
+            ChatCompletionChoice(
+                index=j,
+                message=ChatResponseMessage(content=out.text),
+                finish_reason=_finish_reason(out.finish_reason),
+            )
+            for j, out in enumerate(results[0].outputs)
+        ]
+        return ChatCompletionResponse(
+            id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
+        )
+    choices_c = [
+        CompletionChoice(
+            index=i * ctx.n + j, text=out.text, finish_reason=_finish_reason(out.finish_reason)
+        )
+        for i, result in enumerate(results)
+        for j, out in enumerate(result.outputs)
+    ]
+    return CompletionResponse(
+        id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices_c, usage=usage
+    )
+
+
+# ---------------------------------------------------------------- streams
+
+
+def sse(payload: str) -> str:
+    return f"data: {payload}\n\n"
+
+
+def _chunk_json(ctx: RequestContext, choices: list[Any], usage: UsageInfo | None = None) -> str:
+    if ctx.kind == "chat":
+        chunk: Any = ChatCompletionChunk(
+            id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
+        )
+    else:
+        chunk = CompletionResponse(
+            id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
+        )
+    # OpenAI sends "usage": null on every chunk only when include_usage was asked for.
+    exclude = None if ctx.include_usage else {"usage"}
+    return chunk.model_dump_json(exclude=exclude)
+
+
+def _delta_choice(ctx: RequestContext, index: int, text: str, reason: str | None) -> Any:
+    if ctx.kind == "chat":
+        delta = DeltaMessage(content=text) if text else DeltaMessage()
+        return ChatStreamChoice(index=index, delta=delta, finish_reason=reason)
+    return CompletionChoice(index=index, text=text, finish_reason=reason)
+
+
+async def _merge(
+    results: list[Any], metrics: ServerMetrics, start: float
+) -> AsyncIterator[tuple[int, Any]]:
+    """(prompt index, snapshot) from every result, in arrival order."""
+    if len(results) == 1:
+        async for snapshot, _ in track(results[0], metrics, start):
+            yield 0, snapshot
+        return
+    queue: asyncio.Queue[tuple[int, Any] | None] = asyncio.Queue()
+
+    async def pump(i: int, result: Any) -> None:
+        try:
+            async for snapshot, _ in track(result, metrics, start):
+                await queue.put((i, snapshot))
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(results)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            else:
+                yield item
+        for task in tasks:
+            task.result()  # surface a pump failure
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def stream_response(ctx: RequestContext, results: list[Any]) -> AsyncIterator[str]:
+    """SSE events of a streamed response; aborts every unfinished result when closed early."""
+    metrics = ctx.metrics
+    try:
+        if ctx.kind == "chat":
+            first = [
+                ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant", content=""))
+                for j in range(ctx.n)
+            ]
+            yield sse(_chunk_json(ctx, first))
+        sent: dict[int, int] = {}
+        done: set[int] = set()
+        async for i, snapshot in _merge(results, metrics, ctx.start):
+            choices = []
+            for j, out in enumerate(snapshot.outputs):
+                index = i * ctx.n + j
+                text = out.text[sent.get(index, 0) :]
+                sent[index] = len(out.text)
+                reason = _finish_reason(out.finish_reason) if index not in done else None
+                if out.finished:
+                    done.add(index)
+                if text or reason is not None:
+                    choices.append(_delta_choice(ctx, index, text, reason))
+            if choices:
+                yield sse(_chunk_json(ctx, choices))
+        errors = [r.error for r in results if r.error]
+        if errors:
+            info = ErrorInfo(message=errors[0], type="internal_server_error", code=500)
+            yield sse(ErrorResponse(error=info).model_dump_json())
+        if ctx.include_usage:
+            yield sse(_chunk_json(ctx, [], usage=_usage(results)))
+        yield sse("[DONE]")
+    finally:
+        # NOTE: runs on client disconnect too (the stream task is cancelled): the executor
+        # must free the seq slot and KV blocks of requests nobody is reading anymore.
+        for result in results:
+            if not result.finished:
+                result.abort()
