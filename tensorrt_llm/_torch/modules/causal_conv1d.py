@@ -72,7 +72,7 @@ def causal_conv1d_fn(
     out = torch.empty_like(x)
     start = 0
     for i, length in enumerate(seq_lens):
-        if True:
+        if has_initial_state is not None and has_initial_state[i]:
             history = conv_states[i].to(weight.dtype)
         else:
             history = weight.new_zeros(dim, width - 1)

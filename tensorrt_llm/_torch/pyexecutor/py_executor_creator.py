@@ -1,0 +1,116 @@
+"""create_py_executor: checkpoint folder + LlmArgs -> a running PyExecutor.
+
+Order matters: build the model (meta init, then weights), run the capacity probe with a
+text-only and a multimodal dummy request, size the KV cache from what is left, then start the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ...inputs.multimodal import MultimodalParams
+from ..models.modeling_auto import get_model_class
+from ..models.modeling_utils import ModelConfig
+from ..models.weight_loading import load_model
+from .config_utils import load_pretrained_config, resolve_architecture
+from .kv_cache_creator import KVCacheSpec, choose_num_blocks, run_capacity_probe
+from .model_engine import PyTorchModelEngine
+from .py_executor import PyExecutor
+from .resource_manager import SeqSlotManager
+from .sampler import TorchSampler
+from .scheduler import SimpleScheduler
+
+if TYPE_CHECKING:
+    from ...llmapi.llm_args import LlmArgs
+
+logger = logging.getLogger(__name__)
+
+# The text-only dummy is a full max_num_tokens prefill on GPU (that is what peaks memory);
+# on the CPU there is no device pool to measure, so a short one proves the route works.
+_CPU_TEXT_DUMMY_TOKENS = 32
+
+
+def _text_config(config: Any) -> Any:
+    return getattr(config, "text_config", None) or config
+
+
+def _dummy_requests(
+    input_processor: Any, engine: PyTorchModelEngine, max_seq_len: int, has_vision: bool
+) -> list[tuple[list[int], MultimodalParams | None]]:
+    """(prompt ids, multimodal params) of the text-only and the multimodal dummy requests."""
+    budget = min(engine.max_num_tokens, max_seq_len - 2)
+    if engine.device.type != "cuda":
+        budget = min(budget, _CPU_TEXT_DUMMY_TOKENS)
+    dummies: list[tuple[list[int], MultimodalParams | None]] = []
+    text_ids = input_processor.get_dummy_prompt(budget)
+    if engine.use_mrope:
+        ids, extra = input_processor({"prompt_token_ids": text_ids}, None)
+        dummies.append((ids, MultimodalParams(extra["multimodal_data"])))
+    else:
+        dummies.append((list(text_ids), None))
+    if has_vision and hasattr(input_processor, "get_dummy_multimodal_prompt"):
+        # Leave room for the chat-template text around the image block.
+        image_budget = max(budget - 64, 4) if engine.device.type == "cuda" else 16
+        ids, extra = input_processor(input_processor.get_dummy_multimodal_prompt(image_budget), None)
+        dummies.append((ids, MultimodalParams(extra["multimodal_data"])))
+    return dummies
+
+
+def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> PyExecutor:
+    config = load_pretrained_config(args.model)
+    text_config = _text_config(config)
+    cls = get_model_class(resolve_architecture(config))
+    device = args.resolve_device()
+    dtype = args.resolve_dtype(getattr(config, "dtype", None) or getattr(text_config, "dtype", None))
+    max_seq_len = args.resolve_max_seq_len(getattr(text_config, "max_position_embeddings", None))
+    attn_backend = "vanilla" if args.attn_backend == "auto" else args.attn_backend
+    model_config = ModelConfig(
+        pretrained_config=config,
+        torch_dtype=dtype,
+        attn_backend=attn_backend,
+        max_num_seq_slots=args.max_batch_size,
+        max_num_tokens=args.max_num_tokens,
+        checkpoint_dir=args.model,
+    )
+    model = load_model(cls, model_config, device)
+    engine = PyTorchModelEngine(
+        model,
+        device,
+        max_num_tokens=args.max_num_tokens,
+        max_batch_size=args.max_batch_size,
+        max_seq_len=max_seq_len,
+        tokens_per_block=args.tokens_per_block,
+        image_token_id=getattr(config, "image_token_id", None),
+        video_token_id=getattr(config, "video_token_id", None),
+    )
+    spec = KVCacheSpec.from_text_config(text_config, dtype)
+    has_vision = getattr(model, "visual", None) is not None
+    dummies = _dummy_requests(input_processor, engine, max_seq_len, has_vision)
+    peak = run_capacity_probe(engine, spec, dummies, args.tokens_per_block)
+    num_blocks = choose_num_blocks(
+        spec,
+        device,
+        args.tokens_per_block,
+        args.max_batch_size,
+        engine.max_blocks_per_seq,
+        args.kv_cache_free_gpu_memory_fraction,
+        args.kv_cache_max_tokens,
+    )
+    logger.info(
+        "capacity probe: %d dummy requests ok, peak %.1f MiB; KV cache: %d blocks of %d tokens",
+        len(dummies), peak / 2**20, num_blocks, args.tokens_per_block,
+    )
+    kv = spec.make_manager(args.tokens_per_block, num_blocks, engine.max_blocks_per_seq, device)
+    engine.set_kv_cache_manager(kv)
+    slots = SeqSlotManager(args.max_batch_size)
+    scheduler = SimpleScheduler(
+        args.max_batch_size, args.max_num_tokens, args.enable_chunked_prefill, kv, slots
+    )
+    sampler = TorchSampler(model.vocab_size if hasattr(model, "vocab_size") else
+                           text_config.vocab_size, device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return PyExecutor(engine, scheduler, sampler, kv, slots, tokenizer, max_seq_len)
