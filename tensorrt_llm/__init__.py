@@ -1,1 +1,37 @@
-"""TensorRT-LLM PyTorch-backend path for the Qwen-VL family."""
+"""TensorRT-LLM PyTorch-backend path for the Qwen-VL family.
+
+Public names are imported lazily, so `import tensorrt_llm` stays cheap (no model code loads
+until `tensorrt_llm.LLM` is first touched).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .llmapi.llm import LLM
+    from .llmapi.outputs import CompletionOutput, RequestOutput
+    from .sampling_params import SamplingParams
+
+_LAZY: dict[str, str] = {
+    "LLM": ".llmapi.llm",
+    "SamplingParams": ".sampling_params",
+    "RequestOutput": ".llmapi.outputs",
+    "CompletionOutput": ".llmapi.outputs",
+}
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tensorrt_llm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

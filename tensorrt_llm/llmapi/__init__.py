@@ -1,0 +1,46 @@
+"""The LLM API: `LLM`, its arguments and its outputs (imported lazily)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..sampling_params import SamplingParams
+    from .llm import LLM
+    from .llm_args import LlmArgs, TorchLlmArgs
+    from .outputs import CompletionOutput, RequestOutput
+    from .result import GenerationResult
+
+_LAZY: dict[str, str] = {
+    "LLM": ".llm",
+    "LlmArgs": ".llm_args",
+    "TorchLlmArgs": ".llm_args",
+    "RequestOutput": ".outputs",
+    "CompletionOutput": ".outputs",
+    "GenerationResult": ".result",
+    "SamplingParams": "..sampling_params",
+}
+
+__all__ = [
+    "LLM",
+    "LlmArgs",
+    "TorchLlmArgs",
+    "RequestOutput",
+    "CompletionOutput",
+    "GenerationResult",
+    "SamplingParams",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tensorrt_llm.llmapi' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -27,7 +27,6 @@ MODALITIES = ("image", "video")
 _BOOL_FIELDS = (
     "enable_chunked_prefill",
     "use_cuda_graph",
-    "skip_tokenizer_init",
     "trust_remote_code",
 )
 # NOTE: when max_seq_len is not given, the config's max_position_embeddings (often 128k+) is capped
@@ -73,7 +72,6 @@ class LlmArgs:
     # Max items per prompt for each modality, e.g. {"image": 4, "video": 1}; None = unlimited.
     limit_mm_per_prompt: dict[str, int] | None = None
     seed: int | None = None
-    skip_tokenizer_init: bool = False
     trust_remote_code: bool = False
     # Free-form kwargs forwarded to the HF processor (e.g. min_pixels/max_pixels).
     mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)

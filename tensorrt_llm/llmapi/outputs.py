@@ -154,14 +154,17 @@ class CompletionState:
         self.output._last_text_len = len(self.output.text)
         self.output._last_token_ids_len = len(self.output.token_ids)
 
-    def add_tokens(self, new_ids: list[int]) -> bool:
-        """Append tokens and refresh the text. Returns True when a stop string was found."""
+    def add_tokens(self, new_ids: list[int], text_ids: list[int] | None = None) -> bool:
+        """Append tokens and refresh the text from `text_ids` (default: the same tokens).
+
+        Returns True when a stop string was found (the completion is then finished).
+        """
         if self.output.finished:
             return False
         self.output.token_ids.extend(new_ids)
         if self._detok is None:
             return False
-        self._detok.add(new_ids)
+        self._detok.add(new_ids if text_ids is None else text_ids)
         return self._refresh_text(self._detok.text, final=False)
 
     def finish(self, finish_reason: str, stop_reason: int | str | None = None) -> None:

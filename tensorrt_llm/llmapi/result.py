@@ -97,7 +97,12 @@ class GenerationResult(RequestOutput):
             return  # e.g. a stop string was found here and the abort is still in flight
         if response.error is not None:
             self.error = response.error
-        if state.add_tokens(response.new_token_ids):
+        ids = response.new_token_ids
+        text_ids = ids
+        stop_token = response.finish_reason == "stop" and isinstance(response.stop_reason, int)
+        if stop_token and ids and not self.sampling_params.include_stop_str_in_output:
+            text_ids = ids[:-1]  # the stop token counts as generated but is not text
+        if state.add_tokens(ids, text_ids):
             # A stop string ended the completion on this side; free the executor's copy.
             if not response.finished and self._abort_fn is not None:
                 self._abort_fn(response.request_id)

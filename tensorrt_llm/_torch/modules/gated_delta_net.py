@@ -247,6 +247,8 @@ class GatedDeltaNet(nn.Module):
     ) -> torch.Tensor:
         """[T, hidden] -> [T, hidden]; conv_states and ssm_states are updated in place."""
         self._check_inputs(hidden_states, conv_states, ssm_states, metadata)
+        if metadata.num_tokens == 0:
+            return hidden_states.new_empty(0, self.hidden_size)
         num_ctx, num_ctx_tokens = metadata.num_contexts, metadata.num_context_tokens
         mixed_qkv, z = self.in_proj_qkvz(hidden_states).split([self.conv_dim, self.value_dim], -1)
         b, a = self.in_proj_ba(hidden_states).chunk(2, dim=-1)

@@ -189,6 +189,7 @@ def test_moe_on_cuda_and_under_graph_capture() -> None:
     x_d = x.cuda()
     torch.testing.assert_close(ours(x_d).cpu(), want, atol=1e-4, rtol=1e-4)
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         ours(x_d)  # warm up outside the graph
     torch.cuda.current_stream().wait_stream(stream)

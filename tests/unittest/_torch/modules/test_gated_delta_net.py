@@ -15,6 +15,7 @@ from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDel
 
 from tensorrt_llm._torch.modules.gated_delta_net import GatedDeltaNet, GatedDeltaNetMetadata
 from tensorrt_llm._torch.modules.gated_delta_rule import (
+    _call_fla,
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_ref,
     fla_available,
@@ -133,6 +134,45 @@ def test_rule_varlen_zero_state_and_dispatch() -> None:
         fused_recurrent_gated_delta_rule(q, k, v, g, beta)[0],
         recurrent_gated_delta_rule_ref(q, k, v, g, beta)[0],
     )
+
+
+def test_fla_adapter_expands_heads_and_passes_offsets() -> None:
+    """The fla call contract, checked on CPU with a stand-in for the kernel."""
+    calls: list[torch.Tensor] = []
+
+    def fake_fla(
+        *qkvgb: torch.Tensor,
+        scale: float,
+        initial_state: torch.Tensor,
+        output_final_state: bool,
+        cu_seqlens: torch.Tensor,
+        use_qk_l2norm_in_kernel: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        q, k, v, g, beta = qkvgb
+        calls.append(cu_seqlens)
+        assert q.shape[2] == k.shape[2] == v.shape[2] and g.dtype == torch.float32
+        assert cu_seqlens.dtype == torch.long and initial_state.dtype == torch.float32
+        return recurrent_gated_delta_rule_ref(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state,
+            output_final_state,
+            scale=scale,
+            use_qk_l2norm=use_qk_l2norm_in_kernel,
+            cu_seqlens=cu_seqlens.tolist(),
+        )
+
+    q, k, v, g, beta, state0 = _rule_inputs(1, 9, hk=1, hv=4)
+    state0 = state0.expand(2, -1, -1, -1)
+    kw = dict(scale=0.5, use_qk_l2norm=True, cu_seqlens=[0, 4, 9])
+    o, s = _call_fla(fake_fla, q, k, v, g, beta, state0, True, **kw)
+    o_ref, s_ref = recurrent_gated_delta_rule_ref(q, k, v, g, beta, state0, True, **kw)
+    assert len(calls) == 1 and calls[0].tolist() == [0, 4, 9]
+    torch.testing.assert_close(o, o_ref)
+    torch.testing.assert_close(s, s_ref)
 
 
 def test_rule_bad_inputs_raise() -> None:
@@ -306,8 +346,11 @@ def test_layer_on_cuda_matches_cpu_and_decode_graph_replays() -> None:
     got = gpu(x_d[:39], conv_d, ssm_d, prefill)
     torch.testing.assert_close(got.cpu(), want_prefill, atol=1e-2, rtol=1e-2)
     # Decode must be capturable: warm up on copies, capture (which runs nothing), replay once.
-    gpu(x_d[39:], conv_d.clone(), ssm_d.clone(), decode)
-    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        gpu(x_d[39:], conv_d.clone(), ssm_d.clone(), decode)
+    torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = gpu(x_d[39:], conv_d, ssm_d, decode)

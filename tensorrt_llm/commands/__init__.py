@@ -1,0 +1,1 @@
+"""Console entry points: `trtllm-serve` (serve.py) and `trtllm-bench` (bench.py)."""

@@ -1,0 +1,145 @@
+"""`trtllm-serve`: serve a local Qwen(-VL) checkpoint over an OpenAI-compatible HTTP API.
+
+trtllm-serve /path/to/checkpoint --port 8000 --limit_mm_per_prompt '{"image": 2}'
+trtllm-serve --demo          # the tiny random demo checkpoint, built locally on first use
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# LLM(...) keyword arguments that map 1:1 to flags (flag left unset -> the LLM's default).
+_LLM_FLAGS = (
+    "max_batch_size",
+    "max_num_tokens",
+    "max_seq_len",
+    "kv_cache_free_gpu_memory_fraction",
+    "limit_mm_per_prompt",
+    "device",
+)
+
+
+def parse_mm_limits(text: str) -> dict[str, int]:
+    """'{"image": 2}' (JSON) or 'image=2,video=1' -> {"image": 2, "video": 1}."""
+    text = text.strip()
+    try:
+        if text.startswith("{"):
+            raw = json.loads(text)
+            if not isinstance(raw, dict):
+                raise ValueError("expected a JSON object")
+        else:
+            raw = {}
+            for item in filter(None, (p.strip() for p in text.split(","))):
+                key, sep, value = item.partition("=")
+                if not sep:
+                    raise ValueError(f"expected modality=count, got {item!r}")
+                raw[key.strip()] = value.strip()
+        limits = {str(k): int(v) for k, v in raw.items()}
+    except (ValueError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"--limit_mm_per_prompt takes JSON like '{{\"image\": 2}}' or image=2,video=1: {exc}"
+        ) from None
+    bad = [k for k, v in limits.items() if k not in ("image", "video") or v < 0]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"--limit_mm_per_prompt: unknown modality or negative count for {bad}; "
+            "modalities are image and video"
+        )
+    return limits
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trtllm-serve", description="OpenAI-compatible server for Qwen(-VL) checkpoints."
+    )
+    p.add_argument("model_dir", nargs="?", help="local HF checkpoint folder (omit with --demo)")
+    p.add_argument("--demo", action="store_true", help="serve the tiny random demo checkpoint")
+    p.add_argument("--host", default="localhost")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served_model_name", default=None, help="model id (default: folder name)")
+    p.add_argument("--max_batch_size", type=int, default=None)
+    p.add_argument("--max_num_tokens", type=int, default=None)
+    p.add_argument("--max_seq_len", type=int, default=None)
+    p.add_argument("--kv_cache_free_gpu_memory_fraction", type=float, default=None)
+    p.add_argument(
+        "--limit_mm_per_prompt",
+        type=parse_mm_limits,
+        default=None,
+        help="max media items per prompt: '{\"image\": 2}' or image=2,video=1",
+    )
+    p.add_argument(
+        "--allowed_local_media_path",
+        default=None,
+        help="folder whose files requests may reference (file:// URLs); off by default",
+    )
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
+    p.add_argument("--log_level", choices=LOG_LEVELS, default="info")
+    p.add_argument("--default_max_tokens", type=int, default=256, help="when a request has none")
+    p.add_argument("--media_fetch_timeout", type=float, default=10.0, help="seconds per URL")
+    p.add_argument("--max_media_bytes", type=int, default=32 * 1024 * 1024)
+    p.add_argument(
+        "--timeout_graceful_shutdown",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests get to finish on shutdown before they are failed",
+    )
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.demo == (args.model_dir is not None):
+        parser.error("give either a model_dir or --demo (exactly one)")
+    if args.allowed_local_media_path and not Path(args.allowed_local_media_path).is_dir():
+        parser.error(f"--allowed_local_media_path {args.allowed_local_media_path} is not a folder")
+    if args.default_max_tokens < 1:
+        parser.error("--default_max_tokens must be >= 1")
+    return args
+
+
+def resolve_model_dir(args: argparse.Namespace) -> str:
+    if args.demo:
+        from ..tools.tiny_checkpoint import get_or_build_demo_checkpoint
+
+        return str(get_or_build_demo_checkpoint())
+    return str(args.model_dir)
+
+
+def llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in _LLM_FLAGS if getattr(args, name) is not None}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    import uvicorn
+
+    from ..llmapi.llm import LLM
+    from ..serve.openai_server import build_app
+
+    model_dir = resolve_model_dir(args)
+    try:
+        llm = LLM(model=model_dir, **llm_kwargs(args))
+    except ValueError as exc:
+        sys.exit(f"trtllm-serve: {exc}")
+    app = build_app(llm, args)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.timeout_graceful_shutdown,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""LLM: the user-facing entry point (`tensorrt_llm.LLM`).
+
+`LLM(model_dir, ...)` validates its knobs (`LlmArgs`), loads the tokenizer and the input
+processor of the checkpoint, and starts a `PyExecutor` (model, capacity probe, KV cache, loop).
+`generate` blocks; `generate_async` returns a `GenerationResult` handle (awaitable, streamable).
+
+Bad input fails only its own request: everything checkable on the host (prompt form, media,
+placeholders, `limit_mm_per_prompt`, prompt length, token ids) raises ValueError from
+`generate`/`generate_async` before anything reaches the executor. A batch `generate` checks
+every input first and raises for the first bad one without submitting any. Failures inside
+the executor come back as `RequestOutput.error` and leave the engine serving.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from .._torch.pyexecutor.llm_request import LlmRequest
+from ..inputs.data import as_prompt_dict
+from ..inputs.multimodal import MultimodalParams
+from ..inputs.registry import create_input_processor, load_tokenizer
+from ..inputs.utils import collect_multimodal_data, media_from_messages
+from ..sampling_params import SamplingParams
+from .llm_args import LlmArgs
+from .result import GenerationResult
+
+logger = logging.getLogger(__name__)
+
+_SEED_MOD = 2**64
+
+
+@dataclass
+class _PreparedRequest:
+    """One input after host-side processing, ready to submit."""
+
+    prompt: str | None
+    prompt_token_ids: list[int]
+    multimodal_params: MultimodalParams | None
+    sampling_params: SamplingParams
+
+
+def _is_chat(inputs: Any) -> bool:
+    """A list of {role, content} dicts is one conversation, not a batch."""
+    return (
+        isinstance(inputs, list)
+        and bool(inputs)
+        and all(isinstance(m, dict) and "role" in m for m in inputs)
+    )
+
+
+class LLM:
+    """Generate text from a local Qwen(-VL) checkpoint folder.
+
+    Keyword arguments are the fields of `LlmArgs` (unknown names raise ValueError).
+    """
+
+    def __init__(self, model: str, tokenizer: str | None = None, **kwargs: Any) -> None:
+        self._executor: Any = None
+        self.args = LlmArgs.from_kwargs(model=model, tokenizer=tokenizer, **kwargs)
+        if self.args.seed is not None:
+            torch.manual_seed(self.args.seed)
+        self._tokenizer = load_tokenizer(
+            self.args.tokenizer or self.args.model, self.args.trust_remote_code
+        )
+        self.input_processor = create_input_processor(
+            self.args.model,
+            tokenizer=self._tokenizer,
+            trust_remote_code=self.args.trust_remote_code,
+        )
+        # Imported here: building the executor pulls in the model code.
+        from .._torch.pyexecutor.py_executor_creator import create_py_executor
+
+        self._executor = create_py_executor(self.args, self.input_processor, self._tokenizer)
+        self._max_seq_len: int = self._executor.max_seq_len
+        self._ids = itertools.count()
+        self._ids_lock = threading.Lock()
+
+    # ---- properties ----------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def max_seq_len(self) -> int:
+        return self._max_seq_len
+
+    def get_stats(self) -> Any:
+        """Executor stats (running/waiting requests, KV usage, free seq slots, ...)."""
+        return self._executor.get_stats()
+
+    # ---- generation ----------------------------------------------------------------------------
+    def generate(
+        self,
+        inputs: Any,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> GenerationResult | list[GenerationResult]:
+        """Generate for one input or a list of inputs; blocks until all are finished.
+
+        An input is a string, a TextPrompt/TokensPrompt dict, or chat messages (a list of
+        {role, content} dicts). A list of inputs returns a list of outputs, in order.
+        """
+        is_batch = isinstance(inputs, list) and not _is_chat(inputs)
+        items = list(inputs) if is_batch else [inputs]
+        params = self._params_per_item(sampling_params, len(items))
+        prepared = []
+        for i, (item, sp) in enumerate(zip(items, params, strict=True)):
+            try:
+                prepared.append(self._prepare(item, sp))
+            except ValueError as exc:
+                raise ValueError(f"input {i}: {exc}" if is_batch else str(exc)) from exc
+        results = [self._submit(p, streaming=False) for p in prepared]
+        show = use_tqdm and is_batch and len(results) > 1
+        with tqdm(total=len(results), desc="Processed prompts", disable=not show) as bar:
+            for result in results:
+                result.result()
+                bar.update(1)
+        return results if is_batch else results[0]
+
+    def generate_async(
+        self,
+        inputs: Any,
+        sampling_params: SamplingParams | None = None,
+        streaming: bool = False,
+    ) -> GenerationResult:
+        """Submit one input and return its handle at once.
+
+        `await handle` (or `handle.result()`) gives the final output; with streaming,
+        `async for out in handle` yields snapshots whose `outputs[i].text_diff` is the delta.
+        """
+        return self._submit(self._prepare(inputs, sampling_params), streaming=streaming)
+
+    def _params_per_item(
+        self, sampling_params: SamplingParams | list[SamplingParams] | None, n: int
+    ) -> list[SamplingParams | None]:
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != n:
+                raise ValueError(
+                    f"got {len(sampling_params)} sampling_params for {n} inputs; give one, or "
+                    "one per input"
+                )
+            return list(sampling_params)
+        return [sampling_params] * n
+
+    # ---- host-side preparation -----------------------------------------------------------------
+    def _prepare(self, inputs: Any, sampling_params: SamplingParams | None) -> _PreparedRequest:
+        if self._executor is None:
+            raise RuntimeError("the LLM is shut down")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if not isinstance(sampling_params, SamplingParams):
+            raise ValueError(
+                f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}"
+            )
+        sampling_params = sampling_params.with_tokenizer(self._tokenizer)
+        prompt = as_prompt_dict(inputs)
+        self._check_mm_limits(prompt)
+        defaults = self.args.mm_processor_kwargs
+        if defaults:
+            given = prompt.get("mm_processor_kwargs") or {}
+            prompt["mm_processor_kwargs"] = {**defaults, **given}
+        try:
+            ids, extra = self.input_processor(prompt, sampling_params)
+        except ValueError:
+            raise
+        except Exception as exc:  # e.g. a processor failing deep inside PIL or numpy
+            raise ValueError(f"input processing failed: {type(exc).__name__}: {exc}") from exc
+        mm_data = (extra or {}).get("multimodal_data")
+        mm_params = MultimodalParams(multimodal_data=mm_data) if mm_data else None
+        self._check_request(ids, sampling_params)
+        text = prompt.get("prompt")
+        return _PreparedRequest(
+            prompt=text if isinstance(text, str) else None,
+            prompt_token_ids=list(ids),
+            multimodal_params=mm_params,
+            sampling_params=sampling_params,
+        )
+
+    def _check_mm_limits(self, prompt: dict[str, Any]) -> None:
+        limits = self.args.limit_mm_per_prompt
+        if not limits:
+            return
+        data = collect_multimodal_data(prompt.get("multi_modal_data"))
+        counts = {k: len(v) for k, v in data.items()}
+        if isinstance(prompt.get("prompt"), list):
+            for k, v in media_from_messages(prompt["prompt"]).items():
+                counts[k] = counts.get(k, 0) + len(v)
+        for modality, limit in limits.items():
+            if counts.get(modality, 0) > limit:
+                raise ValueError(
+                    f"too many {modality} inputs: {counts[modality]} given, "
+                    f"limit_mm_per_prompt allows {limit}"
+                )
+
+    def _check_request(self, ids: list[int], sp: SamplingParams) -> None:
+        """The executor's own checks, run here so a bad input raises in the caller."""
+        if not ids:
+            raise ValueError("the prompt is empty (0 tokens)")
+        vocab = getattr(self._executor.model_engine, "vocab_size", 0) or getattr(
+            self._executor.sampler, "vocab_size", 0
+        )
+        if vocab and (max(ids) >= vocab or min(ids) < 0):
+            raise ValueError(
+                f"prompt token ids must lie in [0, {vocab}), got {min(ids)}..{max(ids)}"
+            )
+        if len(ids) + sp.max_tokens > self.max_seq_len:
+            raise ValueError(
+                f"prompt too long: {len(ids)} prompt tokens + max_tokens {sp.max_tokens} "
+                f"exceeds max_seq_len={self.max_seq_len}"
+            )
+        # The scheduler's checks read only fixed sizes, so calling them from here is safe.
+        error = self._executor.scheduler.validate(LlmRequest(-1, ids, sp))
+        if error is not None:
+            raise ValueError(error)
+
+    # ---- submission ----------------------------------------------------------------------------
+    def _next_id(self) -> int:
+        with self._ids_lock:
+            return next(self._ids)
+
+    def _submit(self, prepared: _PreparedRequest, streaming: bool) -> GenerationResult:
+        if self._executor is None:
+            raise RuntimeError("the LLM is shut down")
+        sp = prepared.sampling_params
+        child_ids = [self._next_id() for _ in range(sp.n)]
+        result = GenerationResult(
+            request_id=child_ids[0],
+            prompt=prepared.prompt,
+            prompt_token_ids=prepared.prompt_token_ids,
+            sampling_params=sp,
+            tokenizer=self._tokenizer,
+            child_request_ids=child_ids,
+            abort_fn=self._executor.cancel_request,
+            streaming=streaming,
+        )
+        for i, rid in enumerate(child_ids):
+            child_sp = sp if sp.n == 1 else self._child_params(sp, i)
+            mm = prepared.multimodal_params
+            if mm is not None and i > 0:
+                mm = copy.deepcopy(mm)  # the executor moves and strips each request's own copy
+            request = LlmRequest(rid, prepared.prompt_token_ids, child_sp, mm)
+            self._executor.enqueue_request(request, result._on_response)
+        return result
+
+    @staticmethod
+    def _child_params(sp: SamplingParams, index: int) -> SamplingParams:
+        """Completion `index` of an n > 1 request: its own seed, so samples differ."""
+        seed = None if sp.seed is None else (sp.seed + index) % _SEED_MOD
+        return replace(sp, n=1, seed=seed)
+
+    # ---- lifetime ------------------------------------------------------------------------------
+    def shutdown(self, wait: bool = False) -> None:
+        """Stop the executor. In-flight requests fail (or finish first with wait=True)."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=wait)
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # interpreter teardown: best effort only
+            pass

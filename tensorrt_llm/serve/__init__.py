@@ -1,0 +1,7 @@
+"""OpenAI-compatible HTTP serving (`trtllm-serve`) over the LLM API."""
+
+from __future__ import annotations
+
+from .openai_server import build_app
+
+__all__ = ["build_app"]

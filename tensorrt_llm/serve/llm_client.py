@@ -1,0 +1,135 @@
+"""The server's view of an `LLM`: submission off the event loop, limits, and executor stats.
+
+Everything the server needs from the LLM object goes through `LLMClient`, so the HTTP layer
+never reaches into engine internals, and tests can hand the app a fake LLM of the same shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from .openai_protocol import APIError
+
+# Executor/LLM messages that mean "this request can never run here", i.e. a client error.
+_TOO_LONG = re.compile(r"exceeds|too long|max_seq_len|max_num_tokens|KV limit|KV blocks", re.I)
+
+
+def classify_value_error(message: str) -> str:
+    return "prompt_too_long" if _TOO_LONG.search(message) else "invalid_prompt"
+
+
+class LLMClient:
+    """Wraps an `LLM` (or any object with `generate_async`, `tokenizer`, `shutdown`)."""
+
+    def __init__(self, llm: Any, model_name: str | None = None) -> None:
+        self.llm = llm
+        self.model_name = model_name or self._default_name()
+        # Input processing (tokenizing, image preprocessing) runs on worker threads; this lock
+        # keeps submissions ordered in case the LLM's front end is not thread-safe.
+        self._submit_lock = threading.Lock()
+
+    def _default_name(self) -> str:
+        model = getattr(getattr(self.llm, "args", None), "model", None)
+        model = model or getattr(self.llm, "model", None) or "model"
+        return Path(str(model)).name or str(model)
+
+    # ---- limits --------------------------------------------------------------------------------
+    @property
+    def max_seq_len(self) -> int | None:
+        for owner in (self.llm, getattr(self.llm, "args", None)):
+            value = getattr(owner, "max_seq_len", None)
+            if isinstance(value, int):
+                return value
+        return None
+
+    @property
+    def limit_mm_per_prompt(self) -> dict[str, int] | None:
+        args = getattr(self.llm, "args", None)
+        return getattr(args, "limit_mm_per_prompt", None) or getattr(
+            self.llm, "limit_mm_per_prompt", None
+        )
+
+    # ---- submission ----------------------------------------------------------------------------
+    def _submit_sync(self, prompt: Any, params: Any, streaming: bool, clamp: bool) -> Any:
+        with self._submit_lock:
+            if clamp and self._can_clamp():
+                return self._submit_clamped(prompt, params, streaming)
+            return self.llm.generate_async(prompt, sampling_params=params, streaming=streaming)
+
+    def _can_clamp(self) -> bool:
+        return all(hasattr(self.llm, n) for n in ("_prepare", "_check_request", "_submit"))
+
+    def _submit_clamped(self, prompt: Any, params: Any, streaming: bool) -> Any:
+        """Submit with max_tokens cut to what the context leaves after the prompt.
+
+        The prompt length (vision tokens included) is only known after input processing, so
+        this prepares with max_tokens=1 first, then re-runs the LLM's checks with the final
+        value. NOTE: uses the LLM's private two-phase API until SamplingParams can say
+        "max_tokens=None: fill the context" itself.
+        """
+        prepared = self.llm._prepare(prompt, replace(params, max_tokens=1))
+        room = self.llm.max_seq_len - len(prepared.prompt_token_ids)
+        final = replace(prepared.sampling_params, max_tokens=max(1, min(params.max_tokens, room)))
+        self.llm._check_request(prepared.prompt_token_ids, final)
+        prepared.sampling_params = final
+        return self.llm._submit(prepared, streaming=streaming)
+
+    async def submit(self, prompt: Any, params: Any, streaming: bool, clamp: bool = False) -> Any:
+        """Hand one prompt to the LLM; bad input raises APIError(400).
+
+        clamp: params.max_tokens is a default, not the client's; lower it to fit the context.
+        """
+        try:
+            return await asyncio.to_thread(self._submit_sync, prompt, params, streaming, clamp)
+        except ValueError as exc:
+            message = str(exc) or type(exc).__name__
+            raise APIError(400, message, code=classify_value_error(message)) from None
+        except RuntimeError as exc:
+            if self.is_shut_down:
+                raise APIError(
+                    503, f"server is shutting down: {exc}", code="shutting_down"
+                ) from None
+            raise
+
+    # ---- health and stats ----------------------------------------------------------------------
+    def _executor(self) -> Any:
+        for name in ("_executor", "executor", "py_executor", "_py_executor"):
+            executor = getattr(self.llm, name, None)
+            if executor is not None:
+                return executor
+        return None
+
+    @property
+    def is_shut_down(self) -> bool:
+        executor = self._executor()
+        alive = getattr(executor, "is_alive", None)
+        return alive is False or bool(getattr(self.llm, "is_shutdown", False))
+
+    def stats(self) -> Any:
+        """Executor stats plus totals (seq slots, KV blocks), or None when unavailable."""
+        get = getattr(self.llm, "get_stats", None)
+        executor = self._executor()
+        if get is None and executor is not None:
+            get = getattr(executor, "get_stats", None)
+        if get is None:
+            return None
+        stats = SimpleNamespace(**vars(get()))
+        if executor is not None:
+            slots = getattr(executor, "seq_slot_manager", None)
+            kv = getattr(executor, "kv_cache_manager", None)
+            if getattr(stats, "num_total_seq_slots", None) is None and slots is not None:
+                stats.num_total_seq_slots = getattr(slots, "max_num_slots", None)
+            if getattr(stats, "num_total_kv_blocks", None) is None and kv is not None:
+                stats.num_total_kv_blocks = getattr(kv, "num_blocks", None)
+        return stats
+
+    def shutdown(self) -> None:
+        shutdown = getattr(self.llm, "shutdown", None)
+        if shutdown is not None:
+            shutdown()

@@ -1,0 +1,58 @@
+"""Startup: model build, the capacity probe (text-only AND multimodal dummies), KV sizing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.py_executor_creator import create_py_executor
+from tensorrt_llm.inputs.multimodal import MultimodalParams
+from tensorrt_llm.inputs.registry import create_input_processor
+from tensorrt_llm.llmapi.llm_args import LlmArgs
+from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "qwen3")
+
+
+def _start_and_generate(family: str, root: Path, device: str) -> list[int]:
+    ckpt = str(write_tiny_checkpoint(family, root))
+    proc = create_input_processor(ckpt)
+    executor = create_py_executor(LlmArgs(model=ckpt, device=device), proc, proc.tokenizer)
+    try:
+        # The probe ran a decode step on a seq slot; every slot and block is free again.
+        assert executor.kv_cache_manager.num_used_blocks == 0
+        assert executor.seq_slot_manager.num_free == 8
+        ids, extra = proc({"prompt": "hello there, how are you"}, None)
+        params = MultimodalParams(extra.get("multimodal_data", {})) if extra else None
+        req = LlmRequest(1, ids, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+                         multimodal_params=params)
+        executor.enqueue_request(req)
+        responses = []
+        while True:
+            resp = executor.responses.get(timeout=60)
+            responses.append(resp)
+            if resp.finished:
+                break
+        assert responses[-1].error is None
+        assert req.finish_reason == "length"
+        return list(req.output_token_ids)
+    finally:
+        executor.shutdown()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_probe_then_text_only_generation(family: str, tmp_path: Path) -> None:
+    tokens = _start_and_generate(family, tmp_path, "cpu")
+    assert len(tokens) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", FAMILIES)
+def test_probe_then_text_only_generation_cuda(family: str, tmp_path: Path) -> None:
+    assert torch.cuda.is_available()
+    tokens = _start_and_generate(family, tmp_path, "cuda")
+    assert len(tokens) == 4
