@@ -197,7 +197,9 @@ async def _fetch(
             param,
             "media_fetch_failed",
         ) from None
-    except httpx.HTTPError as exc:
+    except MediaError:
+        raise
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # ValueError: bad URL text
         raise MediaError(
             f"fetching {where} failed: {type(exc).__name__}: {exc}", param, "media_fetch_failed"
         ) from None

@@ -92,6 +92,13 @@ _EXECUTOR_GAUGES: tuple[tuple[str, str, str], ...] = (
 )
 _EXECUTOR_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("executor_steps_total", "Executor iterations run.", "num_steps"),
+    ("executor_requests_completed_total", "Requests that finished normally.", "num_completed"),
+    ("executor_requests_failed_total", "Requests that failed in the executor.", "num_failed"),
+    (
+        "executor_requests_cancelled_total",
+        "Requests cancelled (e.g. client gone).",
+        "num_cancelled",
+    ),
 )
 
 

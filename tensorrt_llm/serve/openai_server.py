@@ -47,6 +47,12 @@ DEFAULT_MAX_TOKENS = 256
 _KNOWN_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 
 
+class _JSONResponse(JSONResponse):
+    # NOTE: ASCII-escaped, so a lone surrogate echoed from a request can never fail encoding.
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -172,7 +178,7 @@ class OpenAIServer:
                 code = classify_value_error(result.error)
                 status = 400 if code == "prompt_too_long" else 500
                 raise APIError(status, result.error, code=code if status == 400 else None)
-        return JSONResponse(build_response(ctx, results).model_dump())
+        return _JSONResponse(build_response(ctx, results).model_dump())
 
     async def _submit_all(
         self, body: Any, prompts: list[Any], max_tokens: int, explicit: bool, param: str
@@ -231,21 +237,21 @@ class OpenAIServer:
         )
 
 
-def _error_response(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.to_response().model_dump(), status_code=exc.status)
+def _error_response(exc: APIError) -> _JSONResponse:
+    return _JSONResponse(exc.to_response().model_dump(), status_code=exc.status)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    async def _api_error(_: Request, exc: APIError) -> _JSONResponse:
         return _error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> _JSONResponse:
         return _error_response(APIError(exc.status_code, str(exc.detail), code=exc.status_code))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(_: Request, exc: Exception) -> _JSONResponse:
         logger.exception("unhandled error while serving a request")
         return _error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
@@ -303,8 +309,8 @@ def build_app(llm: Any, args: argparse.Namespace | Any) -> FastAPI:
         return Response(status_code=200)
 
     @app.get("/v1/models")
-    async def models() -> JSONResponse:
-        return JSONResponse(server.models().model_dump())
+    async def models() -> _JSONResponse:
+        return _JSONResponse(server.models().model_dump())
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

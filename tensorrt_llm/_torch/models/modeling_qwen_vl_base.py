@@ -59,11 +59,16 @@ class QwenVLModelBase(nn.Module):
         self.model_config = model_config
         text_config = config.text_config
         tie = getattr(config, "tie_word_embeddings", None)
+        extra: dict[str, Any] = {}
+        if getattr(self.text_model_cls, "uses_recurrent_state", False):
+            # Hybrid stacks keep per-seq-slot recurrent state; dense ones take no such kwarg.
+            extra["max_num_seq_slots"] = model_config.max_num_seq_slots
         self.llm = self.text_model_cls(
             text_config,
             dtype=model_config.torch_dtype,
             attn_backend=model_config.attn_backend,
             tie_word_embeddings=tie,
+            **extra,
         )
         # `language_model_only: true` checkpoints have no vision tower; media is rejected.
         self.vision_language = not getattr(config, "language_model_only", False)

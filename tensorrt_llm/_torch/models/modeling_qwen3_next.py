@@ -1,0 +1,386 @@
+"""Qwen3.5 / Qwen3.6 hybrid text stacks (dense and MoE): Gated DeltaNet + gated attention.
+
+`text_config.layer_types` picks each layer's token mixer: "linear_attention" -> `GatedDeltaNet`,
+"full_attention" -> `GatedAttention` (q_proj also emits a per-head output gate, q/k RMSNorm,
+partial interleaved mRoPE). Every RMSNorm outside the DeltaNet scales by `1 + weight`.
+
+The model owns the recurrent state of its DeltaNet layers, one entry per seq slot
+(`RecurrentStateCache`); a step gathers the rows of its requests by `attn_metadata.seq_slots`,
+runs the layers and scatters the rows back. A context request whose KV cache is empty starts
+from zero state, so a recycled slot never leaks and later prefill chunks carry their state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..attention_backend import AttentionMetadata, get_attention_backend
+from ..modules.embedding import Embedding, LMHead
+from ..modules.fused_moe import MoE, convert_hf_expert_weights
+from ..modules.gated_delta_net import (
+    GATED_DELTA_NET_FUSED_PROJECTIONS,
+    GatedDeltaNet,
+    GatedDeltaNetMetadata,
+    convert_qwen3_next_gdn_weights,
+)
+from ..modules.gated_mlp import GatedMLP
+from ..modules.linear import Linear
+from ..modules.rotary_embedding import apply_rotary_emb
+from .modeling_qwen2 import Qwen2Model, Qwen2TextForCausalLM, build_rotary_embedding, text_head_dim
+from .modeling_utils import ModelConfig, register_auto_model
+from .weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
+
+_LAYER_TYPES = ("linear_attention", "full_attention")
+# Multi-token-prediction heads published with some checkpoints; not used for decoding.
+_IGNORE = (*DEFAULT_IGNORE, r"^mtp\.")
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """`y = (1 + weight) * x / rms(x)`, all in float32, then cast back (HF Qwen3.5 rounding).
+
+    With `residual`, normalises `x + residual` and also returns that sum (fused add-norm).
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if x.shape[-1] != self.hidden_size:
+            raise ValueError(f"RMSNorm expects last dim {self.hidden_size}, got {x.shape[-1]}")
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x
+
+
+class GatedAttention(nn.Module):
+    """Full attention with an output gate: `o_proj(attn(q, k, v) * sigmoid(gate))`.
+
+    `qkv_proj` rows are HF's q_proj (per head: `head_dim` query rows then `head_dim` gate rows),
+    then k_proj, v_proj. `kv_layer_idx` counts full-attention layers only (the KV cache has
+    no entries for the DeltaNet layers).
+    """
+
+    def __init__(
+        self, config: Any, kv_layer_idx: int, attn_backend: str, dtype: torch.dtype | None
+    ) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = text_head_dim(config)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = Linear(
+            config.hidden_size, 2 * self.q_size + 2 * self.kv_size, bias=bias, dtype=dtype
+        )
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias, dtype=dtype)
+        self.q_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
+        self.k_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
+        backend_cls = get_attention_backend(attn_backend)
+        self.attn = backend_cls(
+            self.num_heads, self.num_kv_heads, self.head_dim, kv_layer_idx, self.head_dim**-0.5
+        )
+
+    def forward(
+        self, hidden_states: torch.Tensor, cos_sin: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        num_tokens = hidden_states.shape[0]
+        q_gate, k, v = self.qkv_proj(hidden_states).split(
+            [2 * self.q_size, self.kv_size, self.kv_size], dim=-1
+        )
+        q, gate = q_gate.reshape(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = apply_rotary_emb(self.q_norm(q), cos_sin)
+        k = apply_rotary_emb(
+            self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim)), cos_sin
+        )
+        out = self.attn.forward(
+            q.reshape(num_tokens, self.q_size),
+            k.reshape(num_tokens, self.kv_size),
+            v.contiguous(),
+            attn_metadata,
+        )
+        out = out * torch.sigmoid(gate.reshape(num_tokens, self.q_size))
+        return self.o_proj(out)
+
+
+class RecurrentStateCache(nn.Module):
+    """Conv and SSM state of every DeltaNet layer, one row per seq slot plus a dummy slot.
+
+    NOTE: built with an explicit device so a meta-device build still allocates it; the SSM
+    state is float32 whatever the model dtype (it accumulates over the whole sequence).
+    """
+
+    def __init__(
+        self, layers: Sequence[GatedDeltaNet], max_num_seq_slots: int, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        rows = max_num_seq_slots + 1
+        self.num_layers = len(layers)
+        for j, gdn in enumerate(layers):
+            conv = torch.zeros(rows, *gdn.conv_state_shape, dtype=dtype, device="cpu")
+            ssm = torch.zeros(rows, *gdn.ssm_state_shape, dtype=torch.float32, device="cpu")
+            self.register_buffer(f"conv_{j}", conv, persistent=False)
+            self.register_buffer(f"ssm_{j}", ssm, persistent=False)
+
+    def pools(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return getattr(self, f"conv_{j}"), getattr(self, f"ssm_{j}")
+
+
+def gdn_metadata(attn_metadata: AttentionMetadata) -> GatedDeltaNetMetadata:
+    """The DeltaNet view of a step, from host-side fields only (no device sync)."""
+    num_ctx = attn_metadata.num_contexts
+    return GatedDeltaNetMetadata(
+        context_lens=tuple(int(n) for n in attn_metadata.seq_lens_cpu[:num_ctx]),
+        # A fresh request (nothing cached yet) starts from zero even in a recycled slot.
+        has_initial_state=tuple(bool(n > 0) for n in attn_metadata.num_cached_tokens_cpu[:num_ctx]),
+        num_decodes=attn_metadata.num_generations,
+    )
+
+
+class HybridDecoderLayer(nn.Module):
+    """Pre-norm layer: DeltaNet or gated attention, then a dense or MoE MLP."""
+
+    def __init__(
+        self,
+        config: Any,
+        layer_type: str,
+        kv_layer_idx: int,
+        *,
+        moe: bool,
+        attn_backend: str,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.layer_type = layer_type
+        if layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet.from_config(config, dtype=dtype)
+        else:
+            self.self_attn = GatedAttention(config, kv_layer_idx, attn_backend, dtype)
+        self.mlp: nn.Module = (
+            MoE.from_config(config, dtype=dtype)
+            if moe
+            else GatedMLP(config.hidden_size, config.intermediate_size, dtype=dtype)
+        )
+        self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, eps, dtype=dtype)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, eps, dtype=dtype)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor | None,
+        mixer: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`mixer(module, normed)` runs the token mixer; returns `(mlp_out, residual)`."""
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        module = self.linear_attn if self.layer_type == "linear_attention" else self.self_attn
+        hidden_states = mixer(module, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class Qwen3_5Model(nn.Module):
+    """Embedding + hybrid layers + final norm over packed tokens `[T]`."""
+
+    moe: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        dtype: torch.dtype = torch.float32,
+        attn_backend: str = "vanilla",
+        max_num_seq_slots: int = 8,
+    ) -> None:
+        super().__init__()
+        layer_types = list(getattr(config, "layer_types", None) or [])
+        if len(layer_types) != config.num_hidden_layers or any(
+            t not in _LAYER_TYPES for t in layer_types
+        ):
+            raise ValueError(
+                f"layer_types must list {config.num_hidden_layers} entries from {_LAYER_TYPES}, "
+                f"got {layer_types}"
+            )
+        self.config = config
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        layers, kv_idx = [], 0
+        for layer_type in layer_types:
+            layers.append(
+                HybridDecoderLayer(
+                    config,
+                    layer_type,
+                    kv_idx,
+                    moe=self.moe,
+                    attn_backend=attn_backend,
+                    dtype=dtype,
+                )
+            )
+            kv_idx += layer_type == "full_attention"
+        self.layers = nn.ModuleList(layers)
+        self.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.rotary_emb = build_rotary_embedding(config)
+        gdns = [layer.linear_attn for layer in layers if layer.layer_type == "linear_attention"]
+        self.recurrent_states = RecurrentStateCache(gdns, max_num_seq_slots, dtype)
+
+    get_cos_sin = Qwen2Model.get_cos_sin
+
+    def forward(
+        self,
+        attn_metadata: AttentionMetadata,
+        input_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        *,
+        cos_sin: torch.Tensor | None = None,
+        deepstack_embeds: Sequence[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Final-normed hidden states `[T, hidden]`."""
+        if deepstack_embeds is not None:
+            raise ValueError("Qwen3.5 text stacks take no deepstack embeddings")
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            assert input_ids is not None
+            inputs_embeds = self.embed_tokens(input_ids.reshape(-1))
+        hidden_states = inputs_embeds.reshape(-1, self.config.hidden_size)
+        if cos_sin is None:
+            if position_ids is None:
+                raise ValueError("pass position_ids or a precomputed cos_sin")
+            cos_sin = self.get_cos_sin(position_ids)
+        meta = gdn_metadata(attn_metadata)
+        slots = attn_metadata.seq_slots[: attn_metadata.num_seqs].to(hidden_states.device)
+        gdn_idx = 0
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            if layer.layer_type == "linear_attention":
+                conv_pool, ssm_pool = self.recurrent_states.pools(gdn_idx)
+                gdn_idx += 1
+
+                def mixer(m: nn.Module, x: torch.Tensor, c=conv_pool, s=ssm_pool) -> torch.Tensor:
+                    conv, ssm = c.index_select(0, slots), s.index_select(0, slots)
+                    out = m(x, conv, ssm, meta)
+                    c.index_copy_(0, slots, conv)
+                    s.index_copy_(0, slots, ssm)
+                    return out
+
+            else:
+
+                def mixer(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+                    return m(x, cos_sin, attn_metadata)
+
+            hidden_states, residual = layer(hidden_states, residual, mixer)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class Qwen3_5MoeModel(Qwen3_5Model):
+    moe: ClassVar[bool] = True
+
+
+class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
+    """Hybrid decoder stack + LM head from an HF Qwen3.5 text config (reused by the VL models)."""
+
+    model_cls: ClassVar[type[nn.Module]] = Qwen3_5Model  # type: ignore[assignment]
+    # NOTE: tells QwenVLModelBase to pass max_num_seq_slots (sizes the recurrent state).
+    uses_recurrent_state: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        dtype: torch.dtype = torch.float32,
+        attn_backend: str = "vanilla",
+        tie_word_embeddings: bool | None = None,
+        max_num_seq_slots: int = 8,
+    ) -> None:
+        nn.Module.__init__(self)
+        self.config = config
+        self.model = self.model_cls(
+            config, dtype=dtype, attn_backend=attn_backend, max_num_seq_slots=max_num_seq_slots
+        )
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype=dtype)
+        if tie_word_embeddings is None:
+            tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.tie_word_embeddings = tie_word_embeddings
+        if tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    def load_weights(
+        self,
+        weights: Mapping[str, torch.Tensor],
+        *,
+        rename: Callable[[str], str | None] | None = None,
+    ) -> None:
+        """HF names (`model.layers.N.linear_attn.*`, `...self_attn.*`, `...mlp.*`, `lm_head`);
+        per-expert or stacked MoE weights and Qwen3-Next DeltaNet layouts are converted."""
+        named: dict[str, torch.Tensor] = {}
+        for name, tensor in weights.items():
+            target = rename(name) if rename is not None else name
+            if target is not None:
+                named[target] = tensor
+        optional: set[str] = set()
+        if self.tie_word_embeddings:
+            optional.add("lm_head.weight")
+            named.pop("lm_head.weight", None)
+        config = self.config
+        if self.model_cls.moe:
+            named = convert_hf_expert_weights(
+                named,
+                num_experts=config.num_experts,
+                hidden_size=config.hidden_size,
+                intermediate_size=config.moe_intermediate_size,
+            )
+        named = convert_qwen3_next_gdn_weights(
+            named,
+            num_k_heads=config.linear_num_key_heads,
+            num_v_heads=config.linear_num_value_heads,
+            head_k_dim=config.linear_key_head_dim,
+            head_v_dim=config.linear_value_head_dim,
+        )
+        fused = {**FUSED_PROJECTIONS, **GATED_DELTA_NET_FUSED_PROJECTIONS}
+        load_hf_weights(self, named, fused=fused, ignore=_IGNORE, optional=optional)
+
+
+class Qwen3_5MoeTextForCausalLM(Qwen3_5TextForCausalLM):
+    model_cls: ClassVar[type[nn.Module]] = Qwen3_5MoeModel  # type: ignore[assignment]
+
+
+def _text_kwargs(model_config: ModelConfig) -> dict[str, Any]:
+    return {
+        "dtype": model_config.torch_dtype,
+        "attn_backend": model_config.attn_backend,
+        "max_num_seq_slots": model_config.max_num_seq_slots,
+    }
+
+
+@register_auto_model("Qwen3_5ForCausalLM")
+class Qwen3_5ForCausalLM(Qwen3_5TextForCausalLM):
+    def __init__(self, model_config: ModelConfig) -> None:
+        super().__init__(model_config.pretrained_config, **_text_kwargs(model_config))
+        self.model_config = model_config
+
+
+@register_auto_model("Qwen3_5MoeForCausalLM")
+class Qwen3_5MoeForCausalLM(Qwen3_5MoeTextForCausalLM):
+    def __init__(self, model_config: ModelConfig) -> None:
+        super().__init__(model_config.pretrained_config, **_text_kwargs(model_config))
+        self.model_config = model_config
