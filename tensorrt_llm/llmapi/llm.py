@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import logging
 import threading
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,6 +58,18 @@ def _is_chat(inputs: Any) -> bool:
     )
 
 
+def _generation_eos_ids(model_dir: str) -> list[int]:
+    """End ids from generation_config.json (Qwen lists both <|im_end|> and <|endoftext|>)."""
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, ValueError):
+        return []
+    if isinstance(eos, int):
+        return [eos]
+    return [int(e) for e in eos] if isinstance(eos, list) else []
+
+
 class LLM:
     """Generate text from a local Qwen(-VL) checkpoint folder.
 
@@ -63,7 +77,9 @@ class LLM:
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, **kwargs: Any) -> None:
-        self._executor: Any = None
+        self._executor: Any = None  # None once shut down
+        self._final_stats_source: Any = None
+        self._is_shutdown = False
         self.args = LlmArgs.from_kwargs(model=model, tokenizer=tokenizer, **kwargs)
         if self.args.seed is not None:
             torch.manual_seed(self.args.seed)
@@ -80,6 +96,7 @@ class LLM:
 
         self._executor = create_py_executor(self.args, self.input_processor, self._tokenizer)
         self._max_seq_len: int = self._executor.max_seq_len
+        self._extra_eos_ids = _generation_eos_ids(self.args.model)
         self._ids = itertools.count()
         self._ids_lock = threading.Lock()
 
@@ -89,12 +106,17 @@ class LLM:
         return self._tokenizer
 
     @property
+    def is_shutdown(self) -> bool:
+        return self._is_shutdown
+
+    @property
     def max_seq_len(self) -> int:
         return self._max_seq_len
 
     def get_stats(self) -> Any:
         """Executor stats (running/waiting requests, KV usage, free seq slots, ...)."""
-        return self._executor.get_stats()
+        executor = self._executor or self._final_stats_source
+        return executor.get_stats()
 
     # ---- generation ----------------------------------------------------------------------------
     def generate(
@@ -152,15 +174,14 @@ class LLM:
 
     # ---- host-side preparation -----------------------------------------------------------------
     def _prepare(self, inputs: Any, sampling_params: SamplingParams | None) -> _PreparedRequest:
-        if self._executor is None:
-            raise RuntimeError("the LLM is shut down")
+        self._live_executor()  # fail fast, before any input processing
         if sampling_params is None:
             sampling_params = SamplingParams()
         if not isinstance(sampling_params, SamplingParams):
             raise ValueError(
                 f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}"
             )
-        sampling_params = sampling_params.with_tokenizer(self._tokenizer)
+        sampling_params = self._with_end_ids(sampling_params)
         prompt = as_prompt_dict(inputs)
         self._check_mm_limits(prompt)
         defaults = self.args.mm_processor_kwargs
@@ -184,6 +205,17 @@ class LLM:
             sampling_params=sampling_params,
         )
 
+    def _with_end_ids(self, sp: SamplingParams) -> SamplingParams:
+        """Fill end/pad ids from the tokenizer; with the default end id, the checkpoint's
+        generation_config end ids stop generation too (as they do in HF generate)."""
+        default_end = sp.end_id is None
+        sp = sp.with_tokenizer(self._tokenizer)
+        extra = [e for e in self._extra_eos_ids if e != sp.end_id]
+        if default_end and not sp.ignore_eos and extra:
+            have = list(sp.stop_token_ids or [])
+            sp = replace(sp, stop_token_ids=have + [e for e in extra if e not in have])
+        return sp
+
     def _check_mm_limits(self, prompt: dict[str, Any]) -> None:
         limits = self.args.limit_mm_per_prompt
         if not limits:
@@ -204,8 +236,9 @@ class LLM:
         """The executor's own checks, run here so a bad input raises in the caller."""
         if not ids:
             raise ValueError("the prompt is empty (0 tokens)")
-        vocab = getattr(self._executor.model_engine, "vocab_size", 0) or getattr(
-            self._executor.sampler, "vocab_size", 0
+        executor = self._live_executor()
+        vocab = getattr(executor.model_engine, "vocab_size", 0) or getattr(
+            executor.sampler, "vocab_size", 0
         )
         if vocab and (max(ids) >= vocab or min(ids) < 0):
             raise ValueError(
@@ -217,7 +250,7 @@ class LLM:
                 f"exceeds max_seq_len={self.max_seq_len}"
             )
         # The scheduler's checks read only fixed sizes, so calling them from here is safe.
-        error = self._executor.scheduler.validate(LlmRequest(-1, ids, sp))
+        error = executor.scheduler.validate(LlmRequest(-1, ids, sp))
         if error is not None:
             raise ValueError(error)
 
@@ -226,9 +259,14 @@ class LLM:
         with self._ids_lock:
             return next(self._ids)
 
-    def _submit(self, prepared: _PreparedRequest, streaming: bool) -> GenerationResult:
-        if self._executor is None:
+    def _live_executor(self) -> Any:
+        executor = self._executor
+        if executor is None or self._is_shutdown:
             raise RuntimeError("the LLM is shut down")
+        return executor
+
+    def _submit(self, prepared: _PreparedRequest, streaming: bool) -> GenerationResult:
+        executor = self._live_executor()
         sp = prepared.sampling_params
         child_ids = [self._next_id() for _ in range(sp.n)]
         result = GenerationResult(
@@ -238,7 +276,7 @@ class LLM:
             sampling_params=sp,
             tokenizer=self._tokenizer,
             child_request_ids=child_ids,
-            abort_fn=self._executor.cancel_request,
+            abort_fn=executor.cancel_request,
             streaming=streaming,
         )
         for i, rid in enumerate(child_ids):
@@ -247,7 +285,7 @@ class LLM:
             if mm is not None and i > 0:
                 mm = copy.deepcopy(mm)  # the executor moves and strips each request's own copy
             request = LlmRequest(rid, prepared.prompt_token_ids, child_sp, mm)
-            self._executor.enqueue_request(request, result._on_response)
+            executor.enqueue_request(request, result._on_response)
         return result
 
     @staticmethod
@@ -258,9 +296,13 @@ class LLM:
 
     # ---- lifetime ------------------------------------------------------------------------------
     def shutdown(self, wait: bool = False) -> None:
-        """Stop the executor. In-flight requests fail (or finish first with wait=True)."""
+        """Stop the executor. In-flight requests fail (or finish first with wait=True).
+
+        Idempotent; `get_stats()` keeps working afterwards (final counts)."""
+        self._is_shutdown = True
         executor, self._executor = self._executor, None
         if executor is not None:
+            self._final_stats_source = executor
             executor.shutdown(wait=wait)
 
     def __enter__(self) -> LLM:

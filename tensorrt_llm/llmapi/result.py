@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 class GenerationResult(RequestOutput):
     """A `RequestOutput` being filled by the executor (one executor request per completion)."""
 
+    # A handle is an entity: identity equality and hashing (asyncio.gather needs hashable
+    # awaitables). Snapshots, plain RequestOutputs, keep value equality.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
     def __init__(
         self,
         request_id: int,

@@ -13,6 +13,7 @@ from zero state, so a recycled slot never leaks and later prefill chunks carry t
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -141,6 +142,25 @@ class RecurrentStateCache(nn.Module):
         return getattr(self, f"conv_{j}"), getattr(self, f"ssm_{j}")
 
 
+@dataclass(frozen=True)
+class RecurrentStep:
+    """One DeltaNet layer's view of a step: its state pools and the rows the batch uses."""
+
+    conv_pool: torch.Tensor  # [slots + 1, conv_dim, kernel - 1]
+    ssm_pool: torch.Tensor  # [slots + 1, Hv, K, V] float32
+    slots: torch.Tensor  # [num_seqs] int64 on the pools' device, batch order
+    metadata: GatedDeltaNetMetadata
+
+    def run(self, gdn: GatedDeltaNet, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Gather the batch's rows, run the layer (updates them), scatter them back."""
+        conv = self.conv_pool.index_select(0, self.slots)
+        ssm = self.ssm_pool.index_select(0, self.slots)
+        out = gdn(hidden_states, conv, ssm, self.metadata)
+        self.conv_pool.index_copy_(0, self.slots, conv)
+        self.ssm_pool.index_copy_(0, self.slots, ssm)
+        return out
+
+
 def gdn_metadata(attn_metadata: AttentionMetadata) -> GatedDeltaNetMetadata:
     """The DeltaNet view of a step, from host-side fields only (no device sync)."""
     num_ctx = attn_metadata.num_contexts
@@ -184,16 +204,22 @@ class HybridDecoderLayer(nn.Module):
         self,
         hidden_states: torch.Tensor,
         residual: torch.Tensor | None,
-        mixer: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+        cos_sin: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        recurrent: RecurrentStep | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`mixer(module, normed)` runs the token mixer; returns `(mlp_out, residual)`."""
+        """Returns `(mlp_out, residual)`; `recurrent` is given to DeltaNet layers only."""
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        module = self.linear_attn if self.layer_type == "linear_attention" else self.self_attn
-        hidden_states = mixer(module, hidden_states)
+        if self.layer_type == "linear_attention":
+            if recurrent is None:
+                raise ValueError("a linear-attention layer needs its recurrent state")
+            hidden_states = recurrent.run(self.linear_attn, hidden_states)
+        else:
+            hidden_states = self.self_attn(hidden_states, cos_sin, attn_metadata)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 
@@ -271,23 +297,14 @@ class Qwen3_5Model(nn.Module):
         gdn_idx = 0
         residual: torch.Tensor | None = None
         for layer in self.layers:
+            recurrent = None
             if layer.layer_type == "linear_attention":
                 conv_pool, ssm_pool = self.recurrent_states.pools(gdn_idx)
+                recurrent = RecurrentStep(conv_pool, ssm_pool, slots, meta)
                 gdn_idx += 1
-
-                def mixer(m: nn.Module, x: torch.Tensor, c=conv_pool, s=ssm_pool) -> torch.Tensor:
-                    conv, ssm = c.index_select(0, slots), s.index_select(0, slots)
-                    out = m(x, conv, ssm, meta)
-                    c.index_copy_(0, slots, conv)
-                    s.index_copy_(0, slots, ssm)
-                    return out
-
-            else:
-
-                def mixer(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-                    return m(x, cos_sin, attn_metadata)
-
-            hidden_states, residual = layer(hidden_states, residual, mixer)
+            hidden_states, residual = layer(
+                hidden_states, residual, cos_sin, attn_metadata, recurrent
+            )
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 

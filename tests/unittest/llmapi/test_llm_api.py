@@ -7,6 +7,7 @@ and every other input form (batch, chat messages, streaming) must reproduce them
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import inspect
 import io
 from pathlib import Path
@@ -208,3 +209,49 @@ def test_png_bytes_image_is_accepted(llm: Any, image: Image.Image) -> None:
     )
     b = llm.generate(image_prompt(llm, image), GREEDY)
     assert a.outputs[0].token_ids == b.outputs[0].token_ids
+
+
+def test_quickstart_multimodal_demo_video(capsys: pytest.CaptureFixture[str]) -> None:
+    path = Path(__file__).parents[3] / "examples" / "llm-api" / "quickstart_multimodal.py"
+    spec = importlib.util.spec_from_file_location("quickstart_multimodal", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    texts = module.main(["--modality", "video", "--max_tokens", "4", "--device", "cpu"])
+    printed = capsys.readouterr().out
+    assert len(texts) == 1 and "Tell me what you see in the video briefly." in printed
+    assert f"Generated text: {texts[0]!r}" in printed
+
+
+def test_concurrent_async_requests_match_sync(llm: Any, image: Image.Image) -> None:
+    inputs = ["one two", image_prompt(llm, image), "three four five"]
+    want = [o.outputs[0].token_ids for o in llm.generate(inputs, GREEDY, use_tqdm=False)]
+
+    async def run() -> list[RequestOutput]:
+        return await asyncio.gather(*(llm.generate_async(x, GREEDY) for x in inputs))
+
+    assert [o.outputs[0].token_ids for o in asyncio.run(run())] == want
+
+
+def test_generation_config_end_ids_also_stop(llm: Any, ckpt: Path) -> None:
+    import json
+
+    eos = json.loads((ckpt / "generation_config.json").read_text())["eos_token_id"]
+    sp = llm._with_end_ids(SamplingParams())
+    assert sp.end_id == llm.tokenizer.eos_token_id
+    assert set(eos) <= {sp.end_id, *sp.stop_token_ids}
+    explicit = llm._with_end_ids(SamplingParams(end_id=3))
+    assert explicit.end_id == 3 and not explicit.stop_token_ids
+
+
+def test_shutdown_fails_in_flight_and_rejects_new(ckpt: Path) -> None:
+    with LLM(str(ckpt), max_batch_size=2, max_seq_len=256, kv_cache_max_tokens=1024) as other:
+        handle = other.generate_async("keep going", SamplingParams(max_tokens=200, temperature=0))
+    assert other.is_shutdown
+    out = handle.result(timeout=30)
+    # The shutdown command lands within a step, long before 200 tokens are generated.
+    assert out.finished and out.outputs[0].finish_reason == "error"
+    assert "shut down" in (out.error or "")
+    with pytest.raises(RuntimeError, match="shut down"):
+        other.generate("hello", GREEDY)
+    assert other.get_stats().num_running == 0

@@ -188,7 +188,9 @@ def test_completions_n_seed_and_stop(served: ServeHandle) -> None:
 
 def test_default_max_tokens_fits_context(served: ServeHandle) -> None:
     # No max_tokens and a long prompt: the default is cut to what max_seq_len leaves.
-    prompt = " hello" * 150
+    piece = " hello"
+    per_piece = len(served.llm.tokenizer.encode(piece * 10)) / 10
+    prompt = piece * int((MAX_SEQ_LEN - 100) / per_piece)
     response = served.client().completions.create(model=served.model, prompt=prompt, temperature=0)
     assert response.usage.total_tokens <= MAX_SEQ_LEN
     assert response.choices[0].finish_reason in ("stop", "length")

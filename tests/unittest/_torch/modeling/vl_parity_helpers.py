@@ -28,10 +28,6 @@ HF_CLASS = {
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
-    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
-    "qwen3_5": "Qwen3_5ForConditionalGeneration",
-    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
-    "qwen_image_bench": "Qwen3_5ForConditionalGeneration",
 }
 
 

@@ -46,6 +46,8 @@ class FakeEngine:
         self.hold: Callable[[ScheduledRequests], bool] = lambda s: False
         self.held = threading.Event()
         self.resume = threading.Event()
+        # Spread logits (a fixed random row per last token) so sampling really draws.
+        self.spread = False
 
     def forward(self, scheduled: ScheduledRequests) -> torch.Tensor:
         self.entered.set()
@@ -67,6 +69,9 @@ class FakeEngine:
             final = end >= req.prompt_len
             last.append(req.prompt_token_ids[end - 1] if final else POISON - 1)
         last += [req.output_token_ids[-1] for req in scheduled.generation_requests]
+        if self.spread:
+            rows = [torch.randn(VOCAB, generator=torch.Generator().manual_seed(t)) for t in last]
+            return torch.stack(rows)
         logits = torch.full((len(last), VOCAB), -10.0)
         logits[torch.arange(len(last)), (torch.tensor(last) + 1) % VOCAB] = 10.0
         return logits
@@ -184,6 +189,21 @@ def test_chunked_prefill_samples_only_final_chunk() -> None:
     assert chunks == [(0, 4), (4, 4), (8, 2)]
     # One response per generated token; nothing was emitted for the non-final chunks.
     assert [len(r.new_token_ids) for r in col.responses[0]] == [1, 1, 1]
+
+
+def test_chunking_does_not_perturb_seeded_sampling() -> None:
+    prompt = list(range(5, 15))
+    outputs = []
+    for chunked, max_num_tokens in ((False, 64), (True, 4)):
+        ex, engine = make_executor(max_num_tokens=max_num_tokens, chunked=chunked)
+        engine.spread = True
+        col = Collector()
+        submit(ex, col, 0, prompt, max_tokens=8, temperature=1.0, seed=123)
+        col.wait(0)
+        ex.shutdown()
+        outputs.append(col.tokens(0))
+    assert outputs[0] == outputs[1]
+    assert len(set(outputs[0])) > 1
 
 
 def test_cancel_frees_slot_and_blocks() -> None:

@@ -1,0 +1,84 @@
+"""Incremental detokenization and stop-string cutting, token by token, on a byte-level BPE."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from tensorrt_llm.llmapi.outputs import CompletionOutput, CompletionState, IncrementalDetokenizer
+from tensorrt_llm.tools.tiny_checkpoint import get_or_build_demo_checkpoint
+
+TEXT = "Hello wörld, 世界 🙂 says the cat; the end. Ünïcode again 🙂!"
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return AutoTokenizer.from_pretrained(get_or_build_demo_checkpoint(), local_files_only=True)
+
+
+def test_incremental_matches_full_decode(tokenizer: Any) -> None:
+    ids = tokenizer(TEXT)["input_ids"]
+    # Multi-byte characters really are split over several tokens here.
+    assert any("\ufffd" in tokenizer.decode([i]) for i in ids)
+    detok = IncrementalDetokenizer(tokenizer)
+    deltas = [detok.add([i]) for i in ids]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == detok.text == TEXT
+    assert detok.finish() == TEXT
+
+
+def stream(state: CompletionState, ids: list[int]) -> list[str]:
+    """Feed one token per update; returns the text delta of each update."""
+    deltas = []
+    for i in ids:
+        state.begin_update()
+        state.add_tokens([i])
+        deltas.append(state.output.text_diff)
+        if state.output.finished:
+            break
+    if not state.output.finished:
+        state.begin_update()
+        state.finish("length")
+        deltas.append(state.output.text_diff)
+    return deltas
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_string_cut_and_streamed_prefix(tokenizer: Any, include: bool) -> None:
+    ids = tokenizer(TEXT)["input_ids"]
+    stop = "the end"
+    state = CompletionState(CompletionOutput(0), tokenizer, ["zzz", stop], include_stop_str=include)
+    deltas = stream(state, ids)
+    cut = TEXT.find(stop) + (len(stop) if include else 0)
+    assert state.output.text == TEXT[:cut]
+    assert (state.output.finish_reason, state.output.stop_reason) == ("stop", stop)
+    # The streamed pieces add up to the final text: nothing was shown and then taken back.
+    assert "".join(deltas) == state.output.text
+    assert len(state.output.token_ids) < len(ids)  # stopped early
+
+
+def test_no_stop_streams_everything(tokenizer: Any) -> None:
+    ids = tokenizer(TEXT)["input_ids"]
+    state = CompletionState(CompletionOutput(0), tokenizer, ["never"])
+    deltas = stream(state, ids)
+    assert "".join(deltas) == state.output.text == TEXT
+    assert state.output.finish_reason == "length" and state.output.token_ids == ids
+
+
+def test_text_ids_exclude_a_stop_token(tokenizer: Any) -> None:
+    ids = tokenizer("abc def")["input_ids"]
+    state = CompletionState(CompletionOutput(0), tokenizer, [])
+    state.add_tokens(ids, ids[:-1])
+    state.finish("stop", ids[-1])
+    assert state.output.token_ids == ids
+    assert state.output.text == tokenizer.decode(ids[:-1])
+    assert state.output.stop_reason == ids[-1]
+
+
+def test_detokenize_off_keeps_ids_only(tokenizer: Any) -> None:
+    state = CompletionState(CompletionOutput(0), tokenizer, ["x"], detokenize=False)
+    state.add_tokens([5, 6])
+    state.finish("length")
+    assert state.output.text == "" and state.output.token_ids == [5, 6]
