@@ -68,7 +68,11 @@ class LlmArgs:
     tokens_per_block: int = 32
     enable_chunked_prefill: bool = False
     attn_backend: str = "auto"
-    use_cuda_graph: bool = False
+    # Decode CUDA graphs (CUDA with the triton backend only; ignored on the CPU).
+    use_cuda_graph: bool = True
+    cuda_graph_batch_sizes: list[int] | None = None
+    # "auto" reads the checkpoint's safetensors; "dummy" fills random weights (benchmarks).
+    load_format: str = "auto"
     # Max items per prompt for each modality, e.g. {"image": 4, "video": 1}; None = unlimited.
     limit_mm_per_prompt: dict[str, int] | None = None
     seed: int | None = None
@@ -81,6 +85,18 @@ class LlmArgs:
         _check_choice("dtype", self.dtype, list(DTYPES))
         _check_choice("device", self.device, DEVICES)
         _check_choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
+        _check_choice("load_format", self.load_format, ["auto", "dummy"])
+        sizes = self.cuda_graph_batch_sizes
+        if sizes is not None:
+            if not isinstance(sizes, list | tuple) or not sizes:
+                raise ValueError(f"cuda_graph_batch_sizes must be a non-empty list, got {sizes!r}")
+            for b in sizes:
+                _check_int("cuda_graph_batch_sizes entry", b, 1)
+                if b > self.max_batch_size:
+                    raise ValueError(
+                        f"cuda_graph_batch_sizes entry {b} exceeds max_batch_size "
+                        f"{self.max_batch_size}"
+                    )
         _check_int("max_batch_size", self.max_batch_size, 1)
         _check_int("max_num_tokens", self.max_num_tokens, 1)
         _check_int("max_seq_len", self.max_seq_len, 1, allow_none=True)

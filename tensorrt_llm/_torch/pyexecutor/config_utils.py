@@ -27,6 +27,9 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
     IMAGE_BENCH_ARCHITECTURE: ("Qwen3_5Config", "Qwen3_5ForCausalLM"),
     "Qwen2ForCausalLM": ("Qwen2Config", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "Qwen3_5ForCausalLM": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+    "Qwen3_5MoeForCausalLM": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
 }
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCHITECTURES)
 _SHORT_SUFFIXES = ("ForConditionalGeneration", "ForCausalLM")

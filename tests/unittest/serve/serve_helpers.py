@@ -33,7 +33,9 @@ class ServeHandle:
 
     def client(self, **kwargs: Any) -> openai.OpenAI:
         # max_retries=0: a 5xx or a dropped connection must fail the test, not be retried away.
-        return openai.OpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0, **kwargs)
+        return openai.OpenAI(
+            base_url=self.base_url + "/v1", api_key="unused", max_retries=0, **kwargs
+        )
 
     def async_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(
@@ -107,7 +109,9 @@ def wait_until_idle(handle: ServeHandle, timeout: float = 10.0) -> dict[str, flo
 # ---------------------------------------------------------------- media
 
 
-def png_bytes(size: tuple[int, int] = (64, 48), color: tuple[int, int, int] = (200, 10, 30)) -> bytes:
+def png_bytes(
+    size: tuple[int, int] = (64, 48), color: tuple[int, int, int] = (200, 10, 30)
+) -> bytes:
     image = Image.new("RGB", size, color)
     # A gradient, so images of one size but different content give different pixels.
     for x in range(0, size[0], 4):
@@ -121,7 +125,9 @@ def data_url(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64," + base64.b64encode(data).decode()
 
 
-def gif_bytes(num_frames: int = 4, size: tuple[int, int] = (56, 56), duration_ms: int = 500) -> bytes:
+def gif_bytes(
+    num_frames: int = 4, size: tuple[int, int] = (56, 56), duration_ms: int = 500
+) -> bytes:
     frames = [Image.new("RGB", size, (40 * i, 100, 255 - 40 * i)) for i in range(num_frames)]
     buf = io.BytesIO()
     frames[0].save(

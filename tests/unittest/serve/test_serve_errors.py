@@ -35,47 +35,110 @@ def _body(served: ServeHandle, messages: Any, **extra: Any) -> dict[str, Any]:
 # (case id, body builder, expected code, message fragment)
 BAD_BODIES = [
     ("missing messages", lambda s: {"model": s.model}, "invalid_request", "messages"),
-    ("bad temperature", lambda s: _body(s, user("hi"), temperature=7), "invalid_request",
-     "temperature"),
-    ("unknown part type", lambda s: _body(s, [{"role": "user", "content": [{"type": "audio"}]}]),
-     "invalid_request", "does not match any of the expected tags"),
-    ("corrupt image", lambda s: _body(s, user(image_part(data_url(b"not an image at all")))),
-     "corrupt_media", "corrupt or unreadable image"),
-    ("truncated image", lambda s: _body(s, user(image_part(data_url(png_bytes()[:60])))),
-     "corrupt_media", "corrupt or unreadable image"),
-    ("unsupported media type",
-     lambda s: _body(s, user(image_part(data_url(b"%PDF-1.4", "application/pdf")))),
-     "unsupported_media_type", "application/pdf"),
-    ("video container", lambda s: _body(s, user(
-        {"type": "video_url", "video_url": {"url": data_url(b"\x00\x00\x00 ftyp", "video/mp4")}})),
-     "unsupported_media_type", "no video decoder"),
-    ("too many images",
-     lambda s: _body(s, user(*[image_part(GOOD_IMAGE)] * (IMAGE_LIMIT + 1))),
-     "mm_limit_exceeded", f"at most {IMAGE_LIMIT} image"),
-    ("prompt too long", lambda s: _body(s, user("hello " * MAX_SEQ_LEN)), "prompt_too_long",
-     f"max_seq_len={MAX_SEQ_LEN}"),
-    ("max_tokens too long", lambda s: {**_body(s, user("hi")), "max_tokens": MAX_SEQ_LEN},
-     "prompt_too_long", "max_seq_len"),
-    ("unknown model", lambda s: {**_body(s, user("hi")), "model": "gpt-5"}, "model_not_found",
-     "'gpt-5' does not exist"),
-    ("path outside allowed", lambda s: _body(s, user(image_part("file:///etc/hostname"))),
-     "local_path_not_allowed", "outside the allowed media folder"),
-    ("path traversal", lambda s: _body(s, user(image_part("file:///tmp/../etc/passwd"))),
-     "local_path_not_allowed", "outside the allowed media folder"),
-    ("unknown scheme", lambda s: _body(s, user(image_part("ftp://example.com/a.png"))),
-     "invalid_media_url", "'ftp'"),
-    ("penalties", lambda s: _body(s, user("hi"), presence_penalty=1.0), "unsupported_feature",
-     "presence_penalty"),
+    (
+        "bad temperature",
+        lambda s: _body(s, user("hi"), temperature=7),
+        "invalid_request",
+        "temperature",
+    ),
+    (
+        "unknown part type",
+        lambda s: _body(s, [{"role": "user", "content": [{"type": "audio"}]}]),
+        "invalid_request",
+        "does not match any of the expected tags",
+    ),
+    (
+        "corrupt image",
+        lambda s: _body(s, user(image_part(data_url(b"not an image at all")))),
+        "corrupt_media",
+        "corrupt or unreadable image",
+    ),
+    (
+        "truncated image",
+        lambda s: _body(s, user(image_part(data_url(png_bytes()[:60])))),
+        "corrupt_media",
+        "corrupt or unreadable image",
+    ),
+    (
+        "unsupported media type",
+        lambda s: _body(s, user(image_part(data_url(b"%PDF-1.4", "application/pdf")))),
+        "unsupported_media_type",
+        "application/pdf",
+    ),
+    (
+        "video container",
+        lambda s: _body(
+            s,
+            user(
+                {
+                    "type": "video_url",
+                    "video_url": {"url": data_url(b"\x00\x00\x00 ftyp", "video/mp4")},
+                }
+            ),
+        ),
+        "unsupported_media_type",
+        "no video decoder",
+    ),
+    (
+        "too many images",
+        lambda s: _body(s, user(*[image_part(GOOD_IMAGE)] * (IMAGE_LIMIT + 1))),
+        "mm_limit_exceeded",
+        f"at most {IMAGE_LIMIT} image",
+    ),
+    (
+        "prompt too long",
+        lambda s: _body(s, user("hello " * MAX_SEQ_LEN)),
+        "prompt_too_long",
+        f"max_seq_len={MAX_SEQ_LEN}",
+    ),
+    (
+        "max_tokens too long",
+        lambda s: {**_body(s, user("hi")), "max_tokens": MAX_SEQ_LEN},
+        "prompt_too_long",
+        "max_seq_len",
+    ),
+    (
+        "unknown model",
+        lambda s: {**_body(s, user("hi")), "model": "gpt-5"},
+        "model_not_found",
+        "'gpt-5' does not exist",
+    ),
+    (
+        "path outside allowed",
+        lambda s: _body(s, user(image_part("file:///etc/hostname"))),
+        "local_path_not_allowed",
+        "outside the allowed media folder",
+    ),
+    (
+        "path traversal",
+        lambda s: _body(s, user(image_part("file:///tmp/../etc/passwd"))),
+        "local_path_not_allowed",
+        "outside the allowed media folder",
+    ),
+    (
+        "unknown scheme",
+        lambda s: _body(s, user(image_part("ftp://example.com/a.png"))),
+        "invalid_media_url",
+        "'ftp'",
+    ),
+    (
+        "penalties",
+        lambda s: _body(s, user("hi"), presence_penalty=1.0),
+        "unsupported_feature",
+        "presence_penalty",
+    ),
 ]
 
 
-@pytest.mark.parametrize("builder,code,fragment", [c[1:] for c in BAD_BODIES],
-                         ids=[c[0] for c in BAD_BODIES])
+@pytest.mark.parametrize(
+    "builder,code,fragment", [c[1:] for c in BAD_BODIES], ids=[c[0] for c in BAD_BODIES]
+)
 def test_bad_input_gets_400_and_server_keeps_serving(
     served: ServeHandle, builder: Any, code: str, fragment: str
 ) -> None:
-    response = httpx.post(served.base_url + "/v1/chat/completions", json=builder(served),
-                          timeout=30)
+    response = httpx.post(
+        served.base_url + "/v1/chat/completions", json=builder(served), timeout=30
+    )
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == code
@@ -124,8 +187,12 @@ def _wait_cancelled(served: ServeHandle, before: float) -> dict[str, float]:
 def test_disconnect_mid_stream_frees_slot_and_blocks(served: ServeHandle) -> None:
     before = metric(served.metrics(), "trtllm_executor_requests_cancelled_total")
     stream = served.client().chat.completions.create(
-        model=served.model, messages=user("Tell me everything."), max_tokens=MAX_SEQ_LEN - 64,
-        temperature=0, stream=True, extra_body={"ignore_eos": True},
+        model=served.model,
+        messages=user("Tell me everything."),
+        max_tokens=MAX_SEQ_LEN - 64,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
     )
     for i, _ in enumerate(stream):
         if i == 3:
@@ -152,7 +219,11 @@ def test_shutdown_finishes_in_flight_stream() -> None:
 
     def consume() -> None:
         stream = handle.client().completions.create(
-            model=handle.model, prompt="Once", max_tokens=120, temperature=0, stream=True,
+            model=handle.model,
+            prompt="Once",
+            max_tokens=120,
+            temperature=0,
+            stream=True,
             extra_body={"ignore_eos": True},
         )
         for chunk in stream:
@@ -180,7 +251,11 @@ def test_forced_shutdown_fails_streams_cleanly() -> None:
     def consume() -> None:
         try:
             stream = handle.client().completions.create(
-                model=handle.model, prompt="Once", max_tokens=480, temperature=0, stream=True,
+                model=handle.model,
+                prompt="Once",
+                max_tokens=480,
+                temperature=0,
+                stream=True,
                 extra_body={"ignore_eos": True},
             )
             for _ in stream:

@@ -25,8 +25,9 @@ JSON_LEAVES = (
 )
 JSON_VALUES = st.recursive(
     JSON_LEAVES,
-    lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
     max_leaves=8,
 )
 URLS = st.sampled_from(
@@ -48,11 +49,21 @@ URLS = st.sampled_from(
 ) | st.text(max_size=20)
 PARTS = st.one_of(
     st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=20) | JSON_VALUES}),
-    st.fixed_dictionaries({"type": st.just("image_url"), "image_url": st.fixed_dictionaries(
-        {"url": URLS | JSON_VALUES})}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("image_url"),
+            "image_url": st.fixed_dictionaries({"url": URLS | JSON_VALUES}),
+        }
+    ),
     st.fixed_dictionaries({"type": st.just("image_url"), "image_url": URLS}),
-    st.fixed_dictionaries({"type": st.just("video_url"), "video_url": st.fixed_dictionaries(
-        {"url": URLS}, optional={"fps": JSON_VALUES | st.floats(-1, 5)})}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("video_url"),
+            "video_url": st.fixed_dictionaries(
+                {"url": URLS}, optional={"fps": JSON_VALUES | st.floats(-1, 5)}
+            ),
+        }
+    ),
     st.fixed_dictionaries({"type": st.text(max_size=8) | JSON_VALUES}),
 )
 ROLES = st.sampled_from(["user", "user", "system", "assistant", "developer", "tool", ""])
@@ -87,7 +98,10 @@ def _junk_knobs() -> dict[str, Any]:
 
 def _post(served: ServeHandle, path: str, content: bytes) -> None:
     with httpx.stream(
-        "POST", served.base_url + path, content=content, timeout=60,
+        "POST",
+        served.base_url + path,
+        content=content,
+        timeout=60,
         headers={"content-type": "application/json"},
     ) as response:
         body = response.read().decode("utf-8", errors="replace")
@@ -129,8 +143,10 @@ def test_fuzz_field_types(served: ServeHandle, data: st.DataObject) -> None:
 @FUZZ
 @given(data=st.data())
 def test_fuzz_completion_bodies(served: ServeHandle, data: st.DataObject) -> None:
-    prompt = st.text(max_size=30) | st.lists(st.integers(-3, 700), max_size=6) | st.lists(
-        st.text(max_size=8) | st.lists(st.integers(0, 600), max_size=4), max_size=3
+    prompt = (
+        st.text(max_size=30)
+        | st.lists(st.integers(-3, 700), max_size=6)
+        | st.lists(st.text(max_size=8) | st.lists(st.integers(0, 600), max_size=4), max_size=3)
     )
     extra = {"echo": st.booleans(), "best_of": SMALL_INTS, "suffix": st.text(max_size=3)}
     body = data.draw(
@@ -140,8 +156,13 @@ def test_fuzz_completion_bodies(served: ServeHandle, data: st.DataObject) -> Non
     _post(served, "/v1/completions", json.dumps({"model": served.model, **body}).encode())
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(raw=st.binary(max_size=64) | JSON_VALUES.map(lambda v: json.dumps(v).encode()))
 def test_fuzz_raw_bodies(served: ServeHandle, raw: bytes) -> None:
     for path in ("/v1/chat/completions", "/v1/completions"):

@@ -11,7 +11,15 @@ import asyncio
 import time
 from typing import Any
 
-from serve_helpers import ServeHandle, data_url, image_part, metric, png_bytes, user, wait_until_idle
+from serve_helpers import (
+    ServeHandle,
+    data_url,
+    image_part,
+    metric,
+    png_bytes,
+    user,
+    wait_until_idle,
+)
 
 NUM_CLIENTS = 64
 REQUESTS_PER_CLIENT = 4
@@ -94,12 +102,15 @@ def test_concurrent_clients_match_solo_and_free_everything(served: ServeHandle) 
         after, "trtllm_kv_cache_total_blocks"
     )
     assert metric(after, "trtllm_kv_cache_usage_ratio") == 0
-    served_ok = metric(after, "trtllm_http_requests_total", endpoint="/v1/chat/completions",
-                       status="200") - metric(before, "trtllm_http_requests_total",
-                                              endpoint="/v1/chat/completions", status="200")
+    served_ok = metric(
+        after, "trtllm_http_requests_total", endpoint="/v1/chat/completions", status="200"
+    ) - metric(before, "trtllm_http_requests_total", endpoint="/v1/chat/completions", status="200")
     assert served_ok == NUM_CLIENTS * REQUESTS_PER_CLIENT
-    five_xx = [k for k, v in after.items() if k.startswith("trtllm_http_requests_total")
-               and 'status="5' in k and v > 0]
+    five_xx = [
+        k
+        for k, v in after.items()
+        if k.startswith("trtllm_http_requests_total") and 'status="5' in k and v > 0
+    ]
     assert not five_xx, five_xx
     ttft = metric(after, "trtllm_time_to_first_token_seconds_count") - metric(
         before, "trtllm_time_to_first_token_seconds_count"

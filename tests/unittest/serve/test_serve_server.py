@@ -76,8 +76,12 @@ def test_chat_two_images_and_text_only(served: ServeHandle) -> None:
     two = _chat(served, user(image_part(data_url(a)), "and", image_part(data_url(b)), "compare"))
     ref = _direct(
         served,
-        user({"type": "image", "image": _pil(a)}, "and", {"type": "image", "image": _pil(b)},
-             "compare"),
+        user(
+            {"type": "image", "image": _pil(a)},
+            "and",
+            {"type": "image", "image": _pil(b)},
+            "compare",
+        ),
     )
     assert two.choices[0].message.content == ref.outputs[0].text
     assert two.usage.prompt_tokens == len(ref.prompt_token_ids)
@@ -92,7 +96,10 @@ def test_chat_two_images_and_text_only(served: ServeHandle) -> None:
 
 def test_local_file_and_video(served: ServeHandle, media_root: Path) -> None:
     local = _chat(served, user(image_part((media_root / "red.png").as_uri()), "describe"))
-    ref = _direct(served, user({"type": "image", "image": _pil((media_root / "red.png").read_bytes())}, "describe"))
+    ref = _direct(
+        served,
+        user({"type": "image", "image": _pil((media_root / "red.png").read_bytes())}, "describe"),
+    )
     assert local.choices[0].message.content == ref.outputs[0].text
 
     gif = gif_bytes()
@@ -105,7 +112,8 @@ def test_local_file_and_video(served: ServeHandle, media_root: Path) -> None:
     assert video.usage.prompt_tokens == len(ref_video.prompt_token_ids)
 
     folder = _chat(
-        served, user({"type": "video_url", "video_url": {"url": str(media_root / "clip"), "fps": 2}})
+        served,
+        user({"type": "video_url", "video_url": {"url": str(media_root / "clip"), "fps": 2}}),
     )
     assert folder.usage.prompt_tokens > 10
 
@@ -131,7 +139,9 @@ def test_streaming_reassembles_to_non_streamed(served: ServeHandle) -> None:
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
-    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finals = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finals == [whole.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
@@ -168,7 +178,9 @@ def test_completions_n_seed_and_stop(served: ServeHandle) -> None:
     sampled = [
         client.completions.create(
             model=served.model, prompt="Once upon", max_tokens=8, temperature=1.0, seed=7
-        ).choices[0].text
+        )
+        .choices[0]
+        .text
         for _ in range(2)
     ]
     assert sampled[0] == sampled[1]  # a seed makes sampling reproducible
@@ -176,8 +188,9 @@ def test_completions_n_seed_and_stop(served: ServeHandle) -> None:
     text = ref.outputs[0].text
     # A stop string that first occurs mid-text: the output is cut just before it.
     cut = next(
-        i for i in range(1, len(text)) if text[i].strip() and text[i] != "\ufffd"
-        and text.find(text[i]) == i
+        i
+        for i in range(1, len(text))
+        if text[i].strip() and text[i] != "\ufffd" and text.find(text[i]) == i
     )
     stopped = client.completions.create(
         model=served.model, prompt="Once upon", max_tokens=6, temperature=0, stop=[text[cut]]

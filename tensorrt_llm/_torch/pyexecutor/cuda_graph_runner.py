@@ -1,0 +1,148 @@
+"""CUDA graphs for pure-generation steps, one graph per batch-size bucket.
+
+A graph captures the model over views of the engine's persistent `InputBuffers`. At replay the
+engine has written the real rows of those buffers (`prepare`); this runner fills the padded rows so
+they write nothing (slot -1) and read the dummy mRoPE slot, then replays. mRoPE positions of
+generation rows are `past_len + delta`, and the delta is read from the seq-slot cache INSIDE the
+graph, so a replay always sees the live cache: slots written by context steps (eager) are current.
+
+NOTE: graphs are gated only on "pure generation step that fits a bucket", never on whether requests
+carry mRoPE deltas (gating on that cost upstream 59% of text-only decode throughput).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..attention_backend.interface import AttentionMetadata
+from .scheduler import ScheduledRequests
+
+if TYPE_CHECKING:
+    from .model_engine import PyTorchModelEngine
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+class CUDAGraphRunner:
+    """Owns every captured graph, its output tensor and the shared memory pool."""
+
+    def __init__(self, engine: PyTorchModelEngine, batch_sizes: list[int] | None = None) -> None:
+        self.engine = engine
+        sizes = batch_sizes or [b for b in DEFAULT_BATCH_SIZES if b <= engine.max_batch_size]
+        if engine.max_batch_size not in sizes and batch_sizes is None:
+            sizes.append(engine.max_batch_size)
+        bad = [b for b in sizes if b < 1 or b > engine.max_batch_size]
+        if bad:
+            raise ValueError(f"cuda graph batch sizes {bad} outside [1, max_batch_size]")
+        self.batch_sizes = sorted(set(sizes))
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool = None
+        # The last seq-slot-cache entry is the dummy slot: padded rows read delta 0 from it.
+        self.dummy_slot = engine.max_batch_size
+
+    def bucket(self, batch_size: int) -> int | None:
+        i = bisect.bisect_left(self.batch_sizes, batch_size)
+        return self.batch_sizes[i] if i < len(self.batch_sizes) else None
+
+    def can_run(self, scheduled: ScheduledRequests) -> bool:
+        return (
+            not scheduled.context_requests
+            and bool(scheduled.generation_requests)
+            and self.bucket(len(scheduled.generation_requests)) is not None
+        )
+
+    # ------------------------------------------------------------------ padding
+    def _pad(self, real: int, bucket: int) -> None:
+        """Make rows [real, bucket) harmless: no KV write, dummy slot, one token at block 0."""
+        buf = self.engine.buffers
+        if real == bucket:
+            return
+        buf.input_ids[real:bucket].zero_()
+        buf.position_ids[..., real:bucket].zero_()
+        buf.slot_mapping[real:bucket].fill_(-1)
+        buf.seq_lens[real:bucket].fill_(1)
+        buf.num_cached_tokens[real:bucket].zero_()
+        buf.seq_slots[real:bucket].fill_(self.dummy_slot)
+        buf.block_tables[real:bucket].zero_()
+        steps = torch.arange(1, bucket - real + 1, dtype=buf.cu_seqlens_q.dtype,
+                             device=buf.cu_seqlens_q.device)
+        buf.cu_seqlens_q[real + 1 : bucket + 1].copy_(buf.cu_seqlens_q[real] + steps)
+
+    def _metadata(self, bucket: int) -> AttentionMetadata:
+        buf = self.engine.buffers
+        ones = torch.ones(bucket, dtype=torch.int32)
+        return AttentionMetadata(
+            num_contexts=0,
+            num_generations=bucket,
+            num_ctx_tokens=0,
+            num_tokens=bucket,
+            seq_lens_cpu=ones,
+            num_cached_tokens_cpu=torch.zeros(bucket, dtype=torch.int32),
+            seq_lens=buf.seq_lens[:bucket],
+            num_cached_tokens=buf.num_cached_tokens[:bucket],
+            cu_seqlens_q=buf.cu_seqlens_q[: bucket + 1],
+            block_tables=buf.block_tables[:bucket],
+            slot_mapping=buf.slot_mapping[:bucket],
+            seq_slots=buf.seq_slots[:bucket],
+            seq_slots_cpu=torch.full((bucket,), self.dummy_slot, dtype=torch.long),
+            kv_cache_manager=self.engine.kv_cache_manager,
+            tokens_per_block=self.engine.tokens_per_block,
+        )
+
+    def _model_call(self, bucket: int) -> torch.Tensor:
+        engine = self.engine
+        buf = engine.buffers
+        metadata = self._metadata(bucket)
+        positions = buf.position_ids[..., :bucket]
+        if engine.use_mrope:
+            return engine.model(metadata, buf.input_ids[:bucket], positions, multimodal_params=[])
+        return engine.model(metadata, input_ids=buf.input_ids[:bucket], position_ids=positions)
+
+    # ------------------------------------------------------------------ capture / replay
+    @torch.inference_mode()
+    def capture(self, bucket: int) -> None:
+        buf = self.engine.buffers
+        buf.cu_seqlens_q[0].zero_()
+        self._pad(0, bucket)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm up allocator and autotuners outside the graph
+                self._model_call(bucket)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self._model_call(bucket)
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[bucket] = graph
+        self.outputs[bucket] = out
+
+    def capture_all(self) -> None:
+        # Largest first, so smaller graphs reuse the pool memory of the largest one.
+        for bucket in sorted(self.batch_sizes, reverse=True):
+            self.capture(bucket)
+        logger.info("captured decode CUDA graphs for batch sizes %s", self.batch_sizes)
+
+    @torch.inference_mode()
+    def run(self, scheduled: ScheduledRequests) -> torch.Tensor:
+        real = len(scheduled.generation_requests)
+        bucket = self.bucket(real)
+        assert bucket is not None
+        self.engine.prepare(scheduled)
+        self._pad(real, bucket)
+        if bucket not in self.graphs:
+            self.capture(bucket)
+            self.engine.prepare(scheduled)  # capture ran the model on dummy rows
+            self._pad(real, bucket)
+        self.graphs[bucket].replay()
+        # NOTE: the output lives in graph memory that the next replay overwrites; slice now and
+        # let the sampler consume it before the next step.
+        return self.outputs[bucket][:real]

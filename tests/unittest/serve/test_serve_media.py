@@ -1,0 +1,136 @@
+"""Media URL resolution: data URLs, the local-path allow list, http(s) fetches with caps."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from serve_helpers import data_url, gif_bytes, png_bytes
+
+from tensorrt_llm.serve.media import MediaConfig, MediaError, load_image_url, load_video_url
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def _client(handler: Any = None) -> httpx.AsyncClient:
+    transport = httpx.MockTransport(handler or (lambda request: httpx.Response(404)))
+    return httpx.AsyncClient(transport=transport)
+
+
+async def _image(url: str, config: MediaConfig, handler: Any = None) -> Any:
+    async with _client(handler) as client:
+        return await load_image_url(url, config, client, param="p")
+
+
+def _error(url: str, config: MediaConfig | None = None, handler: Any = None) -> MediaError:
+    with pytest.raises(MediaError) as info:
+        _run(_image(url, config or MediaConfig(), handler))
+    assert info.value.param == "p"
+    return info.value
+
+
+def test_data_url_image_roundtrip() -> None:
+    image = _run(_image(data_url(png_bytes(size=(30, 20))), MediaConfig()))
+    assert image.size == (30, 20) and image.mode == "RGB"
+    assert image.getpixel((1, 1)) == (200, 10, 30)
+
+
+@pytest.mark.parametrize(
+    "url,code,fragment",
+    [
+        (data_url(b"\x89PNG\r\n\x1a\n broken"), "corrupt_media", "corrupt or unreadable image"),
+        ("data:image/png;base64,!!!", "corrupt_media", "invalid base64"),
+        ("data:image/png,raw", "invalid_media_url", "base64"),
+        ("data:image/png;base64", "invalid_media_url", "malformed data URL"),
+        (data_url(b"hello", "text/plain"), "unsupported_media_type", "text/plain"),
+        ("gopher://x", "invalid_media_url", "'gopher'"),
+        ("just words", "invalid_media_url", "unsupported source"),
+        ("", "invalid_media_url", "non-empty"),
+    ],
+)
+def test_bad_sources(url: str, code: str, fragment: str) -> None:
+    err = _error(url)
+    assert err.code == code and fragment in str(err)
+
+
+def test_data_url_size_cap() -> None:
+    err = _error(data_url(png_bytes()), MediaConfig(max_media_bytes=64))
+    assert err.code == "media_too_large"
+
+
+def test_local_files_only_under_allowed_root(tmp_path: Path) -> None:
+    root = tmp_path / "allowed"
+    root.mkdir()
+    (root / "a.png").write_bytes(png_bytes())
+    (tmp_path / "secret.png").write_bytes(png_bytes())
+    os.symlink(tmp_path / "secret.png", root / "link.png")
+    config = MediaConfig(allowed_local_media_path=root)
+    assert _run(_image((root / "a.png").as_uri(), config)).size == (64, 48)
+    assert _run(_image(str(root / "a.png"), config)).size == (64, 48)  # a bare absolute path
+    for outside in (tmp_path / "secret.png", root / "link.png", root / ".." / "secret.png"):
+        err = _error(outside.as_uri() if outside.is_absolute() else str(outside), config)
+        assert err.code == "local_path_not_allowed"
+        assert "--allowed_local_media_path" in str(err)
+    assert _error((root / "missing.png").as_uri(), config).code == "media_not_found"
+    assert _error((root / "a.png").as_uri()).code == "local_media_disabled"
+    small = MediaConfig(allowed_local_media_path=root, max_media_bytes=10)
+    assert _error((root / "a.png").as_uri(), small).code == "media_too_large"
+
+
+def test_allowed_root_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a directory"):
+        MediaConfig(allowed_local_media_path=tmp_path / "nope")
+
+
+def test_http_fetch_ok_and_failures() -> None:
+    png = png_bytes()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/ok.png":
+            return httpx.Response(200, content=png, headers={"content-type": "image/png"})
+        if path == "/html":
+            return httpx.Response(200, content=b"<html>", headers={"content-type": "text/html"})
+        if path == "/slow":
+            raise httpx.ReadTimeout("slow", request=request)
+        if path == "/big":
+            return httpx.Response(200, content=b"x" * 5000)
+        return httpx.Response(404)
+
+    assert _run(_image("http://h/ok.png", MediaConfig(), handler)).size == (64, 48)
+    cases = {
+        "http://h/html": ("unsupported_media_type", "text/html"),
+        "http://h/slow": ("media_fetch_failed", "timed out after 0.5 s"),
+        "http://h/missing": ("media_fetch_failed", "HTTP 404"),
+        "http://h/big": ("media_too_large", "1000-byte"),
+    }
+    config = MediaConfig(fetch_timeout_s=0.5, max_media_bytes=1000)
+    for url, (code, fragment) in cases.items():
+        err = _error(url, config, handler)
+        assert err.code == code and fragment in str(err), (url, str(err))
+
+
+def test_videos_from_animated_images_and_folders(tmp_path: Path) -> None:
+    async def video(url: str, config: MediaConfig, fps: float | None = None) -> Any:
+        async with _client() as client:
+            return await load_video_url(url, config, client, fps=fps, param="v")
+
+    clip = _run(
+        video(data_url(gif_bytes(num_frames=3, duration_ms=250), "image/gif"), MediaConfig())
+    )
+    assert len(clip.frames) == 3 and clip.fps == pytest.approx(4.0)
+    for i in range(3):
+        (tmp_path / f"{i}.png").write_bytes(png_bytes(size=(28, 28)))
+    folder = _run(video(str(tmp_path), MediaConfig(allowed_local_media_path=tmp_path), fps=3.0))
+    assert len(folder.frames) == 3 and folder.fps == 3.0
+    with pytest.raises(MediaError) as info:
+        _run(video(data_url(b"\x00\x00\x00\x18ftypmp42", "video/mp4"), MediaConfig()))
+    assert info.value.code == "unsupported_media_type" and "no video decoder" in str(info.value)
+    with pytest.raises(MediaError, match="corrupt or unreadable video"):
+        _run(video(data_url(b"GIF89a-garbage", "image/gif"), MediaConfig()))
