@@ -12,8 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +44,31 @@ Req = TypeVar("Req", bound=OpenAIBaseModel)
 # Used when a request gives no max_tokens (clamped to what the context length leaves).
 DEFAULT_MAX_TOKENS = 256
 _KNOWN_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+
+
+def _abort_unfinished(results: list[Any]) -> None:
+    for result in results:
+        if not result.finished:
+            result.abort()
+
+
+class _SSEResponse(StreamingResponse):
+    """An SSE stream that aborts its requests however it ends.
+
+    NOTE: a stream whose client vanished before the first chunk is cancelled before its
+    generator ever runs, so the generator's own `finally` cannot be the only cleanup.
+    """
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
 
 
 class _JSONResponse(JSONResponse):
@@ -162,10 +186,9 @@ class OpenAIServer:
         param = "messages" if kind == "chat" else "prompt"
         results = await self._submit_all(body, prompts, max_tokens, explicit, param)
         if body.stream:
-            return StreamingResponse(
+            return _SSEResponse(
                 self._count_in_flight(stream_response(ctx, results)),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                on_close=lambda: _abort_unfinished(results),
             )
         self.metrics.on_request_start()
         try:
@@ -183,22 +206,19 @@ class OpenAIServer:
     async def _submit_all(
         self, body: Any, prompts: list[Any], max_tokens: int, explicit: bool, param: str
     ) -> list[Any]:
+        params = to_sampling_params(body, max_tokens)
         results: list[Any] = []
         try:
             for prompt in prompts:
-                params = to_sampling_params(body, max_tokens)
                 result = await self.client.submit(
                     prompt, params, streaming=bool(body.stream), clamp=not explicit
                 )
                 results.append(result)
-        except APIError as exc:
-            for result in results:
-                result.abort()
-            exc.param = exc.param or param
-            raise
-        except BaseException:
-            for result in results:
-                result.abort()
+        except BaseException as exc:
+            # One bad prompt of several fails the whole request: free the ones already queued.
+            _abort_unfinished(results)
+            if isinstance(exc, APIError):
+                exc.param = exc.param or param
             raise
         return results
 
@@ -218,9 +238,7 @@ class OpenAIServer:
             watch.cancel()
             if not work.done():
                 work.cancel()
-            for result in results:
-                if not result.finished:
-                    result.abort()
+            _abort_unfinished(results)
 
     async def _count_in_flight(self, stream: AsyncIterator[str]) -> AsyncIterator[str]:
         self.metrics.on_request_start()
@@ -324,5 +342,4 @@ def build_app(llm: Any, args: argparse.Namespace | Any) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await server.completions(request)
 
-    app.state.start_time = time.time()
     return app

@@ -1,8 +1,9 @@
 """QwenVLModelBase: vision tower + mRoPE text LLM, shared by every Qwen-VL model class.
 
 A step's context requests may carry pixels; their vision embeddings are computed once per request
-(kept across prefill chunks) and scattered into the token embeddings of the chunk. The mRoPE delta of
-each context request goes into the seq-slot cache; generation rows read theirs back on the device.
+(kept across prefill chunks) and scattered into the token embeddings of the chunk. The mRoPE
+delta of each context request goes into the seq-slot cache; generation rows read theirs back on
+the device.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from ..attention_backend.interface import AttentionMetadata
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
 from .modeling_utils import ModelConfig
 
-_MODALITIES = (("image", "pixel_values", "image_grid_thw"),
-               ("video", "pixel_values_videos", "video_grid_thw"))
+_MODALITIES = (
+    ("image", "pixel_values", "image_grid_thw"),
+    ("video", "pixel_values_videos", "video_grid_thw"),
+)
 
 
 def split_vl_weights(
@@ -34,11 +37,11 @@ def split_vl_weights(
     vision: dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
         if name.startswith("model.visual."):
-            vision[name[len("model.visual."):]] = tensor
+            vision[name[len("model.visual.") :]] = tensor
         elif name.startswith("visual."):
-            vision[name[len("visual."):]] = tensor
+            vision[name[len("visual.") :]] = tensor
         elif name.startswith("model.language_model."):
-            text["model." + name[len("model.language_model."):]] = tensor
+            text["model." + name[len("model.language_model.") :]] = tensor
         else:
             text[name] = tensor
     return text, vision
@@ -75,7 +78,9 @@ class QwenVLModelBase(nn.Module):
         self.visual: nn.Module | None = None
         if self.vision_language and self.vision_model_cls is not None:
             # The tower picks its own packed-attention path (its backends differ from the LLM's).
-            self.visual = self.vision_model_cls(config.vision_config, dtype=model_config.torch_dtype)
+            self.visual = self.vision_model_cls(
+                config.vision_config, dtype=model_config.torch_dtype
+            )
         self.image_token_id: int = config.image_token_id
         self.video_token_id: int = config.video_token_id
         self.vocab_size: int = text_config.vocab_size

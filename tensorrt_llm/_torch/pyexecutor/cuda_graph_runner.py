@@ -71,8 +71,9 @@ class CUDAGraphRunner:
         buf.num_cached_tokens[real:bucket].zero_()
         buf.seq_slots[real:bucket].fill_(self.dummy_slot)
         buf.block_tables[real:bucket].zero_()
-        steps = torch.arange(1, bucket - real + 1, dtype=buf.cu_seqlens_q.dtype,
-                             device=buf.cu_seqlens_q.device)
+        steps = torch.arange(
+            1, bucket - real + 1, dtype=buf.cu_seqlens_q.dtype, device=buf.cu_seqlens_q.device
+        )
         buf.cu_seqlens_q[real + 1 : bucket + 1].copy_(buf.cu_seqlens_q[real] + steps)
 
     def _metadata(self, bucket: int) -> AttentionMetadata:

@@ -45,12 +45,21 @@ class KVCacheSpec:
         return cls(num_layers, text_config.num_key_value_heads, head_dim, dtype)
 
     def make_manager(
-        self, tokens_per_block: int, num_blocks: int, max_blocks_per_seq: int,
+        self,
+        tokens_per_block: int,
+        num_blocks: int,
+        max_blocks_per_seq: int,
         device: torch.device,
     ) -> KVCacheManager:
         return KVCacheManager(
-            self.num_layers, self.num_kv_heads, self.head_dim, tokens_per_block, num_blocks,
-            max_blocks_per_seq, dtype=self.dtype, device=device,
+            self.num_layers,
+            self.num_kv_heads,
+            self.head_dim,
+            tokens_per_block,
+            num_blocks,
+            max_blocks_per_seq,
+            dtype=self.dtype,
+            device=device,
         )
 
 

@@ -22,6 +22,7 @@ from .llm_request import LlmRequest
 from .scheduler import ScheduledRequests
 
 if TYPE_CHECKING:
+    from .cuda_graph_runner import CUDAGraphRunner
     from .resource_manager import KVCacheManager
 
 
@@ -53,6 +54,7 @@ class PyTorchModelEngine:
         self.video_token_id = video_token_id
         self.vocab_size: int = int(getattr(model, "vocab_size", 0))
         self.kv_cache_manager: KVCacheManager | None = None
+        self.cuda_graph_runner: CUDAGraphRunner | None = None  # set by create_py_executor
         self.buffers = InputBuffers.allocate(
             max_num_tokens, max_batch_size, self.max_blocks_per_seq, self.use_mrope, self.device
         )
@@ -199,15 +201,23 @@ class PyTorchModelEngine:
         self, scheduled: ScheduledRequests, return_context_logits: bool = False
     ) -> torch.Tensor:
         """Logits of each request's last token: [num_seqs, vocab], context requests first."""
+        runner = self.cuda_graph_runner
+        if runner is not None and not return_context_logits and runner.can_run(scheduled):
+            return runner.run(scheduled)
         metadata, input_ids, position_ids, mm_params = self.prepare(scheduled)
         if self.use_mrope:
             logits = self.model(
-                metadata, input_ids, position_ids, multimodal_params=mm_params,
+                metadata,
+                input_ids,
+                position_ids,
+                multimodal_params=mm_params,
                 return_context_logits=return_context_logits,
             )
         else:
             logits = self.model(
-                metadata, input_ids=input_ids, position_ids=position_ids,
+                metadata,
+                input_ids=input_ids,
+                position_ids=position_ids,
                 return_context_logits=return_context_logits,
             )
         for req in scheduled.context_requests:

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...inputs.multimodal import MultimodalParams
+from ..attention_backend import ATTENTION_BACKENDS
 from ..models.modeling_auto import get_model_class
 from ..models.modeling_utils import ModelConfig
-from ..models.weight_loading import load_model
+from ..models.weight_loading import build_model_on_meta, load_model
 from .config_utils import load_pretrained_config, resolve_architecture
+from .cuda_graph_runner import CUDAGraphRunner
 from .kv_cache_creator import KVCacheSpec, choose_num_blocks, run_capacity_probe
 from .model_engine import PyTorchModelEngine
 from .py_executor import PyExecutor
@@ -54,9 +56,47 @@ def _dummy_requests(
     if has_vision and hasattr(input_processor, "get_dummy_multimodal_prompt"):
         # Leave room for the chat-template text around the image block.
         image_budget = max(budget - 64, 4) if engine.device.type == "cuda" else 16
-        ids, extra = input_processor(input_processor.get_dummy_multimodal_prompt(image_budget), None)
+        ids, extra = input_processor(
+            input_processor.get_dummy_multimodal_prompt(image_budget), None
+        )
         dummies.append((ids, MultimodalParams(extra["multimodal_data"])))
     return dummies
+
+
+def _resolve_attn_backend(requested: str, device: torch.device) -> str:
+    """'auto' is the Triton backend on CUDA and the torch reference on the CPU."""
+    if requested != "auto":
+        return requested
+    if device.type == "cuda" and "triton" in ATTENTION_BACKENDS:
+        return "triton"
+    return "vanilla"
+
+
+@torch.no_grad()
+def _fill_dummy_weights(model: torch.nn.Module, seed: int) -> None:
+    """Random weights at real sizes (benchmarks): small normal matrices, unit norms, zero biases."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for name, param in model.named_parameters():
+        if param.dim() >= 2:
+            host = torch.empty(param.shape, dtype=torch.float32)
+            host.normal_(0.0, 0.02, generator=gen) if param.numel() < 2**24 else host.uniform_(
+                -0.03, 0.03, generator=gen
+            )
+            param.copy_(host)
+        elif name.endswith("bias"):
+            param.zero_()
+        else:
+            param.fill_(1.0)
+
+
+def _build_model(
+    cls: type, model_config: ModelConfig, device: torch.device, load_format: str, seed: int
+) -> torch.nn.Module:
+    if load_format == "dummy":
+        model = build_model_on_meta(cls, model_config, device)
+        _fill_dummy_weights(model, seed)
+        return model.eval()
+    return load_model(cls, model_config, device)
 
 
 def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> PyExecutor:
@@ -64,9 +104,11 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
     text_config = _text_config(config)
     cls = get_model_class(resolve_architecture(config))
     device = args.resolve_device()
-    dtype = args.resolve_dtype(getattr(config, "dtype", None) or getattr(text_config, "dtype", None))
+    dtype = args.resolve_dtype(
+        getattr(config, "dtype", None) or getattr(text_config, "dtype", None)
+    )
     max_seq_len = args.resolve_max_seq_len(getattr(text_config, "max_position_embeddings", None))
-    attn_backend = "vanilla" if args.attn_backend == "auto" else args.attn_backend
+    attn_backend = _resolve_attn_backend(args.attn_backend, device)
     model_config = ModelConfig(
         pretrained_config=config,
         torch_dtype=dtype,
@@ -75,7 +117,7 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
         max_num_tokens=args.max_num_tokens,
         checkpoint_dir=args.model,
     )
-    model = load_model(cls, model_config, device)
+    model = _build_model(cls, model_config, device, args.load_format, args.seed or 0)
     engine = PyTorchModelEngine(
         model,
         device,
@@ -101,7 +143,10 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
     )
     logger.info(
         "capacity probe: %d dummy requests ok, peak %.1f MiB; KV cache: %d blocks of %d tokens",
-        len(dummies), peak / 2**20, num_blocks, args.tokens_per_block,
+        len(dummies),
+        peak / 2**20,
+        num_blocks,
+        args.tokens_per_block,
     )
     kv = spec.make_manager(args.tokens_per_block, num_blocks, engine.max_blocks_per_seq, device)
     engine.set_kv_cache_manager(kv)
@@ -109,8 +154,13 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
     scheduler = SimpleScheduler(
         args.max_batch_size, args.max_num_tokens, args.enable_chunked_prefill, kv, slots
     )
-    sampler = TorchSampler(model.vocab_size if hasattr(model, "vocab_size") else
-                           text_config.vocab_size, device)
+    sampler = TorchSampler(
+        model.vocab_size if hasattr(model, "vocab_size") else text_config.vocab_size, device
+    )
+    if device.type == "cuda" and args.use_cuda_graph and attn_backend != "vanilla":
+        # NOTE: the vanilla backend syncs (boolean masks), so it cannot be captured.
+        engine.cuda_graph_runner = CUDAGraphRunner(engine, args.cuda_graph_batch_sizes)
+        engine.cuda_graph_runner.capture_all()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return PyExecutor(engine, scheduler, sampler, kv, slots, tokenizer, max_seq_len)

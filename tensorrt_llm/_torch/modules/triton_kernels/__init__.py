@@ -1,0 +1,68 @@
+"""Triton kernels with torch fallbacks, and the backend choice they share.
+
+- `mrope.py`: in-place (m)RoPE of q and k with the cos/sin table lookup fused in.
+- `pos_embed_interp.py`: Qwen3-VL position-embedding bilinear resampling in merge-window order.
+- `fused_moe.py`: grouped-GEMM MoE (SwiGLU experts) over a padded expert-sorted layout.
+
+Every public entry point takes `backend: "auto" | "triton" | "torch"`. "auto" uses Triton for
+CUDA tensors and torch elsewhere. When Triton is missing on a CUDA tensor, "auto" warns once and
+takes the torch path; "triton" raises instead. CPU tensors reach the kernels only with
+`TRITON_INTERPRET=1` (the tests), which must be set before triton is first imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_LOG = logging.getLogger(__name__)
+BACKENDS = ("auto", "triton", "torch")
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # The torch paths still work; kernels are defined as plain functions.
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+_warned: set[str] = set()
+
+
+def triton_jit(fn: Callable[..., Any]) -> Any:
+    """`triton.jit` when Triton is importable; else the function itself (never launched)."""
+    return triton.jit(fn) if HAS_TRITON else fn
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_triton(name: str, device: torch.device, backend: str) -> bool:
+    """Decide whether kernel `name` runs on Triton for tensors on `device`."""
+    if backend not in BACKENDS:
+        raise ValueError(f"{name}: backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return False
+    if backend == "triton":
+        if not HAS_TRITON:
+            raise RuntimeError(f"{name}: backend='triton' requested but triton is not installed")
+        if device.type != "cuda" and not _interpreting():
+            raise ValueError(
+                f"{name}: backend='triton' on a {device.type} tensor needs TRITON_INTERPRET=1"
+            )
+        return True
+    if device.type != "cuda":
+        return False
+    if not HAS_TRITON:
+        if name not in _warned:
+            _warned.add(name)
+            _LOG.warning("%s: triton is not installed; using the slower torch path on CUDA", name)
+        return False
+    return True
