@@ -1,0 +1,249 @@
+"""Fused (m)RoPE: cos/sin table lookup per channel axis plus neox rotation of q and k, in place.
+
+Same math as `RotaryEmbedding.get_cos_sin` / `MRotaryEmbedding.get_cos_sin` followed by
+`apply_rotary_emb` (rotary_embedding.py), without materialising the `[T, rotary_dim]` cos/sin.
+Frequency j of token t reads table row `position_ids[axis[j], t]` (axis from `mrope_channel_axes`:
+contiguous sections for Qwen2/2.5-VL, interleaved for Qwen3-VL/3.5) and rotates channels
+(j, j + rotary_dim // 2) of every head; channels past `rotary_dim` are untouched (partial rotary).
+
+Out-of-range positions: clamped into `[0, max_positions)` and, when an `error_flag` int32 `[1]`
+tensor is given, flagged by writing 1 to it. This keeps the kernel free of host syncs and device
+asserts (which would kill the CUDA context); the caller checks the flag at a point where it
+syncs anyway. Both backends behave the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..rotary_embedding import apply_rotary_emb
+from . import tl, triton, triton_jit, use_triton
+
+_MAX_BLOCK_HEADS = 16
+
+
+@triton_jit
+def _rotate_heads(
+    x_ptr,
+    tok_stride,
+    head_stride,
+    num_heads,
+    t,
+    head_block,
+    cos,
+    sin,
+    offs_j,
+    mask_j,
+    HALF: tl.constexpr,
+    BLOCK_HEADS: tl.constexpr,
+):
+    heads = head_block * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)
+    mask = (heads < num_heads)[:, None] & mask_j[None, :]
+    base = x_ptr + t * tok_stride + heads[:, None].to(tl.int64) * head_stride + offs_j[None, :]
+    x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
+    out1 = x1 * cos[None, :] - x2 * sin[None, :]
+    out2 = x2 * cos[None, :] + x1 * sin[None, :]
+    tl.store(base, out1.to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(base + HALF, out2.to(x_ptr.dtype.element_ty), mask=mask)
+
+
+@triton_jit
+def _rope_qk_kernel(
+    q_ptr,
+    k_ptr,
+    table_ptr,
+    pos_ptr,
+    axes_ptr,
+    flag_ptr,
+    q_tok_stride,
+    q_head_stride,
+    k_tok_stride,
+    k_head_stride,
+    table_stride,
+    pos_axis_stride,
+    pos_tok_stride,
+    max_pos,
+    num_q_heads,
+    num_k_heads,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_HEADS: tl.constexpr,
+    HAS_POS: tl.constexpr,
+    HAS_AXES: tl.constexpr,
+    HAS_FLAG: tl.constexpr,
+):
+    # grid: (T, 2 [q, k], head blocks)
+    t = tl.program_id(0).to(tl.int64)
+    which = tl.program_id(1)
+    head_block = tl.program_id(2)
+    offs_j = tl.arange(0, BLOCK_HALF)
+    mask_j = offs_j < HALF
+    if HAS_POS:
+        if HAS_AXES:
+            axis = tl.load(axes_ptr + offs_j, mask=mask_j, other=0).to(tl.int64)
+        else:
+            axis = tl.zeros([BLOCK_HALF], dtype=tl.int64)
+        pos = tl.load(pos_ptr + axis * pos_axis_stride + t * pos_tok_stride, mask=mask_j, other=0)
+        pos = pos.to(tl.int64)
+        bad = ((pos < 0) | (pos >= max_pos)) & mask_j
+        row = tl.minimum(tl.maximum(pos, 0), max_pos - 1)
+        if HAS_FLAG:
+            any_bad = tl.max(bad.to(tl.int32), axis=0)
+            tl.store(flag_ptr, 1, mask=(any_bad > 0) & (which == 0) & (head_block == 0))
+    else:
+        row = tl.zeros([BLOCK_HALF], dtype=tl.int64) + t
+    cos = tl.load(table_ptr + row * table_stride + offs_j, mask=mask_j, other=1.0).to(tl.float32)
+    sin = tl.load(table_ptr + row * table_stride + HALF + offs_j, mask=mask_j, other=0.0)
+    sin = sin.to(tl.float32)
+    if which == 0:
+        _rotate_heads(
+            q_ptr, q_tok_stride, q_head_stride, num_q_heads, t, head_block, cos, sin,
+            offs_j, mask_j, HALF, BLOCK_HEADS,
+        )  # fmt: skip
+    else:
+        _rotate_heads(
+            k_ptr, k_tok_stride, k_head_stride, num_k_heads, t, head_block, cos, sin,
+            offs_j, mask_j, HALF, BLOCK_HEADS,
+        )  # fmt: skip
+
+
+def _as_heads(x: torch.Tensor, name: str, num_tokens: int, head_dim: int) -> torch.Tensor:
+    """`[T, heads*D]` or `[T, heads, D]` (any token/head strides) -> a `[T, heads, D]` view."""
+    if x.dim() == 2:
+        if x.shape[1] % head_dim:
+            raise ValueError(f"{name} width {x.shape[1]} is not a multiple of head_dim {head_dim}")
+        x = x.view(x.shape[0], x.shape[1] // head_dim, head_dim)
+    if x.dim() != 3 or x.shape[2] != head_dim or x.shape[0] != num_tokens:
+        raise ValueError(
+            f"{name} must be [{num_tokens}, heads*{head_dim}] or [{num_tokens}, heads, "
+            f"{head_dim}], got {tuple(x.shape)}"
+        )
+    if x.stride(2) != 1:
+        raise ValueError(f"{name} must have a unit stride on its last dim, got {x.stride()}")
+    return x
+
+
+def _normalize_positions(position_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[T], [1, T] -> [1, T]; [3, T], [3, 1, T] -> [3, T]."""
+    pos = position_ids
+    if pos.dim() == 3 and pos.shape[1] == 1:
+        pos = pos[:, 0]
+    if pos.dim() == 1:
+        pos = pos[None]
+    if pos.dim() != 2 or pos.shape[0] not in (1, 3) or pos.shape[1] != num_tokens:
+        raise ValueError(
+            f"position_ids must be [T], [1, T], [3, T] or [3, 1, T] with T={num_tokens}, "
+            f"got {tuple(position_ids.shape)}"
+        )
+    if pos.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"position_ids must be int32 or int64, got {pos.dtype}")
+    return pos
+
+
+def _rope_torch(
+    q3: torch.Tensor,
+    k3: torch.Tensor,
+    table: torch.Tensor,
+    pos: torch.Tensor | None,
+    axes: torch.Tensor | None,
+    error_flag: torch.Tensor | None,
+) -> None:
+    if pos is None:
+        cos_sin = table[: q3.shape[0]].float()
+    else:
+        bad = (pos < 0) | (pos >= table.shape[0])
+        if axes is not None:  # Only the axes some frequency reads count as out of range.
+            used = torch.zeros(pos.shape[0], dtype=torch.bool, device=pos.device)
+            bad = bad & used.index_fill(0, axes.long(), True)[:, None]
+        if error_flag is not None:
+            torch.maximum(error_flag, bad.any().to(error_flag.dtype).reshape(1), out=error_flag)
+        rows = pos.clamp(0, table.shape[0] - 1).long()
+        per_axis = table.float()[rows]  # [A, T, rotary_dim]
+        if axes is None:
+            cos_sin = per_axis[0]
+        else:
+            index = torch.cat([axes, axes]).long()[None, None, :].expand(1, *per_axis.shape[1:])
+            cos_sin = per_axis.gather(0, index)[0]
+    q3.copy_(apply_rotary_emb(q3, cos_sin))
+    k3.copy_(apply_rotary_emb(k3, cos_sin))
+
+
+def rope_qk_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_table: torch.Tensor,
+    head_dim: int,
+    position_ids: torch.Tensor | None = None,
+    channel_axes: torch.Tensor | None = None,
+    error_flag: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate `q: [T, H*D | H, D]` and `k: [T, KVH*D | KVH, D]` in place; returns `(q, k)`.
+
+    cos_sin_table: float `[P, rotary_dim]` packed `cat(cos, sin)` (a module's `cos_sin_table`).
+    position_ids: `[T]`/`[1, T]` (RoPE), `[3, T]`/`[3, 1, T]` (mRoPE), or None meaning the table
+      is already per token (row t for token t, e.g. the output of `get_cos_sin`).
+    channel_axes: int `[rotary_dim // 2]` axis (0/1/2) per frequency; required for 3-row
+      positions, ignored otherwise.
+    error_flag: optional int32 `[1]` set to 1 when any position fell outside `[0, P)`.
+    """
+    num_tokens = q.shape[0]
+    q3 = _as_heads(q, "q", num_tokens, head_dim)
+    k3 = _as_heads(k, "k", num_tokens, head_dim)
+    rotary_dim = cos_sin_table.shape[-1]
+    if cos_sin_table.dim() != 2 or rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(
+            f"cos_sin_table must be [P, rotary_dim] with an even rotary_dim <= head_dim "
+            f"{head_dim}, got {tuple(cos_sin_table.shape)}"
+        )
+    half = rotary_dim // 2
+    pos = None if position_ids is None else _normalize_positions(position_ids, num_tokens)
+    if pos is None and cos_sin_table.shape[0] < num_tokens:
+        raise ValueError(f"per-token cos_sin has {cos_sin_table.shape[0]} rows for {num_tokens}")
+    axes = None
+    if pos is not None and pos.shape[0] == 3:
+        if channel_axes is None or channel_axes.numel() != half:
+            raise ValueError(f"3-row position_ids need channel_axes with {half} entries")
+        axes = channel_axes.reshape(half).to(device=q.device, dtype=torch.int32)
+    if error_flag is not None and (error_flag.dtype != torch.int32 or error_flag.numel() != 1):
+        raise ValueError("error_flag must be an int32 tensor with one element")
+    if not use_triton("rope_qk_", q.device, backend):
+        _rope_torch(q3, k3, cos_sin_table, pos, axes, error_flag)
+        return q, k
+    table = cos_sin_table if cos_sin_table.stride(1) == 1 else cos_sin_table.contiguous()
+    block_heads = min(_MAX_BLOCK_HEADS, triton.next_power_of_2(max(q3.shape[1], k3.shape[1])))
+    head_blocks = triton.cdiv(max(q3.shape[1], k3.shape[1]), block_heads)
+    dummy = table  # Stands in for absent pointers; never dereferenced (constexpr-gated).
+    _rope_qk_kernel[(num_tokens, 2, head_blocks)](
+        q3, k3, table,
+        dummy if pos is None else pos,
+        dummy if axes is None else axes,
+        dummy if error_flag is None else error_flag,
+        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), table.stride(0),
+        0 if pos is None or pos.shape[0] == 1 else pos.stride(0),
+        0 if pos is None else pos.stride(1),
+        table.shape[0], q3.shape[1], k3.shape[1],
+        HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_HEADS=block_heads,
+        HAS_POS=pos is not None, HAS_AXES=axes is not None, HAS_FLAG=error_flag is not None,
+    )  # fmt: skip
+    return q, k
+
+
+def apply_rotary_qk_(
+    rotary_emb: torch.nn.Module,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    position_ids: torch.Tensor,
+    error_flag: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rope_qk_` with the table, head_dim and channel axes of a `RotaryEmbedding` /
+    `MRotaryEmbedding` (`rotary_embedding.py`)."""
+    axes = getattr(rotary_emb, "channel_axes", None)
+    if axes is not None:
+        axes = axes.reshape(-1)[: rotary_emb.rotary_dim // 2]
+    return rope_qk_(
+        q, k, rotary_emb.cos_sin_table, rotary_emb.head_dim, position_ids, axes, error_flag,
+        backend,
+    )  # fmt: skip
