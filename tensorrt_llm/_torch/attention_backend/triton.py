@@ -68,6 +68,14 @@ class TritonAttention:
         if manager is None:
             return self._no_cache.forward(q, k, v, md)
         total = q.shape[0]
+        kv_width = self.num_kv_heads * self.head_dim
+        if q.shape[-1] != self.num_heads * self.head_dim or k.shape[-1] != kv_width or (
+            v.shape[-1] != kv_width
+        ):
+            raise ValueError(
+                f"q/k/v widths {q.shape[-1]}/{k.shape[-1]}/{v.shape[-1]} do not match "
+                f"{self.num_heads} heads, {self.num_kv_heads} kv heads of dim {self.head_dim}"
+            )
         q3 = q.reshape(total, self.num_heads, self.head_dim)
         k3 = k.reshape(k.shape[0], self.num_kv_heads, self.head_dim)
         v3 = v.reshape(v.shape[0], self.num_kv_heads, self.head_dim)

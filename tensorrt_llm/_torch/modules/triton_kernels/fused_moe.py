@@ -1,0 +1,235 @@
+"""Fused MoE: expert-sorted padded block layout plus two Triton grouped GEMMs (SwiGLU experts).
+
+Layout of `modules/fused_moe/moe.py`: `gate_up_proj: [E, 2*I, H]` (gate rows first) and
+`down_proj: [E, H, I]`. Steps, all on the device with no host sync (CUDA-graph safe):
+1. `moe_align_block_size`: sort the T*k (token, slot) pairs by expert into a fixed-size buffer
+   where each expert's run is padded to a multiple of BLOCK_M, so every M-block has one expert.
+   The buffer size is an upper bound known from shapes alone; unused blocks are marked empty.
+2. GEMM 1 per block: `silu(x @ gate^T) * (x @ up^T)` -> `[T*k, I]` in the activation dtype.
+3. GEMM 2 per block: `act @ down^T * routing_weight` -> `[T*k, H]` fp32, then a sum over k.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import tl, triton, triton_jit, use_triton
+
+_BLOCK_N = 64
+_BLOCK_K = 64
+
+
+@triton_jit
+def _gate_up_silu_kernel(
+    x_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr,
+    stride_xt, stride_we, stride_wn, stride_wk, stride_ot,
+    num_pairs, num_experts,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    # grid: (num_blocks, cdiv(INTER, BLOCK_N)); x [T, HIDDEN], w [E, 2*INTER, HIDDEN].
+    pid_m = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < num_experts:  # Blocks past the last expert's run stay empty.
+        pairs = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = pairs < num_pairs
+        tokens = (pairs // TOP_K).to(tl.int64)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < INTER
+        w_base = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn
+        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, HIDDEN, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < HIDDEN
+            a = tl.load(
+                x_ptr + tokens[:, None] * stride_xt + offs_k[None, :],
+                mask=valid[:, None] & mask_k[None, :],
+                other=0.0,
+            )
+            w_mask = mask_k[:, None] & mask_n[None, :]
+            w_ptrs = w_base + offs_k[:, None] * stride_wk
+            gate = tl.load(w_ptrs, mask=w_mask, other=0.0)
+            up = tl.load(w_ptrs + INTER * stride_wn, mask=w_mask, other=0.0)
+            acc_gate = tl.dot(a, gate, acc_gate, input_precision=PRECISION)
+            acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
+        act = acc_gate * tl.sigmoid(acc_gate) * acc_up
+        out_ptrs = out_ptr + pairs.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
+        tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+
+
+@triton_jit
+def _down_weighted_kernel(
+    act_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, topk_w_ptr,
+    stride_at, stride_we, stride_wn, stride_wk, stride_ot,
+    num_pairs, num_experts,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    # grid: (num_blocks, cdiv(HIDDEN, BLOCK_N)); act [T*k, INTER], w [E, HIDDEN, INTER].
+    pid_m = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < num_experts:
+        pairs = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = pairs < num_pairs
+        rows = pairs.to(tl.int64)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < HIDDEN
+        w_base = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, INTER, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < INTER
+            a = tl.load(
+                act_ptr + rows[:, None] * stride_at + offs_k[None, :],
+                mask=valid[:, None] & mask_k[None, :],
+                other=0.0,
+            )
+            w = tl.load(
+                w_base + offs_k[:, None] * stride_wk,
+                mask=mask_k[:, None] & mask_n[None, :],
+                other=0.0,
+            )
+            acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        weight = tl.load(topk_w_ptr + rows, mask=valid, other=0.0).to(tl.float32)
+        acc = acc * weight[:, None]
+        out_ptrs = out_ptr + rows[:, None] * stride_ot + offs_n[None, :]
+        tl.store(out_ptrs, acc, mask=valid[:, None] & mask_n[None, :])
+
+
+def moe_align_block_size(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert-sorted, block-padded pair layout; device ops only, sizes from shapes alone.
+
+    Returns `sorted_pairs` int32 `[num_blocks * block_m]` (pair id `t*k + slot`, or `T*k` for
+    padding) and `block_expert` int32 `[num_blocks]` (the expert of each block, `num_experts` for
+    an empty block). NOTE: at most min(E, T*k) experts get pairs and each pads by < block_m, so
+    `T*k + min(E, T*k) * (block_m - 1)` rows always suffice.
+    """
+    flat = topk_ids.reshape(-1).long()
+    num_pairs = flat.numel()
+    dev = flat.device
+    capacity = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    num_blocks = -(-capacity // block_m)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would sync for its size
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = padded.cumsum(0)
+    run_start = counts.cumsum(0) - counts
+    order = torch.argsort(flat, stable=True)
+    experts = flat[order]
+    rank = torch.arange(num_pairs, device=dev) - run_start[experts]
+    dest = padded_end[experts] - padded[experts] + rank
+    sorted_pairs = torch.full((num_blocks * block_m,), num_pairs, dtype=torch.int64, device=dev)
+    sorted_pairs.scatter_(0, dest, order)
+    block_start = torch.arange(num_blocks, device=dev) * block_m
+    block_expert = torch.searchsorted(padded_end, block_start, right=True)
+    return sorted_pairs.to(torch.int32), block_expert.to(torch.int32)
+
+
+def _check_inputs(
+    x: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+) -> None:
+    if x.dim() != 2 or gate_up_proj.dim() != 3 or down_proj.dim() != 3:
+        raise ValueError("fused_moe expects x [T, H], gate_up_proj [E, 2I, H], down_proj [E, H, I]")
+    num_experts, two_inter, hidden = gate_up_proj.shape
+    want_down = (num_experts, hidden, two_inter // 2)
+    if x.shape[1] != hidden or two_inter % 2 or tuple(down_proj.shape) != want_down:
+        raise ValueError(
+            f"fused_moe shape mismatch: x {tuple(x.shape)}, gate_up_proj "
+            f"{tuple(gate_up_proj.shape)}, down_proj {tuple(down_proj.shape)} (want {want_down})"
+        )
+    if topk_ids.dim() != 2 or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must "
+            f"both be [T={x.shape[0]}, k]"
+        )
+    if topk_ids.is_floating_point():
+        raise ValueError(f"topk_ids must be integer, got {topk_ids.dtype}")
+
+
+def _block(size: int, cap: int) -> int:
+    """Power-of-two tile edge: at least 16 (tl.dot's minimum), at most `cap`."""
+    return min(cap, max(16, triton.next_power_of_2(size)))
+
+
+def _fused_moe_triton(
+    x: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    block_m: int | None,
+) -> torch.Tensor:
+    num_tokens, hidden = x.shape
+    num_experts, inter = gate_up_proj.shape[0], down_proj.shape[2]
+    top_k = topk_ids.shape[1]
+    num_pairs = num_tokens * top_k
+    if block_m is None:  # Small batches (decode) waste less padding with short blocks.
+        block_m = 16 if num_pairs <= 4 * num_experts else 64
+    x = x.contiguous()
+    w1, w2 = gate_up_proj.contiguous(), down_proj.contiguous()
+    sorted_pairs, block_expert = moe_align_block_size(topk_ids, num_experts, block_m)
+    num_blocks = block_expert.shape[0]
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    act = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
+    block_n1 = _block(inter, _BLOCK_N)
+    _gate_up_silu_kernel[(num_blocks, triton.cdiv(inter, block_n1))](
+        x, w1, act, sorted_pairs, block_expert,
+        x.stride(0), w1.stride(0), w1.stride(1), w1.stride(2), act.stride(0),
+        num_pairs, num_experts,
+        HIDDEN=hidden, INTER=inter, TOP_K=top_k,
+        BLOCK_M=block_m, BLOCK_N=block_n1, BLOCK_K=_block(hidden, _BLOCK_K), PRECISION=precision,
+    )  # fmt: skip
+    routed = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
+    weights = topk_weights.reshape(-1).contiguous()
+    block_n2 = _block(hidden, _BLOCK_N)
+    _down_weighted_kernel[(num_blocks, triton.cdiv(hidden, block_n2))](
+        act, w2, routed, sorted_pairs, block_expert, weights,
+        act.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), routed.stride(0),
+        num_pairs, num_experts,
+        HIDDEN=hidden, INTER=inter,
+        BLOCK_M=block_m, BLOCK_N=block_n2, BLOCK_K=_block(inter, _BLOCK_K), PRECISION=precision,
+    )  # fmt: skip
+    return routed.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    backend: str = "auto",
+    block_m: int | None = None,
+) -> torch.Tensor:
+    """`sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])`: x `[T, H]` -> `[T, H]`.
+
+    NOTE: topk_ids must lie in `[0, E)`; checking that on the device would need a host sync.
+    The torch path is `fused_moe_ref`, or `fused_moe_dense_ref` during CUDA-graph capture.
+    """
+    _check_inputs(x, gate_up_proj, down_proj, topk_ids, topk_weights)
+    if block_m is not None and (block_m < 16 or block_m & (block_m - 1)):
+        raise ValueError(f"block_m must be a power of two >= 16, got {block_m}")
+    if not use_triton("fused_moe", x.device, backend):
+        # Imported here: modules/fused_moe/moe.py may import this file.
+        from ..fused_moe.moe import fused_moe_dense_ref, fused_moe_ref
+
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        ref = fused_moe_dense_ref if capturing else fused_moe_ref
+        return ref(x, gate_up_proj, down_proj, topk_ids, topk_weights)
+    if x.dtype != gate_up_proj.dtype or x.dtype != down_proj.dtype:
+        raise ValueError(
+            f"fused_moe needs one dtype, got x {x.dtype}, gate_up_proj {gate_up_proj.dtype}, "
+            f"down_proj {down_proj.dtype}"
+        )
+    if x.shape[0] == 0:
+        return torch.zeros_like(x)
+    return _fused_moe_triton(x, gate_up_proj, down_proj, topk_ids, topk_weights, block_m)

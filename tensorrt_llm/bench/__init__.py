@@ -1,0 +1,1 @@
+"""trtllm-bench: image+text serving workloads on random weights at real model sizes."""

@@ -1,0 +1,51 @@
+"""Per-request timings and their percentile summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class RequestTiming:
+    start: float
+    first_token: float
+    end: float
+    num_output_tokens: int
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token - self.start
+
+    @property
+    def itl(self) -> float | None:
+        if self.num_output_tokens < 2:
+            return None
+        return (self.end - self.first_token) / (self.num_output_tokens - 1)
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.start
+
+
+def summarize(timings: list[RequestTiming], wall: float, concurrency: int) -> dict[str, float]:
+    """Output tok/s, per-user tok/s and p50/p90/p99 of TTFT, ITL and latency (milliseconds)."""
+    tokens = sum(t.num_output_tokens for t in timings)
+    out: dict[str, float] = {
+        "concurrency": concurrency,
+        "requests": len(timings),
+        "output_tok_s": tokens / wall,
+        "wall_s": wall,
+    }
+    itls = [t.itl for t in timings if t.itl is not None]
+    out["per_user_tok_s"] = 1.0 / float(np.mean(itls)) if itls else 0.0
+    for name, values in (
+        ("ttft_ms", [t.ttft for t in timings]),
+        ("itl_ms", itls),
+        ("latency_ms", [t.latency for t in timings]),
+    ):
+        arr = np.asarray(values or [0.0]) * 1e3
+        for p in (50, 90, 99):
+            out[f"{name}_p{p}"] = float(np.percentile(arr, p))
+    return out

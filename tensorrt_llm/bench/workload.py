@@ -1,0 +1,71 @@
+"""Benchmark workloads: a model folder for a real-size config, and the image+text requests."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from ..tools.tiny_tokenizer import write_processing_files
+
+
+@dataclass(frozen=True)
+class Workload:
+    isl: int  # prompt tokens per request, vision tokens included
+    osl: int  # output tokens per request
+    images_per_request: int
+    image_size: int  # square images of image_size x image_size pixels
+    num_requests: int
+    ignore_eos: bool = True
+    seed: int = 0
+
+
+def prepare_model_folder(config_path: str | Path, out_dir: str | Path, image_size: int) -> Path:
+    """A checkpoint folder without weights: the real-size config plus tokenizer/processor files.
+
+    The model runs with `load_format="dummy"` (random weights); prompts are token ids, so the
+    tiny tokenizer only serves construction and the chat template.
+    """
+    cfg = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    write_processing_files(out, cfg, max_pixels=image_size * image_size)
+    return out
+
+
+def vision_tokens_per_image(config: Any, image_size: int) -> int:
+    vision = config.vision_config
+    patches = image_size // vision.patch_size
+    return patches * patches // vision.spatial_merge_size**2
+
+
+def make_requests(config: Any, workload: Workload) -> list[dict[str, Any]]:
+    """Token-id prompts: n image blocks, then random text filling the prompt to `isl` tokens."""
+    rng = np.random.default_rng(workload.seed)
+    # Text ids stay below every special id, so random text never forms a vision placeholder.
+    specials = (config.vision_start_token_id, config.image_token_id, config.video_token_id)
+    vocab = min(int(config.text_config.vocab_size), *specials)
+    per_image = vision_tokens_per_image(config, workload.image_size) + 2  # + start/end tokens
+    num_text = workload.isl - workload.images_per_request * per_image
+    if num_text < 1:
+        raise ValueError(
+            f"isl {workload.isl} leaves no room for text after {workload.images_per_request} "
+            f"images of {per_image} tokens"
+        )
+    block = [config.vision_start_token_id, config.image_token_id, config.vision_end_token_id]
+    size = workload.image_size
+    requests = []
+    for _ in range(workload.num_requests):
+        images = [
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+            for _ in range(workload.images_per_request)
+        ]
+        text = rng.integers(0, vocab, num_text).tolist()
+        ids = block * workload.images_per_request + text
+        requests.append({"prompt_token_ids": ids, "multi_modal_data": {"image": images}})
+    return requests

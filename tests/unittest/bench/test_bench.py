@@ -1,0 +1,90 @@
+"""trtllm-bench pieces: workload shapes, timing summary, and a tiny end-to-end run on CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tensorrt_llm._torch.pyexecutor.config_utils import load_pretrained_config
+from tensorrt_llm.bench.metrics import RequestTiming, summarize
+from tensorrt_llm.bench.workload import (
+    Workload,
+    make_requests,
+    prepare_model_folder,
+    vision_tokens_per_image,
+)
+from tensorrt_llm.commands.bench import main
+from tensorrt_llm.tools.tiny_checkpoint import build_config_dict
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(build_config_dict("qwen3_vl")))
+    return path
+
+
+def test_requests_have_isl_tokens_and_no_stray_placeholders(
+    tiny_config: Path, tmp_path: Path
+) -> None:
+    folder = prepare_model_folder(tiny_config, tmp_path / "m", image_size=64)
+    config = load_pretrained_config(folder)
+    workload = Workload(isl=120, osl=4, images_per_request=2, image_size=64, num_requests=3)
+    reqs = make_requests(config, workload)
+    per_image = vision_tokens_per_image(config, 64)
+    assert per_image == (64 // 16) ** 2 // 4
+    for req in reqs:
+        ids = req["prompt_token_ids"]
+        assert ids.count(config.image_token_id) == 2  # expanded later by the processor
+        assert len(ids) + 2 * (per_image - 1) == 120
+        assert len(req["multi_modal_data"]["image"]) == 2
+
+
+def test_isl_too_small_is_rejected(tiny_config: Path, tmp_path: Path) -> None:
+    config = load_pretrained_config(prepare_model_folder(tiny_config, tmp_path / "m", 64))
+    with pytest.raises(ValueError, match="leaves no room"):
+        make_requests(
+            config, Workload(isl=5, osl=1, images_per_request=1, image_size=64, num_requests=1)
+        )
+
+
+def test_summary_percentiles() -> None:
+    timings = [RequestTiming(0.0, 0.1 * (i + 1), 1.0 + i, 11) for i in range(10)]
+    out = summarize(timings, wall=10.0, concurrency=4)
+    assert out["output_tok_s"] == pytest.approx(11.0)
+    assert out["ttft_ms_p50"] == pytest.approx(550.0)
+    assert out["latency_ms_p99"] == pytest.approx(1000.0 * (1.0 + 9 * 0.99 * 1.0), rel=1e-3)
+    assert out["per_user_tok_s"] > 0
+
+
+def test_end_to_end_on_cpu(tiny_config: Path, tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    assert (
+        main(
+            [
+                "--config",
+                str(tiny_config),
+                "--isl",
+                "60",
+                "--osl",
+                "4",
+                "--image_size",
+                "32",
+                "--concurrency",
+                "2",
+                "--dtype",
+                "float32",
+                "--device",
+                "cpu",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    result = json.loads(out.read_text())
+    row = result["ours"][0]
+    assert row["concurrency"] == 2 and row["requests"] == 4
+    assert row["output_tok_s"] > 0 and row["ttft_ms_p50"] > 0
