@@ -146,7 +146,11 @@ def _check_inputs(
             f"fused_moe shape mismatch: x {tuple(x.shape)}, gate_up_proj "
             f"{tuple(gate_up_proj.shape)}, down_proj {tuple(down_proj.shape)} (want {want_down})"
         )
-    if topk_ids.dim() != 2 or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
+    if (
+        topk_ids.dim() != 2
+        or topk_ids.shape != topk_weights.shape
+        or topk_ids.shape[0] != x.shape[0]
+    ):
         raise ValueError(
             f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must "
             f"both be [T={x.shape[0]}, k]"
