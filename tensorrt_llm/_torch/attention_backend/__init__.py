@@ -11,7 +11,9 @@ from .vanilla import VanillaAttention
 # name -> backend class, built as cls(num_heads, num_kv_heads, head_dim, layer_idx, scale)
 ATTENTION_BACKENDS: dict[str, Callable[..., Any]] = {"vanilla": VanillaAttention}
 # Lazy: importing the package must not need triton; the module loads on first construction.
-ATTENTION_BACKENDS["triton"] = lambda *a, **kw: __import__(f"{__name__}.triton", fromlist=["_"]).TritonAttention(*a, **kw)  # noqa: E501
+ATTENTION_BACKENDS["triton"] = lambda *a, **kw: __import__(
+    f"{__name__}.triton", fromlist=["_"]
+).TritonAttention(*a, **kw)
 
 
 def register_attention_backend(name: str, cls: Callable[..., Any]) -> None:

@@ -69,8 +69,10 @@ class TritonAttention:
             return self._no_cache.forward(q, k, v, md)
         total = q.shape[0]
         kv_width = self.num_kv_heads * self.head_dim
-        if q.shape[-1] != self.num_heads * self.head_dim or k.shape[-1] != kv_width or (
-            v.shape[-1] != kv_width
+        if (
+            q.shape[-1] != self.num_heads * self.head_dim
+            or k.shape[-1] != kv_width
+            or (v.shape[-1] != kv_width)
         ):
             raise ValueError(
                 f"q/k/v widths {q.shape[-1]}/{k.shape[-1]}/{v.shape[-1]} do not match "

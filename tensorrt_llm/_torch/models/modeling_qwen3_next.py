@@ -30,7 +30,7 @@ from ..modules.gated_delta_net import (
 )
 from ..modules.gated_mlp import GatedMLP
 from ..modules.linear import Linear
-from ..modules.rotary_embedding import apply_rotary_emb
+from ..modules.triton_kernels.mrope import rope_qk_
 from .modeling_qwen2 import Qwen2Model, Qwen2TextForCausalLM, build_rotary_embedding, text_head_dim
 from .modeling_utils import ModelConfig, register_auto_model
 from .weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
@@ -105,10 +105,9 @@ class GatedAttention(nn.Module):
             [2 * self.q_size, self.kv_size, self.kv_size], dim=-1
         )
         q, gate = q_gate.reshape(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = apply_rotary_emb(self.q_norm(q), cos_sin)
-        k = apply_rotary_emb(
-            self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim)), cos_sin
-        )
+        q = self.q_norm(q)
+        k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
+        q, k = rope_qk_(q, k, cos_sin, self.head_dim)
         out = self.attn.forward(
             q.reshape(num_tokens, self.q_size),
             k.reshape(num_tokens, self.kv_size),

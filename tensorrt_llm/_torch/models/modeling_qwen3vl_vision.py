@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..modules.triton_kernels.pos_embed_interp import interpolate_pos_embed
 from ..modules.vision_attention import VarlenSegments, VisionAttention
 from .modeling_qwen_vision_common import (
     PatchEmbed,
@@ -217,7 +218,12 @@ class Qwen3VisionModel(nn.Module):
         )
 
     def interpolate_pos_embed(self, inputs: VisionInputs) -> torch.Tensor:
-        """`[N, D]` fp32 resampled position embeddings (the Triton kernel's slot)."""
+        """`[N, D]` fp32 resampled position embeddings: the Triton kernel on CUDA."""
+        weight = self.pos_embed.weight
+        if weight.is_cuda:
+            return interpolate_pos_embed(
+                weight, inputs.grids, self.num_grid_per_side, self.merge, out_dtype=torch.float32
+            )
         assert inputs.interp_index is not None and inputs.interp_weight is not None
         taps = F.embedding(inputs.interp_index, self.pos_embed.weight)  # [N, 4, D]
         return (taps * inputs.interp_weight[..., None]).sum(1)

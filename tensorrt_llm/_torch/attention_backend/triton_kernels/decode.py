@@ -129,9 +129,9 @@ def _decode_reduce_kernel(
     # NOTE: split 0 always holds >= 1 key (kv_len >= 1), so m_max is finite and empty splits
     # (m = -inf) get weight exactly 0.
     m_max = tl.max(m, 0)
-    w = tl.math.exp2(m - m_max) * 0.5
+    w = tl.math.exp2(m - m_max)
     w = tl.where(split_ok, w, 0.0)
-    out = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * tl.math.exp2(m - m_max), 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
     tl.store(
         out_ptr + row * stride_ot + head * stride_oh + dims,
         out.to(out_ptr.dtype.element_ty),

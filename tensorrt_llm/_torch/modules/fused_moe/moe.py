@@ -27,6 +27,7 @@ from torch import nn
 
 from ..gated_mlp import GatedMLP
 from ..linear import Linear
+from ..triton_kernels.fused_moe import fused_moe
 from .router import TopKRouter
 
 # Model types whose HF MoE block reads `norm_topk_prob`; the others always renormalise.
@@ -111,9 +112,8 @@ class MoEExperts(nn.Module):
     def forward(
         self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
-        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        compute = fused_moe_dense_ref if capturing else fused_moe_ref
-        return compute(x, self.gate_up_proj, self.down_proj, topk_ids, topk_weights)
+        # Triton grouped GEMM on CUDA (graph-safe); torch reference elsewhere.
+        return fused_moe(x, self.gate_up_proj, self.down_proj, topk_ids, topk_weights)
 
     def extra_repr(self) -> str:
         return (

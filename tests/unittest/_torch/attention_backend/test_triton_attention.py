@@ -8,16 +8,16 @@ the checks at larger sizes in bf16 and capture/replay the decode path in a CUDA 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "modeling"))
 from paged_kv_helpers import FakeKVCacheManager, build_metadata  # noqa: E402
@@ -46,7 +46,7 @@ def _numpy_scalar_index_shim() -> None:
     if getattr(original, "_scalar_index_shim", False):
         return
 
-    def patched(tensor, scope) -> None:  # noqa: ANN001
+    def patched(tensor: type, scope: object) -> None:
         original(tensor, scope)
         scope.set_attr(
             tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0])
@@ -79,8 +79,17 @@ class _Pair:
     """A vanilla and a triton backend, each with its own cache built from one seed, so the
     two caches hold identical block layouts and identical contents step after step."""
 
-    def __init__(self, heads, kv_heads, head_dim=HEAD_DIM, blocks=40, tpb=TPB, splits=None,
-                 dtype=torch.float32, device="cpu"):
+    def __init__(
+        self,
+        heads,
+        kv_heads,
+        head_dim=HEAD_DIM,
+        blocks=40,
+        tpb=TPB,
+        splits=None,
+        dtype=torch.float32,
+        device="cpu",
+    ):
         self.shape = (heads, kv_heads, head_dim)
         self.dtype, self.device = dtype, device
         self.ref_cache = FakeKVCacheManager(1, blocks, tpb, kv_heads, head_dim, dtype, device)
@@ -94,8 +103,9 @@ class _Pair:
         q, k, v = _qkv(_rows(context, generation), *self.shape, seed, self.dtype, self.device)
         if pad_to is not None:
             extra = pad_to - q.shape[0]
-            q, k, v = (torch.cat([t, torch.full_like(t[:1], 7.0).expand(extra, -1)])
-                       for t in (q, k, v))
+            q, k, v = (
+                torch.cat([t, torch.full_like(t[:1], 7.0).expand(extra, -1)]) for t in (q, k, v)
+            )
         expected = self.ref.forward(q, k, v, md_ref)
         got = self.tri.forward(q, k, v, md_tri)
         assert got.shape == q.shape
@@ -163,11 +173,20 @@ def _pad_generation_rows(md: AttentionMetadata, pad: int) -> AttentionMetadata:
     cu = torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(seq_lens, 0)
     return AttentionMetadata(
-        num_contexts=0, num_generations=md.num_generations + pad, num_ctx_tokens=0,
-        num_tokens=md.num_tokens, seq_lens_cpu=seq_lens, num_cached_tokens_cpu=cached,
-        seq_lens=seq_lens, num_cached_tokens=cached, cu_seqlens_q=cu, block_tables=tables,
-        slot_mapping=cat(md.slot_mapping, -1), seq_slots=cat(md.seq_slots, 0),
-        seq_slots_cpu=cat(md.seq_slots_cpu, 0), kv_cache_manager=md.kv_cache_manager,
+        num_contexts=0,
+        num_generations=md.num_generations + pad,
+        num_ctx_tokens=0,
+        num_tokens=md.num_tokens,
+        seq_lens_cpu=seq_lens,
+        num_cached_tokens_cpu=cached,
+        seq_lens=seq_lens,
+        num_cached_tokens=cached,
+        cu_seqlens_q=cu,
+        block_tables=tables,
+        slot_mapping=cat(md.slot_mapping, -1),
+        seq_slots=cat(md.seq_slots, 0),
+        seq_slots_cpu=cat(md.seq_slots_cpu, 0),
+        kv_cache_manager=md.kv_cache_manager,
         tokens_per_block=md.tokens_per_block,
     )
 
@@ -207,3 +226,101 @@ def test_no_cache_prefill_registry_and_bad_input() -> None:
     md = build_metadata(FakeKVCacheManager(1, 8, TPB, kv_heads, HEAD_DIM), [(0, 9, 0)], [])
     with pytest.raises(ValueError, match="the step needs 9"):
         tri.forward(q[:5], k[:5], v[:5], md)
+
+
+# ---------------------------------------------------------------- GPU (real kernels, bf16)
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "dtype,head_dim",
+    [(torch.bfloat16, 64), (torch.bfloat16, 128), (torch.bfloat16, 256), (torch.float32, 128)],
+)
+@pytest.mark.parametrize("splits", [None, 1, 7])
+def test_gpu_schedule_matches_vanilla(
+    dtype: torch.dtype, head_dim: int, splits: int | None
+) -> None:
+    pair = _Pair(8, 2, head_dim, blocks=400, tpb=16, splits=splits, dtype=dtype, device="cuda")
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
+    pair.step([(0, 300, 0), (1, 45, 0), (2, 129, 0)], [], atol=tol)
+    pair.step([(2, 200, 129), (3, 64, 0)], [(0, 300), (1, 45)], atol=tol, pad_to=420)
+    for i in range(3):
+        pair.step([], [(0, 301 + i), (1, 46 + i), (2, 329 + i), (3, 64 + i)], atol=tol)
+
+
+def _copy_step(static: AttentionMetadata, md: AttentionMetadata) -> None:
+    """Write a live step's device metadata into the captured buffers (padded rows keep
+    slot -1, seq_len 1, num_cached 0 and block 0)."""
+    g = md.num_generations
+    static.seq_lens[:g].copy_(md.seq_lens)
+    static.num_cached_tokens[:g].copy_(md.num_cached_tokens)
+    static.block_tables[:g].fill_(-1)
+    static.block_tables[:g, : md.block_tables.shape[1]].copy_(md.block_tables)
+    static.slot_mapping[:g].copy_(md.slot_mapping[:g])
+
+
+# (device, heads, kv_heads, head_dim, tokens_per_block, dtype, prompt lengths, table width)
+_GRAPH_CASES = {
+    "cpu": ("cpu", 2, 1, HEAD_DIM, TPB, torch.float32, [10, 3, 25], 12),
+    "cuda": ("cuda", 8, 2, 128, 16, torch.bfloat16, [100, 37, 250], 32),
+}
+
+
+@pytest.mark.parametrize(
+    "case,splits",
+    [("cpu", 3), pytest.param("cuda", None, marks=pytest.mark.gpu)]
+    + [pytest.param("cuda", 4, marks=pytest.mark.gpu)],
+)
+def test_decode_static_buffers_replay_with_new_inputs(case: str, splits: int | None) -> None:
+    """Decode through persistent, padded buffers whose contents change step after step; on
+    CUDA the forward is captured once in a graph and replayed."""
+    device, heads, kv_heads, head_dim, tpb, dtype, lengths, width = _GRAPH_CASES[case]
+    pair = _Pair(heads, kv_heads, head_dim, 200, tpb, splits, dtype, device)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    pair.step([(r, n, 0) for r, n in enumerate(lengths)], [], atol=tol)
+    real, pad = len(lengths), 2
+    static = _pad_generation_rows(build_metadata(pair.tri_cache, [], list(enumerate(lengths))), pad)
+    tables = torch.full((real + pad, width), -1, dtype=torch.int32)  # static width
+    tables[:, : static.block_tables.shape[1]] = static.block_tables
+    static.block_tables = tables
+    for name in ("seq_lens", "num_cached_tokens", "cu_seqlens_q", "block_tables", "slot_mapping"):
+        setattr(static, name, getattr(static, name).to(device))
+    q_s, k_s, v_s = (
+        torch.zeros(real + pad, w * head_dim, dtype=dtype, device=device)
+        for w in (heads, kv_heads, kv_heads)
+    )
+    run = _capture(pair.tri, q_s, k_s, v_s, static) if device == "cuda" else None
+    for step in range(3):
+        gen = [(r, n + step) for r, n in enumerate(lengths)]
+        md_tri = build_metadata(pair.tri_cache, [], gen, device=device)
+        md_ref = build_metadata(pair.ref_cache, [], gen, device=device)
+        q, k, v = _qkv(_rows([], gen), heads, kv_heads, head_dim, 0, dtype, device)
+        _copy_step(static, md_tri)
+        for dst, src in ((q_s, q), (k_s, k), (v_s, v)):
+            dst[:real].copy_(src)
+            dst[real:].normal_()
+        out_s = run() if run is not None else pair.tri.forward(q_s, k_s, v_s, static)
+        expected = pair.ref.forward(q, k, v, md_ref)
+        torch.testing.assert_close(out_s[:real].float(), expected.float(), atol=tol, rtol=tol)
+
+
+def _capture(
+    attn: TritonAttention,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    md: AttentionMetadata,
+) -> Callable[[], torch.Tensor]:
+    """Capture `attn.forward` on static inputs; returns a function that replays the graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up compiles the kernels outside the capture
+        attn.forward(q, k, v, md)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attn.forward(q, k, v, md)
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+
+    return replay
