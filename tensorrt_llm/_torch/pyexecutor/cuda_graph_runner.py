@@ -85,7 +85,9 @@ class CUDAGraphRunner:
             num_ctx_tokens=0,
             num_tokens=bucket,
             seq_lens_cpu=ones,
-            num_cached_tokens_cpu=torch.zeros(bucket, dtype=torch.int32),
+            # Host view for layers that branch on it (recurrent state: "has a past"). Every
+            # generation row has a past; the device tensor holds the real lengths at replay.
+            num_cached_tokens_cpu=ones.clone(),
             seq_lens=buf.seq_lens[:bucket],
             num_cached_tokens=buf.num_cached_tokens[:bucket],
             cu_seqlens_q=buf.cu_seqlens_q[: bucket + 1],

@@ -56,7 +56,7 @@ def _eager(engine: PyTorchModelEngine, reqs: list) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "qwen3_5", "qwen3_vl_moe"])
 def test_graph_replays_match_eager_with_changing_batches(family: str, tmp_path: Path) -> None:
     stack = _Stack(family, tmp_path)
     engine = stack.engine
