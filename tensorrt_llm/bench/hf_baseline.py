@@ -31,17 +31,16 @@ def _hf_inputs(
     ids, pixels, grids = [], [], []
     for prompt in prompts:
         tokens, extra = processor(prompt, None)
-        image = extra["multimodal_data"]["image"]
         ids.append(tokens)
-        pixels.append(image["pixel_values"])
-        grids.append(image["image_grid_thw"])
+        image = extra["multimodal_data"].get("image")
+        if image is not None:
+            pixels.append(image["pixel_values"])
+            grids.append(image["image_grid_thw"])
     input_ids = torch.tensor(ids, device=device)
-    kwargs: dict[str, Any] = {
-        "input_ids": input_ids,
-        "attention_mask": torch.ones_like(input_ids),
-        "pixel_values": torch.cat(pixels).to(device, model.dtype),
-        "image_grid_thw": torch.cat(grids).to(device),
-    }
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    if pixels:  # text-only workloads (images_per_request 0) pass no vision inputs
+        kwargs["pixel_values"] = torch.cat(pixels).to(device, model.dtype)
+        kwargs["image_grid_thw"] = torch.cat(grids).to(device)
     if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
         kwargs["mm_token_type_ids"] = (input_ids == model.config.image_token_id).int()
     return kwargs

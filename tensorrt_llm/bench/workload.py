@@ -67,5 +67,6 @@ def make_requests(config: Any, workload: Workload) -> list[dict[str, Any]]:
         ]
         text = rng.integers(0, vocab, num_text).tolist()
         ids = block * workload.images_per_request + text
-        requests.append({"prompt_token_ids": ids, "multi_modal_data": {"image": images}})
+        media = {"image": images} if images else {}
+        requests.append({"prompt_token_ids": ids, "multi_modal_data": media})
     return requests
