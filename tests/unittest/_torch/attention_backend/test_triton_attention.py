@@ -33,32 +33,6 @@ from tensorrt_llm._torch.attention_backend.triton_kernels import store_kv  # noq
 HEAD_DIM, TPB = 16, 4
 
 
-def _numpy_scalar_index_shim() -> None:
-    """Triton 3.6's interpreter turns a loaded scalar (a 1-element array) into a loop bound
-    with `int(array)`, which numpy >= 2.4 rejects. Index through `reshape(-1)[0]` instead.
-    Test-harness only: compiled kernels never go through the interpreter."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    import numpy as np
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "_scalar_index_shim", False):
-        return
-
-    def patched(tensor: type, scope: object) -> None:
-        original(tensor, scope)
-        scope.set_attr(
-            tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0])
-        )
-
-    patched._scalar_index_shim = True  # type: ignore[attr-defined]
-    interpreter._patch_lang_tensor = patched
-
-
-_numpy_scalar_index_shim()
-
-
 def _qkv(rows, heads, kv_heads, head_dim, seed, dtype=torch.float32, device="cpu"):
     """Deterministic per-request q/k/v: `rows` is [(rid, first_pos, n)], each token's values
     depend only on (rid, position), so any chunking of a request sees the same sequence."""
