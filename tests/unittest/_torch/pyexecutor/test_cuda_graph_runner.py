@@ -48,11 +48,20 @@ class _Stack:
 
 
 def _eager(engine: PyTorchModelEngine, reqs: list) -> torch.Tensor:
+    """The eager result of a decode step, leaving recurrent (DeltaNet) state as it was.
+
+    NOTE: a KV write is idempotent, a recurrent-state update is not: without the restore the
+    graph replay of the same step would advance the state a second time.
+    """
+    saved = {n: b.clone() for n, b in engine.model.named_buffers() if "recurrent_states" in n}
     runner, engine.cuda_graph_runner = engine.cuda_graph_runner, None
     try:
         return engine.forward(ScheduledRequests([], reqs)).float().clone()
     finally:
         engine.cuda_graph_runner = runner
+        buffers = dict(engine.model.named_buffers())
+        for name, value in saved.items():
+            buffers[name].copy_(value)
 
 
 @pytest.mark.gpu
