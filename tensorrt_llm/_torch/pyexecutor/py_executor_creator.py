@@ -74,15 +74,17 @@ def _resolve_attn_backend(requested: str, device: torch.device) -> str:
 
 @torch.no_grad()
 def _fill_dummy_weights(model: torch.nn.Module, seed: int) -> None:
-    """Random weights at real sizes (benchmarks): small normal matrices, unit norms, zero biases."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """Random weights at real sizes (benchmarks): small normal matrices, unit norms, zero biases.
+
+    Generated where the parameter lives: host-side generation of billions of values is slow.
+    """
+    generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
+        gen = generators.get(param.device)
+        if gen is None:
+            gen = generators[param.device] = torch.Generator(param.device).manual_seed(seed)
         if param.dim() >= 2:
-            host = torch.empty(param.shape, dtype=torch.float32)
-            host.normal_(0.0, 0.02, generator=gen) if param.numel() < 2**24 else host.uniform_(
-                -0.03, 0.03, generator=gen
-            )
-            param.copy_(host)
+            param.normal_(0.0, 0.02, generator=gen)
         elif name.endswith("bias"):
             param.zero_()
         else:
