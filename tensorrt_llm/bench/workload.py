@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..tools.tiny_tokenizer import write_processing_files
+from ..tools.tiny_tokenizer import SPECIAL_IDS, write_processing_files
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,19 @@ def prepare_model_folder(config_path: str | Path, out_dir: str | Path, image_siz
     tiny tokenizer only serves construction and the chat template.
     """
     cfg = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    # The folder carries the tiny tokenizer, so the special ids follow it. With random weights
+    # the ids carry no meaning; only the token counts shape the workload.
+    for key, token in (
+        ("image_token_id", "<|image_pad|>"),
+        ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"),
+        ("vision_end_token_id", "<|vision_end|>"),
+    ):
+        if key in cfg:
+            cfg[key] = SPECIAL_IDS[token]
+    text = cfg.get("text_config", cfg)
+    text["bos_token_id"] = text["pad_token_id"] = SPECIAL_IDS["<|endoftext|>"]
+    text["eos_token_id"] = SPECIAL_IDS["<|im_end|>"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
