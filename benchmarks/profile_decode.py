@@ -1,0 +1,108 @@
+"""Where does a decode step's time go? Engine-only timings plus a kernel breakdown (GPU).
+
+    python benchmarks/profile_decode.py --config benchmarks/configs/qwen3_vl_8b.json \
+        --batch 1 32 --context 1000
+
+For each batch size: wall time of `engine.forward` (host prepare + graph replay + sync), GPU time
+of the replay alone (CUDA events), and the top kernels of one replay from the torch profiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import torch
+
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+from tensorrt_llm.bench.workload import prepare_model_folder
+from tensorrt_llm.inputs.multimodal import MultimodalParams
+from tensorrt_llm.llmapi.llm import LLM
+
+
+def _requests(llm: LLM, batch: int, context: int) -> list[LlmRequest]:
+    executor = llm._executor
+    engine = executor.model_engine
+    reqs = []
+    for i in range(batch):
+        ids = [(7 * i + j) % 300 for j in range(context)]
+        _, extra = llm.input_processor({"prompt_token_ids": ids}, None)
+        req = LlmRequest(
+            10_000 + i, ids, multimodal_params=MultimodalParams(extra["multimodal_data"])
+        )
+        req.seq_slot = executor.seq_slot_manager.acquire(req.request_id)
+        assert executor.kv_cache_manager.add_tokens(req.request_id, context + 64)
+        req.context_chunk_size = context
+        engine.forward(ScheduledRequests([req], []))
+        req.add_new_token(1)
+        reqs.append(req)
+    return reqs
+
+
+def _release(llm: LLM, reqs: list[LlmRequest]) -> None:
+    for req in reqs:
+        llm._executor.kv_cache_manager.free(req.request_id)
+        llm._executor.seq_slot_manager.release(req.request_id)
+
+
+def profile(llm: LLM, batch: int, context: int, steps: int) -> None:
+    engine = llm._executor.model_engine
+    reqs = _requests(llm, batch, context)
+    step = ScheduledRequests([], reqs)
+    for _ in range(5):
+        engine.forward(step)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.forward(step)
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / steps * 1e3
+    runner = engine.cuda_graph_runner
+    gpu = float("nan")
+    if runner is not None:
+        bucket = runner.bucket(batch)
+        graph = runner.graphs[bucket]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        gpu = start.elapsed_time(end) / steps
+    print(f"batch {batch}: engine.forward {wall:.2f} ms/step, graph replay (GPU) {gpu:.2f} ms")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        engine.forward(step)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+    _release(llm, reqs)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--context", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--no_cuda_graph", action="store_true")
+    args = p.parse_args()
+    folder = prepare_model_folder(args.config, tempfile.mkdtemp(), 512)
+    llm = LLM(
+        model=str(folder),
+        load_format="dummy",
+        dtype="bfloat16",
+        max_batch_size=max(args.batch),
+        max_seq_len=args.context + 128,
+        kv_cache_free_gpu_memory_fraction=0.5,
+        use_cuda_graph=not args.no_cuda_graph,
+    )
+    try:
+        for batch in args.batch:
+            profile(llm, batch, args.context, args.steps)
+    finally:
+        llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
