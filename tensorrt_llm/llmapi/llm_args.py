@@ -27,6 +27,7 @@ MODALITIES = ("image", "video")
 _BOOL_FIELDS = (
     "enable_chunked_prefill",
     "use_cuda_graph",
+    "disable_overlap_scheduler",
     "trust_remote_code",
 )
 # NOTE: when max_seq_len is not given, the config's max_position_embeddings (often 128k+) is capped
@@ -71,6 +72,8 @@ class LlmArgs:
     # Decode CUDA graphs (CUDA with the triton backend only; ignored on the CPU).
     use_cuda_graph: bool = True
     cuda_graph_batch_sizes: list[int] | None = None
+    # The overlap scheduler prepares step n+1 while step n runs on the device.
+    disable_overlap_scheduler: bool = False
     # "auto" reads the checkpoint's safetensors; "dummy" fills random weights (benchmarks).
     load_format: str = "auto"
     # Max items per prompt for each modality, e.g. {"image": 4, "video": 1}; None = unlimited.

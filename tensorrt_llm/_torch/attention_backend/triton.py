@@ -138,7 +138,7 @@ class TritonAttention:
         if num_splits is None:
             # A static bound (table width), not the live lengths: graph-capture safe.
             max_kv_len = md.block_tables.shape[1] * kv_buffer.shape[2]
-            num_splits = choose_num_splits(num_gens, self.num_heads, max_kv_len)
+            num_splits = choose_num_splits(num_gens, self.num_kv_heads, max_kv_len)
         paged_decode(
             q[first : first + num_gens],
             out[first : first + num_gens],

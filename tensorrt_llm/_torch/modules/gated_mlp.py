@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .linear import Linear
+from .triton_kernels.activation import silu_and_mul
 
 
 class GatedMLP(nn.Module):
     """`down(silu(gate(x)) * up(x))`.
 
     `gate_up_proj` holds HF's `gate_proj` rows first, then `up_proj` (see
-    `models/weight_loading.py` FUSED_PROJECTIONS), so one matmul serves both.
+    `models/weight_loading.py` FUSED_PROJECTIONS), so one matmul serves both, and the
+    activation reads that layout directly (one Triton kernel on CUDA, chunk+silu+mul elsewhere).
     """
 
     def __init__(
@@ -36,5 +37,4 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))

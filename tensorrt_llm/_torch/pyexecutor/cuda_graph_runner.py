@@ -22,7 +22,7 @@ from ..attention_backend.interface import AttentionMetadata
 from .scheduler import ScheduledRequests
 
 if TYPE_CHECKING:
-    from .model_engine import PyTorchModelEngine
+    from .model_engine import PyTorchModelEngine, TokenSource
 
 logger = logging.getLogger(__name__)
 
@@ -135,16 +135,16 @@ class CUDAGraphRunner:
         logger.info("captured decode CUDA graphs for batch sizes %s", self.batch_sizes)
 
     @torch.inference_mode()
-    def run(self, scheduled: ScheduledRequests) -> torch.Tensor:
+    def run(
+        self, scheduled: ScheduledRequests, token_source: TokenSource | None = None
+    ) -> torch.Tensor:
         real = len(scheduled.generation_requests)
         bucket = self.bucket(real)
         assert bucket is not None
-        self.engine.prepare(scheduled)
-        self._pad(real, bucket)
         if bucket not in self.graphs:
             self.capture(bucket)
-            self.engine.prepare(scheduled)  # capture ran the model on dummy rows
-            self._pad(real, bucket)
+        self.engine.prepare(scheduled, token_source)
+        self._pad(real, bucket)
         self.graphs[bucket].replay()
         # NOTE: the output lives in graph memory that the next replay overwrites; slice now and
         # let the sampler consume it before the next step.

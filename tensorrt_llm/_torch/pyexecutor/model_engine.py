@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..._utils import maybe_pin_memory
+from ..._utils import async_tensor_h2d, maybe_pin_memory
 from ...inputs.multimodal import MROPE_POSITION_IDS, MultimodalParams, MultimodalRuntimeData
 from ..attention_backend.interface import AttentionMetadata
 from .input_buffers import InputBuffers
@@ -24,6 +24,10 @@ from .scheduler import ScheduledRequests
 if TYPE_CHECKING:
     from .cuda_graph_runner import CUDAGraphRunner
     from .resource_manager import KVCacheManager
+
+
+# (device tokens of the previous step, request id -> row): see `PyTorchModelEngine.prepare`.
+TokenSource = tuple[torch.Tensor, dict[int, int]]
 
 
 class PyTorchModelEngine:
@@ -106,8 +110,13 @@ class PyTorchModelEngine:
         return params
 
     def prepare(
-        self, scheduled: ScheduledRequests
+        self, scheduled: ScheduledRequests, token_source: TokenSource | None = None
     ) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor, list[MultimodalParams]]:
+        """Fill the input buffers for `scheduled`.
+
+        `token_source` (overlap scheduler): `(device_tokens, {request_id: row})` for generation
+        requests whose last token is still on the device; it is gathered into `input_ids` there.
+        """
         ctx = list(scheduled.context_requests)
         gen = list(scheduled.generation_requests)
         requests = ctx + gen
@@ -122,6 +131,8 @@ class PyTorchModelEngine:
         cached = np.zeros(len(requests), dtype=np.int32)
         block_table = np.full((len(requests), self.max_blocks_per_seq), -1, dtype=np.int32)
         mm_params: list[MultimodalParams] = []
+        gather_dst: list[int] = []
+        gather_src: list[int] = []
         offset = 0
         for i, req in enumerate(requests):
             if i < len(ctx):
@@ -135,7 +146,14 @@ class PyTorchModelEngine:
             else:
                 begin = req.num_tokens - 1
                 end = begin + 1
-                ids_parts.append(np.asarray(req.output_token_ids[-1:], dtype=np.int64))
+                last = req.output_token_ids[-1]
+                if last < 0:  # a placeholder: the token is still on the device
+                    if token_source is None or req.request_id not in token_source[1]:
+                        raise RuntimeError(f"request {req.request_id} has no token to decode from")
+                    gather_dst.append(offset)
+                    gather_src.append(token_source[1][req.request_id])
+                    last = 0
+                ids_parts.append(np.asarray([last], dtype=np.int64))
             pos_parts.append(np.arange(begin, end, dtype=np.int32))
             seq_lens[i] = end - begin
             cached[i] = begin
@@ -151,6 +169,10 @@ class PyTorchModelEngine:
 
         buf = self.buffers
         input_ids = self._h2d(buf.input_ids, np.concatenate(ids_parts).astype(np.int64))
+        if gather_dst:
+            dst = async_tensor_h2d(gather_dst, torch.int64, self.device)
+            src = async_tensor_h2d(gather_src, torch.int64, self.device)
+            buf.input_ids.index_copy_(0, dst, token_source[0].index_select(0, src))
         host_pos = np.concatenate(pos_parts)
         if self.use_mrope:
             position_ids = buf.position_ids[:, :, :num_tokens]
@@ -198,13 +220,16 @@ class PyTorchModelEngine:
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
     def forward(
-        self, scheduled: ScheduledRequests, return_context_logits: bool = False
+        self,
+        scheduled: ScheduledRequests,
+        return_context_logits: bool = False,
+        token_source: TokenSource | None = None,
     ) -> torch.Tensor:
         """Logits of each request's last token: [num_seqs, vocab], context requests first."""
         runner = self.cuda_graph_runner
         if runner is not None and not return_context_logits and runner.can_run(scheduled):
-            return runner.run(scheduled)
-        metadata, input_ids, position_ids, mm_params = self.prepare(scheduled)
+            return runner.run(scheduled, token_source)
+        metadata, input_ids, position_ids, mm_params = self.prepare(scheduled, token_source)
         if self.use_mrope:
             logits = self.model(
                 metadata,

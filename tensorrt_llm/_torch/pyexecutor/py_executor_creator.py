@@ -21,6 +21,7 @@ from .cuda_graph_runner import CUDAGraphRunner
 from .kv_cache_creator import KVCacheSpec, choose_num_blocks, run_capacity_probe
 from .model_engine import PyTorchModelEngine
 from .py_executor import PyExecutor
+from .py_executor_overlap import OverlapPyExecutor
 from .resource_manager import SeqSlotManager
 from .sampler import TorchSampler
 from .scheduler import SimpleScheduler
@@ -165,4 +166,5 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
         engine.cuda_graph_runner.capture_all()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return PyExecutor(engine, scheduler, sampler, kv, slots, tokenizer, max_seq_len)
+    executor_cls = PyExecutor if args.disable_overlap_scheduler else OverlapPyExecutor
+    return executor_cls(engine, scheduler, sampler, kv, slots, tokenizer, max_seq_len)

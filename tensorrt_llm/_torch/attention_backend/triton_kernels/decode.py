@@ -1,9 +1,12 @@
 """Paged decode (flash-decoding): one query per generation request, split-K over the KV length.
 
-Kernel 1 runs grid (num_generations, num_heads, num_splits): each program walks its share of
-the request's `num_cached + seq_len` tokens through the block table and keeps an online
-softmax. With one split it writes the output directly; otherwise it writes an unnormalised
-partial (acc, max, sum) and kernel 2 merges the splits.
+Kernel 1 runs grid (num_generations, num_kv_heads, num_splits): each program serves all GROUP
+query heads that share one KV head, so every K/V row is read from HBM once per split rather
+than once per query head. The group is padded to >= 16 rows so the two products (q @ k^T and
+p @ v) run on tensor cores through `tl.dot`. Each program walks its share of the request's
+`num_cached + seq_len` tokens through the block table with an online softmax. With one split
+it writes the output directly; otherwise it writes unnormalised partials (acc, max, sum) per
+query head and kernel 2 merges the splits.
 NOTE: CUDA-graph safe. Lengths and block ids are read on the device; the host only supplies
 shapes and the constant `num_splits`, so a captured launch stays valid for new lengths.
 """
@@ -15,11 +18,16 @@ import triton
 import triton.language as tl
 
 _LOG2E = 1.4426950408889634
-# Fewest keys worth giving a split of their own, and the cap on splits per launch.
-_MIN_TOKENS_PER_SPLIT = 256
-_MAX_SPLITS = 16
-# Programs that roughly fill an H200 (132 SMs, a few resident programs each).
+# Fewest keys (of the static bound) worth a split of their own, and the cap on splits.
+_MIN_TOKENS_PER_SPLIT = 64
+_MAX_SPLITS = 32
+# Programs for ~3-4 waves of an H200 (132 SMs); each program streams one KV head's tiles.
 _TARGET_PROGRAMS = 528
+# Smallest tile `tl.dot` accepts along any dimension.
+_MIN_DOT = 16
+# Bytes of one K (or V) tile: keeps 2 pipeline stages of K+V well inside Hopper shared memory
+# (64 KiB per program), so a few programs stay resident per SM.
+_TILE_BYTES = 16384
 
 
 @triton.jit
@@ -43,63 +51,69 @@ def _decode_split_kernel(
     stride_ct,
     stride_ch,
     stride_bt,
-    tokens_per_block,
+    TOKENS_PER_BLOCK: tl.constexpr,
     GROUP: tl.constexpr,
+    GROUP_P: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     row = tl.program_id(0)
-    head = tl.program_id(1)
+    kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    num_heads = tl.num_programs(1)
+    num_heads = tl.num_programs(1) * GROUP
     req = (req_offset + row).to(tl.int64)
     kv_len = tl.load(num_cached_ptr + req) + tl.load(seq_lens_ptr + req)
-    split_len = tl.cdiv(kv_len, NUM_SPLITS)
+    # Splits cover whole BLOCK_N tiles, so only a split's last tile is ragged.
+    split_len = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, kv_len)
 
+    rows = tl.arange(0, GROUP_P)
+    row_ok = rows < GROUP
+    heads = kv_head * GROUP + rows
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < HEAD_DIM
-    q = tl.load(q_ptr + row * stride_qt + head * stride_qh + dims, mask=dmask, other=0.0)
-    q = q.to(tl.float32)
+    q_mask = row_ok[:, None] & dmask[None, :]
+    q_offs = row * stride_qt + heads[:, None] * stride_qh + dims[None, :]
+    # Padding rows are zero: finite scores, never stored.
+    q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0).to(cache_ptr.dtype.element_ty)
     table = block_tables_ptr + req * stride_bt
-    kv_head = head // GROUP
-    m_i = float("-inf")
-    l_i = 0.0
-    acc = tl.zeros([BLOCK_D], tl.float32)
+    kv_base = cache_ptr + kv_head * stride_ch
+    m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_P], tl.float32)
+    acc = tl.zeros([GROUP_P, BLOCK_D], tl.float32)
     # An empty split (start >= end) skips the loop and reports max -inf, sum 0.
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < end
         # Clamp: a padded graph row may carry -1 table entries; block 0 is always addressable.
-        block = tl.load(table + offs_n // tokens_per_block, mask=key_ok, other=0)
+        block = tl.load(table + offs_n // TOKENS_PER_BLOCK, mask=key_ok, other=0)
         block = tl.maximum(block, 0).to(tl.int64)
-        base = block * stride_cb + (offs_n % tokens_per_block) * stride_ct + kv_head * stride_ch
+        tok = block * stride_cb + (offs_n % TOKENS_PER_BLOCK) * stride_ct
+        kv_offs = tok[:, None] + dims[None, :]
         kv_mask = key_ok[:, None] & dmask[None, :]
-        k = tl.load(cache_ptr + base[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        s = tl.sum(q[None, :] * k.to(tl.float32), 1) * qk_scale
-        s = tl.where(key_ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
+        k = tl.load(kv_base + kv_offs, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new)
-        v = tl.load(cache_ptr + stride_ckv + base[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(kv_base + stride_ckv + kv_offs, mask=kv_mask, other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     if NUM_SPLITS == 1:
-        out = acc / l_i
-        tl.store(
-            out_ptr + row * stride_ot + head * stride_oh + dims,
-            out.to(out_ptr.dtype.element_ty),
-            mask=dmask,
-        )
+        out = acc / l_i[:, None]
+        out_offs = row * stride_ot + heads[:, None] * stride_oh + dims[None, :]
+        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
     else:
-        part = (row * num_heads + head) * NUM_SPLITS + split
-        tl.store(part_acc_ptr + part * BLOCK_D + dims, acc)
-        tl.store(part_ml_ptr + part * 2, m_i)
-        tl.store(part_ml_ptr + part * 2 + 1, l_i)
+        part = (row * num_heads + heads) * NUM_SPLITS + split
+        tl.store(part_acc_ptr + part[:, None] * BLOCK_D + dims[None, :], acc, mask=row_ok[:, None])
+        tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
 
 
 @triton.jit
@@ -139,13 +153,25 @@ def _decode_reduce_kernel(
     )
 
 
-def choose_num_splits(num_generations: int, num_heads: int, max_kv_len: int) -> int:
-    """Host-only split count: enough programs to fill the GPU, never splits shorter than
-    `_MIN_TOKENS_PER_SPLIT` of the longest possible context (`max_kv_len` is a static bound,
-    not a live length, so a CUDA graph captured with it stays valid)."""
+def choose_num_splits(num_generations: int, num_kv_heads: int, max_kv_len: int) -> int:
+    """Host-only split count: enough (request, kv head, split) programs to fill the GPU, never
+    splits shorter than `_MIN_TOKENS_PER_SPLIT` of the longest possible context (`max_kv_len`
+    is a static bound, not a live length, so a CUDA graph captured with it stays valid).
+    Few requests get many splits (latency); large batches get few (less merge traffic)."""
     by_length = triton.cdiv(max(max_kv_len, 1), _MIN_TOKENS_PER_SPLIT)
-    by_occupancy = triton.cdiv(_TARGET_PROGRAMS, max(num_generations * num_heads, 1))
+    by_occupancy = triton.cdiv(_TARGET_PROGRAMS, max(num_generations * num_kv_heads, 1))
     return max(1, min(by_length, by_occupancy, _MAX_SPLITS))
+
+
+def _tile_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> tuple[int, int, int]:
+    """(BLOCK_D, BLOCK_N, num_stages): tiles of at most `_TILE_BYTES` on the GPU; the
+    smallest legal tiles under the interpreter, where cost scales with tile size."""
+    block_d = max(_MIN_DOT, triton.next_power_of_2(head_dim))
+    if not on_gpu:
+        return block_d, _MIN_DOT, 1
+    elem = torch.empty((), dtype=dtype).element_size()
+    block_n = max(_MIN_DOT, min(64, _TILE_BYTES // (block_d * elem)))
+    return block_d, block_n, 2
 
 
 def paged_decode(
@@ -163,18 +189,21 @@ def paged_decode(
 
     `q, out: [G, H, D]` (row g belongs to request `req_offset + g`); `kv_buffer:
     [blocks, 2, tpb, KVH, D]` already holds the new K/V; request b attends to its first
-    `num_cached_tokens[b] + seq_lens[b]` tokens through `block_tables[b]`.
+    `num_cached_tokens[b] + seq_lens[b]` tokens through `block_tables[b]`. Query head h reads
+    KV head `h // (H // KVH)`; any group size works (it is padded to a power of two >= 16).
     """
     num_gens, num_heads, head_dim = q.shape
     if num_gens == 0:
         return
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    num_kv_heads = kv_buffer.shape[3]
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads {num_heads} not divisible by num_kv_heads {num_kv_heads}")
     if q.stride(-1) != 1 or out.stride(-1) != 1 or kv_buffer.stride(-1) != 1:
         raise ValueError("q, out and kv_buffer must be contiguous in their last dimension")
-    block_d = triton.next_power_of_2(head_dim)
-    on_gpu = q.device.type == "cuda"
-    block_n = (64 if head_dim <= 128 else 32) if on_gpu else 8
+    group = num_heads // num_kv_heads
+    block_d, block_n, num_stages = _tile_config(head_dim, kv_buffer.dtype, q.is_cuda)
     part_acc = part_ml = out  # placeholders; unused when num_splits == 1
     if num_splits > 1:
         part_acc = torch.empty(
@@ -183,7 +212,7 @@ def paged_decode(
         part_ml = torch.empty(
             (num_gens, num_heads, num_splits, 2), dtype=torch.float32, device=q.device
         )
-    _decode_split_kernel[(num_gens, num_heads, num_splits)](
+    _decode_split_kernel[(num_gens, num_kv_heads, num_splits)](
         q,
         out,
         part_acc,
@@ -203,13 +232,17 @@ def paged_decode(
         kv_buffer.stride(2),
         kv_buffer.stride(3),
         block_tables.stride(0),
-        kv_buffer.shape[2],
-        GROUP=num_heads // kv_buffer.shape[3],
+        TOKENS_PER_BLOCK=kv_buffer.shape[2],
+        GROUP=group,
+        GROUP_P=max(_MIN_DOT, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
+        # fp32 caches keep exact products (tf32 would cost ~1e-3 of parity).
+        DOT_PRECISION="ieee" if kv_buffer.dtype == torch.float32 else "tf32",
         num_warps=4,
+        num_stages=num_stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_gens, num_heads)](

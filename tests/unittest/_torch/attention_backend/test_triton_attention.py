@@ -28,7 +28,10 @@ from tensorrt_llm._torch.attention_backend import (  # noqa: E402
 )
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata  # noqa: E402
 from tensorrt_llm._torch.attention_backend.triton import TritonAttention  # noqa: E402
-from tensorrt_llm._torch.attention_backend.triton_kernels import store_kv  # noqa: E402
+from tensorrt_llm._torch.attention_backend.triton_kernels import paged_decode, store_kv  # noqa: E402
+from tensorrt_llm._torch.attention_backend.triton_kernels.decode import (  # noqa: E402
+    choose_num_splits,
+)
 
 HEAD_DIM, TPB = 16, 4
 
@@ -202,6 +205,27 @@ def test_no_cache_prefill_registry_and_bad_input() -> None:
         tri.forward(q[:5], k[:5], v[:5], md)
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2), (8, 2), (16, 2), (7, 1)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_gqa_groups_and_head_dims(heads: int, kv_heads: int, head_dim: int) -> None:
+    """One program serves a whole query-head group (1, 2, 4, 8 and non-power-of-two 7)."""
+    pair = _Pair(heads, kv_heads, head_dim, blocks=16, splits=2)
+    pair.step([(0, 3, 0), (1, 19, 0)], [])
+    pair.step([], [(0, 3), (1, 19)])
+
+
+def test_choose_num_splits_and_bad_group() -> None:
+    # Few requests get more splits than many; never more than the static length allows.
+    assert choose_num_splits(1, 8, 8192) > choose_num_splits(32, 8, 8192) >= 1
+    assert choose_num_splits(1, 8, 64) == 1
+    assert choose_num_splits(512, 8, 8192) == 1
+    q = torch.zeros(1, 3, HEAD_DIM)
+    cache = torch.zeros(2, 2, TPB, 2, HEAD_DIM)
+    ones = torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="not divisible"):
+        paged_decode(q, q, cache, torch.zeros(1, 1, dtype=torch.int32), ones, ones, 0, 1.0, 1)
+
+
 # ---------------------------------------------------------------- GPU (real kernels, bf16)
 @pytest.mark.gpu
 @pytest.mark.parametrize(
@@ -218,6 +242,45 @@ def test_gpu_schedule_matches_vanilla(
     pair.step([(2, 200, 129), (3, 64, 0)], [(0, 300), (1, 45)], atol=tol, pad_to=420)
     for i in range(3):
         pair.step([], [(0, 301 + i), (1, 46 + i), (2, 329 + i), (3, 64 + i)], atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 32])
+def test_gpu_qwen3_vl_decode_matches_vanilla(batch: int) -> None:
+    """Qwen3-VL-8B attention dims (32 q / 8 kv heads, D=128, 32-token blocks), 1000-token
+    contexts, heuristic splits, bf16."""
+    pair = _Pair(32, 8, 128, blocks=batch * 33 + 8, tpb=32, dtype=torch.bfloat16, device="cuda")
+    lengths = [1000 - 7 * r for r in range(batch)]
+    pair.step([(r, n, 0) for r, n in enumerate(lengths)], [], atol=2e-2)
+    for i in range(2):
+        pair.step([], [(r, n + i) for r, n in enumerate(lengths)], atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,kv_heads", [(32, 8), (28, 4)])
+def test_gpu_paged_decode_split_counts_agree_with_gather(heads: int, kv_heads: int) -> None:
+    """Sanity (no timing): direct `paged_decode` on a random bf16 cache with shuffled blocks;
+    every split count matches an fp32 gather-and-softmax reference."""
+    head_dim, tpb, batch, width = 128, 32, 4, 40
+    gen = torch.Generator().manual_seed(3)
+    cache = torch.randn(batch * width, 2, tpb, kv_heads, head_dim, generator=gen)
+    cache = cache.to(device="cuda", dtype=torch.bfloat16)
+    tables = torch.randperm(batch * width, generator=gen).view(batch, width).int().cuda()
+    lengths = torch.tensor([1, 33, 700, width * tpb - 1], dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, heads, head_dim, generator=gen).to(device="cuda", dtype=torch.bfloat16)
+    scale = head_dim**-0.5
+    expected = torch.empty(batch, heads, head_dim, device="cuda")
+    for b, n in enumerate(lengths.tolist()):
+        flat = cache[tables[b].long()].float()  # [width, 2, tpb, kvh, D]
+        k, v = (flat[:, i].reshape(-1, kv_heads, head_dim)[:n] for i in (0, 1))
+        k, v = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))
+        probs = torch.einsum("hd,nhd->hn", q[b].float() * scale, k).softmax(-1)
+        expected[b] = torch.einsum("hn,nhd->hd", probs, v)
+    ones = torch.ones(batch, dtype=torch.int32, device="cuda")
+    for splits in (1, 3, choose_num_splits(batch, kv_heads, width * tpb), 32):
+        out = torch.full_like(q, float("nan"))
+        paged_decode(q, out, cache, tables, ones, lengths - 1, 0, scale, splits)
+        torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
 
 
 def _copy_step(static: AttentionMetadata, md: AttentionMetadata) -> None:

@@ -1,0 +1,70 @@
+"""Fused SwiGLU activation: `silu(gate) * up` from one `[..., 2I]` gate_up tensor.
+
+The layout is `GatedMLP.gate_up_proj`'s: the first `I` channels are the gate, the last `I` the
+up projection. One kernel replaces torch's chunk + silu + mul (two launches and a temporary).
+Rounding follows torch: silu is computed in float32 and rounded to the input dtype, then the
+product is computed in float32 and rounded again.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import tl, triton, triton_jit, use_triton
+
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_BLOCK = 1024
+
+
+@triton_jit
+def _silu_and_mul_kernel(
+    x_ptr,
+    out_ptr,
+    inter,
+    x_stride,
+    out_stride,
+    BLOCK: tl.constexpr,
+):
+    # grid: (T, column blocks of the I outputs)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * x_stride + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * out_stride + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
+    """The torch reference, exactly `GatedMLP`'s former `chunk` + `silu` + `mul`."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def silu_and_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """`silu(gate_up[..., :I]) * gate_up[..., I:]` for `gate_up: [..., 2I]` -> `[..., I]`."""
+    if gate_up.dim() < 1 or gate_up.shape[-1] == 0 or gate_up.shape[-1] % 2:
+        raise ValueError(
+            f"silu_and_mul: gate_up must be [..., 2I] with I > 0, got {tuple(gate_up.shape)}"
+        )
+    if not use_triton("silu_and_mul", gate_up.device, backend):
+        return silu_and_mul_torch(gate_up)
+    if gate_up.dtype not in _SUPPORTED_DTYPES:
+        if backend == "triton":
+            raise ValueError(f"silu_and_mul: dtype {gate_up.dtype} not in {_SUPPORTED_DTYPES}")
+        return silu_and_mul_torch(gate_up)
+    inter = gate_up.shape[-1] // 2
+    x2 = gate_up.reshape(-1, gate_up.shape[-1])
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype, device=gate_up.device)
+    num_tokens = x2.shape[0]
+    if num_tokens == 0:
+        return out
+    block = min(_BLOCK, triton.next_power_of_2(inter))
+    grid = (num_tokens, triton.cdiv(inter, block))
+    _silu_and_mul_kernel[grid](
+        x2, out, inter, x2.stride(0), inter, BLOCK=block, num_warps=max(1, min(4, block // 256))
+    )
+    return out

@@ -1,0 +1,177 @@
+"""OverlapPyExecutor: the host prepares and launches step n+1 while the GPU still runs step n.
+
+A sampled token stays on the device until the step after it has been launched: the next step reads
+it straight from the device tensor (the engine gathers it into its input buffer), and only then
+does the host wait for the D2H copy of step n, fill in the tokens, check stop conditions and
+respond. Host work (scheduling, step preparation, detokenizing, responses) thus hides behind GPU
+time instead of adding to it.
+
+Bookkeeping: when a step is launched, each sampled request gets a PLACEHOLDER token, so lengths,
+positions and states are right for the next step before the real token is known. Processing
+replaces the placeholder. A request that turns out to have stopped at step n was already launched
+in step n+1; that extra token is dropped (its KV write fits the reservation's spare token).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..._utils import async_tensor_h2d, prefer_pinned
+from .llm_request import LlmRequest
+from .py_executor import PyExecutor
+from .scheduler import ScheduledRequests
+
+logger = logging.getLogger(__name__)
+
+PLACEHOLDER = -1
+
+
+@dataclass
+class _InFlight:
+    """A launched step whose sampled tokens are not on the host yet."""
+
+    requests: list[LlmRequest]  # the sampled requests, in token order
+    slots: list[int]  # index of each request's placeholder in output_token_ids
+    tokens: torch.Tensor  # [n] device tokens (read by the next step)
+    host: torch.Tensor  # [n] host copy, valid once `done` has completed
+    done: torch.cuda.Event | None
+    rows: dict[int, int]  # request id -> index into `tokens`
+
+
+def num_real_tokens(req: LlmRequest) -> int:
+    """Output tokens whose values are known on the host (placeholders trail the list)."""
+    out = req.output_token_ids
+    n = len(out)
+    while n and out[n - 1] == PLACEHOLDER:
+        n -= 1
+    return n
+
+
+class OverlapPyExecutor(PyExecutor):
+    """PyExecutor with the overlap scheduler (one step of look-ahead)."""
+
+    _pending: _InFlight | None = None
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        try:
+            scheduled = self.scheduler.schedule(self._active)
+        except Exception as exc:
+            logger.exception("scheduler failed")
+            self._fail_all(f"scheduler error: {type(exc).__name__}: {exc}")
+            return
+        # A request whose last token is already in flight waits for it to be processed.
+        scheduled.generation_requests = [
+            r
+            for r in scheduled.generation_requests
+            if r.num_generated_tokens < r.sampling_params.max_tokens
+        ]
+        launched: _InFlight | None = None
+        requests = scheduled.all_requests
+        if requests:
+            try:
+                launched = self._launch(scheduled)
+            except Exception as exc:
+                logger.exception("engine step failed for %s", [r.request_id for r in requests])
+                self._process_pending()
+                for req in requests:
+                    req.set_error(f"engine step failed: {type(exc).__name__}: {exc}")
+                    self._finish(req)
+                return
+        elif self._pending is None:
+            self._wait_for_command(0.005)
+            return
+        self._process_pending()
+        self._pending = launched
+        with self._stats_lock:
+            self._stats.num_steps += 1
+            self._stats.last_step_num_tokens = scheduled.num_tokens
+            self._stats.last_step_time_s = time.perf_counter() - start
+
+    def _token_source(
+        self, scheduled: ScheduledRequests
+    ) -> tuple[torch.Tensor, dict[int, int]] | None:
+        pending = self._pending
+        if pending is None:
+            return None
+        rows = {
+            r.request_id: pending.rows[r.request_id]
+            for r in scheduled.generation_requests
+            if r.output_token_ids and r.output_token_ids[-1] == PLACEHOLDER
+        }
+        return (pending.tokens, rows) if rows else None
+
+    def _launch(self, scheduled: ScheduledRequests) -> _InFlight:
+        ctx = scheduled.context_requests
+        final_ctx = [req.is_last_context_chunk for req in ctx]
+        logits = self.model_engine.forward(scheduled, token_source=self._token_source(scheduled))
+        rows = [i for i, final in enumerate(final_ctx) if final]
+        rows += range(len(ctx), scheduled.batch_size)
+        sampled = [scheduled.all_requests[i] for i in rows]
+        if len(rows) != logits.shape[0]:
+            index = async_tensor_h2d(rows, torch.int64, logits.device)
+            logits = logits.index_select(0, index)
+        tokens = self.sampler.sample(logits, sampled)
+        # NOTE: the D2H copy is queued now, before the next step's kernels, so waiting on it
+        # later waits for this step only.
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=prefer_pinned())
+        host.copy_(tokens, non_blocking=True)
+        done = None
+        if tokens.is_cuda:
+            done = torch.cuda.Event()
+            done.record()
+        for req, final in zip(ctx, final_ctx, strict=True):
+            if not final:
+                req.move_to_next_context_chunk()
+        slots = []
+        for req in sampled:
+            slots.append(len(req.output_token_ids))
+            first = req.first_token_time
+            req.add_new_token(PLACEHOLDER)
+            req.first_token_time = first  # stamped when the real token arrives
+        return _InFlight(
+            sampled, slots, tokens, host, done, {r.request_id: i for i, r in enumerate(sampled)}
+        )
+
+    def _process_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        if pending.done is not None:
+            pending.done.synchronize()
+        values = pending.host.tolist()
+        now = time.perf_counter()
+        for req, slot, token in zip(pending.requests, pending.slots, values, strict=True):
+            if req.is_finished:  # cancelled or failed while in flight
+                continue
+            later = req.output_token_ids[slot + 1 :]  # placeholders of steps still in flight
+            del req.output_token_ids[slot:]
+            if req.first_token_time is None:
+                req.first_token_time = now
+            self.sampler.update_requests([req], [token], self.tokenizer)
+            req.last_token_time = now
+            if not req.is_finished:
+                req.output_token_ids.extend(later)
+        for req in pending.requests:
+            if req.request_id in self._callbacks or req in self._active:
+                self._emit(req)
+                if req.is_finished:
+                    self._finish(req, emitted=True)
+
+    def _emit(self, req: LlmRequest) -> None:
+        # Respond with known tokens only; the trailing placeholders are sent once filled.
+        out = req.output_token_ids
+        real = num_real_tokens(req)
+        if real == len(out):
+            super()._emit(req)
+            return
+        tail = out[real:]
+        del out[real:]
+        try:
+            super()._emit(req)
+        finally:
+            out.extend(tail)
