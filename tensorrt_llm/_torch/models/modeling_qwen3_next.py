@@ -31,6 +31,7 @@ from ..modules.gated_delta_net import (
 from ..modules.gated_mlp import GatedMLP
 from ..modules.linear import Linear
 from ..modules.triton_kernels.mrope import rope_qk_
+from ..modules.triton_kernels.rms_norm import rms_norm
 from .modeling_qwen2 import Qwen2Model, Qwen2TextForCausalLM, build_rotary_embedding, text_head_dim
 from .modeling_utils import ModelConfig, register_auto_model
 from .weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
@@ -52,20 +53,13 @@ class ZeroCenteredRMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
 
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
-
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if x.shape[-1] != self.hidden_size:
             raise ValueError(f"RMSNorm expects last dim {self.hidden_size}, got {x.shape[-1]}")
-        if residual is None:
-            return self._norm(x)
-        x = x + residual
-        return self._norm(x), x
+        # Fused Triton add-norm on CUDA; the torch path (same rounding) elsewhere.
+        return rms_norm(x, self.weight, self.eps, residual, zero_centered=True)
 
 
 class GatedAttention(nn.Module):
