@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .loop_waker import LoopWaker, waker_for
 from .outputs import CompletionOutput, CompletionState, RequestOutput
 
 if TYPE_CHECKING:
@@ -65,18 +66,21 @@ class GenerationResult(RequestOutput):
         self._process_lock = threading.Lock()
         self._aio_loop: asyncio.AbstractEventLoop | None = None
         self._aio_event: asyncio.Event | None = None
+        self._aio_waker: LoopWaker | None = None
+        self._wake_scheduled = False  # a call_soon_threadsafe(event.set) is queued
 
     # ---- producer side (executor thread) -------------------------------------------------------
     def _on_response(self, response: LlmResponse) -> None:
         with self._cond:
             self._pending.append(response)
             self._cond.notify_all()
-            loop, event = self._aio_loop, self._aio_event
-        if loop is not None and event is not None:
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # the consumer's loop is closed: nobody is waiting there
-                pass
+            waker, event = self._aio_waker, self._aio_event
+            # One wake-up per wait; the waker also batches wake-ups across requests.
+            wake = waker is not None and event is not None and not self._wake_scheduled
+            if wake:
+                self._wake_scheduled = True
+        if wake:
+            waker.set_soon(event)
 
     # ---- consumer side -------------------------------------------------------------------------
     def _process(self) -> bool:
@@ -137,10 +141,13 @@ class GenerationResult(RequestOutput):
                 return
             if self._aio_loop is not loop or self._aio_event is None:
                 self._aio_loop, self._aio_event = loop, asyncio.Event()
+                self._aio_waker = waker_for(loop)
             event = self._aio_event
-            # NOTE: cleared under the lock after checking `_pending`, and set only through
-            # call_soon_threadsafe on this loop, so a response can never be missed.
+            # NOTE: cleared under the lock after checking `_pending`, and set only through the
+            # loop's waker (call_soon_threadsafe), so a response can never be missed: the next
+            # response after this point always schedules a wake-up.
             event.clear()
+            self._wake_scheduled = False
         await event.wait()
 
     async def aresult(self) -> GenerationResult:

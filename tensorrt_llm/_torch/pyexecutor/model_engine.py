@@ -123,49 +123,56 @@ class PyTorchModelEngine:
         if len(requests) > self.max_batch_size:
             raise RuntimeError(f"batch of {len(requests)} exceeds max_batch_size")
         tpb = self.tokens_per_block
+        num_ctx, num_gen = len(ctx), len(gen)
+        block_table = np.full((len(requests), self.max_blocks_per_seq), -1, dtype=np.int32)
+        for i, req in enumerate(requests):
+            blocks = self._block_ids(req)
+            block_table[i, : blocks.shape[0]] = blocks
+        # Context chunks: a short loop (few requests, many tokens each).
         ids_parts: list[np.ndarray] = []
         pos_parts: list[np.ndarray] = []
-        mrope_ctx: list[tuple[int, torch.Tensor]] = []
         slot_parts: list[np.ndarray] = []
-        seq_lens = np.zeros(len(requests), dtype=np.int32)
-        cached = np.zeros(len(requests), dtype=np.int32)
-        block_table = np.full((len(requests), self.max_blocks_per_seq), -1, dtype=np.int32)
+        mrope_ctx: list[tuple[int, torch.Tensor]] = []
         mm_params: list[MultimodalParams] = []
-        gather_dst: list[int] = []
-        gather_src: list[int] = []
+        seq_lens = np.ones(len(requests), dtype=np.int32)
+        cached = np.zeros(len(requests), dtype=np.int32)
         offset = 0
-        for i, req in enumerate(requests):
-            if i < len(ctx):
-                begin = req.context_current_position
-                end = begin + req.context_chunk_size
-                ids_parts.append(req.prompt_token_array[begin:end])
-                chunk_pos = self._context_positions(req, begin, end)
-                if chunk_pos is not None:
-                    mrope_ctx.append((offset, chunk_pos))
-                    mm_params.append(self._prepare_multimodal(req, begin, end))
-            else:
-                begin = req.num_tokens - 1
-                end = begin + 1
-                last = req.output_token_ids[-1]
-                if last < 0:  # a placeholder: the token is still on the device
-                    if token_source is None or req.request_id not in token_source[1]:
-                        raise RuntimeError(f"request {req.request_id} has no token to decode from")
-                    gather_dst.append(offset)
-                    gather_src.append(token_source[1][req.request_id])
-                    last = 0
-                ids_parts.append(np.asarray([last], dtype=np.int64))
-            pos_parts.append(np.arange(begin, end, dtype=np.int32))
+        for i, req in enumerate(ctx):
+            begin = req.context_current_position
+            end = begin + req.context_chunk_size
+            ids_parts.append(req.prompt_token_array[begin:end])
+            chunk_pos = self._context_positions(req, begin, end)
+            if chunk_pos is not None:
+                mrope_ctx.append((offset, chunk_pos))
+                mm_params.append(self._prepare_multimodal(req, begin, end))
+            tok = np.arange(begin, end)
+            pos_parts.append(tok.astype(np.int32))
+            slot_parts.append(block_table[i, tok // tpb].astype(np.int64) * tpb + tok % tpb)
             seq_lens[i] = end - begin
             cached[i] = begin
-            blocks = self._block_ids(req)
-            block_table[i, : len(blocks)] = blocks
-            tok = np.arange(begin, end)
-            slot_parts.append(np.asarray(blocks, dtype=np.int64)[tok // tpb] * tpb + tok % tpb)
             offset += end - begin
+        # Generation rows: one token each, vectorised over the batch.
+        gather_dst: list[int] = []
+        gather_src: list[int] = []
+        if num_gen:
+            past = np.fromiter((r.num_tokens - 1 for r in gen), dtype=np.int64, count=num_gen)
+            last = np.fromiter((r.output_token_ids[-1] for r in gen), dtype=np.int64, count=num_gen)
+            for j in np.flatnonzero(last < 0).tolist():  # placeholders: token still on device
+                rid = gen[j].request_id
+                if token_source is None or rid not in token_source[1]:
+                    raise RuntimeError(f"request {rid} has no token to decode from")
+                gather_dst.append(offset + j)
+                gather_src.append(token_source[1][rid])
+            ids_parts.append(np.maximum(last, 0))
+            pos_parts.append(past.astype(np.int32))
+            rows = np.arange(num_ctx, num_ctx + num_gen)
+            slot_parts.append(block_table[rows, past // tpb].astype(np.int64) * tpb + past % tpb)
+            cached[num_ctx:] = past
+            offset += num_gen
         num_tokens = offset
         if num_tokens > self.max_num_tokens:
             raise RuntimeError(f"step of {num_tokens} tokens exceeds max_num_tokens")
-        num_ctx_tokens = int(seq_lens[: len(ctx)].sum())
+        num_ctx_tokens = int(seq_lens[:num_ctx].sum())
 
         buf = self.buffers
         input_ids = self._h2d(buf.input_ids, np.concatenate(ids_parts).astype(np.int64))
@@ -212,10 +219,10 @@ class PyTorchModelEngine:
         )
         return metadata, input_ids, position_ids, mm_params
 
-    def _block_ids(self, req: LlmRequest) -> list[int]:
+    def _block_ids(self, req: LlmRequest) -> np.ndarray:
         if self.kv_cache_manager is None:
             raise RuntimeError("the engine has no KV cache manager")
-        return self.kv_cache_manager.get_block_ids(req.request_id)
+        return self.kv_cache_manager.get_block_array(req.request_id)
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()

@@ -249,7 +249,8 @@ class PyExecutor:
         logits = self.model_engine.forward(scheduled)
         rows = [i for i, final in enumerate(final_ctx) if final]
         rows += range(len(ctx), scheduled.batch_size)
-        sampled = [scheduled.all_requests[i] for i in rows]
+        everyone = scheduled.all_requests  # built once: the property makes a new list
+        sampled = [everyone[i] for i in rows]
         if sampled:
             if len(rows) != logits.shape[0]:
                 index = async_tensor_h2d(rows, torch.int64, logits.device)

@@ -111,7 +111,8 @@ class OverlapPyExecutor(PyExecutor):
         logits = self.model_engine.forward(scheduled, token_source=self._token_source(scheduled))
         rows = [i for i, final in enumerate(final_ctx) if final]
         rows += range(len(ctx), scheduled.batch_size)
-        sampled = [scheduled.all_requests[i] for i in rows]
+        everyone = scheduled.all_requests  # built once: the property makes a new list
+        sampled = [everyone[i] for i in rows]
         if len(rows) != logits.shape[0]:
             index = async_tensor_h2d(rows, torch.int64, logits.device)
             logits = logits.index_select(0, index)
