@@ -79,6 +79,38 @@ def profile(llm: LLM, batch: int, context: int, steps: int) -> None:
     _release(llm, reqs)
 
 
+def profile_prefill(llm: LLM, batch: int, context: int, image_size: int) -> None:
+    """One context step of `batch` image+text requests: wall time and top kernels."""
+    from tensorrt_llm._torch.pyexecutor.config_utils import load_pretrained_config
+    from tensorrt_llm.bench.workload import Workload, make_requests
+
+    executor = llm._executor
+    engine = executor.model_engine
+    config = load_pretrained_config(llm.args.model)
+    prompts = make_requests(config, Workload(context, 1, 1, image_size, batch))
+    reqs = []
+    for i, prompt in enumerate(prompts):
+        ids, extra = llm.input_processor(prompt, None)
+        req = LlmRequest(
+            20_000 + i, ids, multimodal_params=MultimodalParams(extra["multimodal_data"])
+        )
+        req.seq_slot = executor.seq_slot_manager.acquire(req.request_id)
+        assert executor.kv_cache_manager.add_tokens(req.request_id, len(ids) + 8)
+        req.context_chunk_size = len(ids)
+        reqs.append(req)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]
+    ) as prof:
+        t0 = time.perf_counter()
+        engine.forward(ScheduledRequests(reqs, []))
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3
+    print(f"prefill batch {batch} x {context} tokens (+1 image each): {wall:.1f} ms")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+    _release(llm, reqs)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True)
@@ -86,6 +118,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=1000)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--no_cuda_graph", action="store_true")
+    p.add_argument("--prefill_batch", type=int, default=0, help="also profile a prefill step")
     args = p.parse_args()
     folder = prepare_model_folder(args.config, tempfile.mkdtemp(), 512)
     llm = LLM(
@@ -98,6 +131,9 @@ def main() -> None:
         use_cuda_graph=not args.no_cuda_graph,
     )
     try:
+        if args.prefill_batch:
+            profile_prefill(llm, args.prefill_batch, args.context, 512)
+            profile_prefill(llm, args.prefill_batch, args.context, 512)  # warm
         for batch in args.batch:
             profile(llm, batch, args.context, args.steps)
     finally:
