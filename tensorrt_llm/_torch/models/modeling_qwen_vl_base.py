@@ -102,25 +102,38 @@ class QwenVLModelBase(nn.Module):
         out = self.visual(pixels, grid_thw)
         return out.embeddings, list(out.deepstack_embeddings)
 
-    def _vision_embeddings(self, params: MultimodalParams) -> dict[str, Any]:
-        """Per-modality (embeddings, deepstack list) of a request; computed once, then cached."""
-        if params.cached_embeddings is not None:
-            return params.cached_embeddings
-        cached: dict[str, Any] = {}
+    def _encode_step_media(self, multimodal_params: Sequence[MultimodalParams]) -> None:
+        """Run the vision tower once per modality for every request of the step still lacking
+        embeddings, and cache each request's share on its params.
+
+        NOTE: one packed tower call for all images of the step (each image is its own
+        cu_seqlens segment), instead of one call per request: per-request calls made the host,
+        not the GPU, the bottleneck of batched prefill.
+        """
+        todo = [p for p in multimodal_params if p.cached_embeddings is None]
+        if not todo:
+            return
+        for params in todo:
+            params.cached_embeddings = {}
+        merge = self.config.vision_config.spatial_merge_size
         for kind, pix_key, grid_key in _MODALITIES:
-            pixels = params.get(f"{kind}.{pix_key}")
-            if pixels is None:
+            owners = [p for p in todo if p.get(f"{kind}.{pix_key}") is not None]
+            if not owners:
                 continue
             if self.visual is None:
                 raise ValueError(
                     "this checkpoint was loaded without a vision tower (language_model_only); "
                     f"it cannot take {kind} inputs"
                 )
-            grid = params.get(f"{kind}.{grid_key}").cpu()
             dtype = next(self.visual.parameters()).dtype
-            cached[kind] = self._run_tower(pixels.to(dtype), grid)
-        params.cached_embeddings = cached
-        return cached
+            grids = [p.get(f"{kind}.{grid_key}").cpu() for p in owners]
+            pixels = torch.cat([p.get(f"{kind}.{pix_key}") for p in owners]).to(dtype)
+            main, stack = self._run_tower(pixels, torch.cat(grids))
+            counts = [int(g.prod(dim=-1).sum()) // merge**2 for g in grids]
+            mains = main.split(counts)
+            stacks = [level.split(counts) for level in stack]
+            for i, params in enumerate(owners):
+                params.cached_embeddings[kind] = (mains[i], [lvl[i] for lvl in stacks])
 
     def _merge_vision(
         self,
@@ -132,6 +145,13 @@ class QwenVLModelBase(nn.Module):
 
         Returns the deepstack inputs ([T, hidden] each) for models that have them.
         """
+        needs_media = [
+            p
+            for p in multimodal_params
+            if p.runtime is not None
+            and (p.runtime.num_image_tokens_in_chunk or p.runtime.num_video_tokens_in_chunk)
+        ]
+        self._encode_step_media(needs_media)
         chunks: dict[str, list[torch.Tensor]] = {"image": [], "video": []}
         deep: dict[str, list[list[torch.Tensor]]] = {"image": [], "video": []}
         for params in multimodal_params:
@@ -144,7 +164,7 @@ class QwenVLModelBase(nn.Module):
             }
             if not any(n for _, n in wanted.values()):
                 continue
-            embeds = self._vision_embeddings(params)
+            embeds = params.cached_embeddings
             for kind, (begin, count) in wanted.items():
                 if count == 0:
                     continue
