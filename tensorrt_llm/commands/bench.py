@@ -67,6 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="concurrencies for HF (default: the same list)",
     )
     p.add_argument("--kv_cache_fraction", type=float, default=0.8)
+    p.add_argument(
+        "--quantization",
+        choices=["fp8"],
+        default=None,
+        help="fp8 weights+activations in the text decoder (ours only)",
+    )
     p.add_argument("--output", default=None, help="write results as JSON here")
     return p.parse_args(argv)
 
@@ -93,6 +99,7 @@ def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[
         attn_backend=args.attn_backend,
         use_cuda_graph=not args.no_cuda_graph,
         kv_cache_free_gpu_memory_fraction=args.kv_cache_fraction,
+        quantization=args.quantization,
     )
     rows = []
     try:

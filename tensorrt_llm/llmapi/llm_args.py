@@ -72,6 +72,8 @@ class LlmArgs:
     # Decode CUDA graphs (CUDA with the triton backend only; ignored on the CPU).
     use_cuda_graph: bool = True
     cuda_graph_batch_sizes: list[int] | None = None
+    # "fp8": e4m3 weights (per-channel) and activations (per-token) in the text decoder.
+    quantization: str | None = None
     # The overlap scheduler prepares step n+1 while step n runs on the device.
     disable_overlap_scheduler: bool = False
     # "auto" reads the checkpoint's safetensors; "dummy" fills random weights (benchmarks).
@@ -89,6 +91,7 @@ class LlmArgs:
         _check_choice("device", self.device, DEVICES)
         _check_choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
         _check_choice("load_format", self.load_format, ["auto", "dummy"])
+        _check_choice("quantization", self.quantization, [None, "fp8"])
         sizes = self.cuda_graph_batch_sizes
         if sizes is not None:
             if not isinstance(sizes, list | tuple) or not sizes:

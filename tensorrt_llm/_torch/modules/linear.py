@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fp8_linear import FP8_DTYPE, fp8_linear
+
 
 class Linear(nn.Module):
     """`y = x @ W^T + b` with `W: [out_features, in_features]` (nn.Linear layout).
@@ -38,6 +40,8 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype == FP8_DTYPE:  # converted by quantize_model_fp8_
+            return fp8_linear(x, self.weight, self.weight_scale, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:

@@ -16,6 +16,7 @@ from ..attention_backend import ATTENTION_BACKENDS
 from ..models.modeling_auto import get_model_class
 from ..models.modeling_utils import ModelConfig
 from ..models.weight_loading import build_model_on_meta, load_model
+from ..modules.fp8_linear import quantize_model_fp8_
 from .config_utils import load_pretrained_config, resolve_architecture
 from .cuda_graph_runner import CUDAGraphRunner
 from .kv_cache_creator import KVCacheSpec, choose_num_blocks, run_capacity_probe
@@ -121,6 +122,9 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
         checkpoint_dir=args.model,
     )
     model = _build_model(cls, model_config, device, args.load_format, args.seed or 0)
+    if args.quantization == "fp8":
+        converted = quantize_model_fp8_(model)
+        logger.info("fp8: quantised %d linear layers of the text decoder", converted)
     engine = PyTorchModelEngine(
         model,
         device,

@@ -1,0 +1,75 @@
+"""FP8 (e4m3) weight-and-activation linear layers: per-channel weight scales, per-token dynamic
+activation scales, `torch._scaled_mm` on CUDA and an exact-dequantize torch path elsewhere.
+
+Used by `quantization="fp8"`: after the weights are loaded, `quantize_model_fp8_` converts the
+text decoder's `Linear` layers in place. The vision tower and the LM head stay in 16 bits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3 value
+_MIN_SCALE = 1e-12
+
+
+def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise each row of `x: [M, K]` to e4m3 with its own scale; returns (xq, scale [M, 1])."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float()
+    scale = (amax / FP8_MAX).clamp_(min=_MIN_SCALE)
+    xq = (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return xq, scale
+
+
+def fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`x @ dequant(weight)^T + bias` with `weight: [N, K]` e4m3 and `weight_scale: [N]` fp32."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    xq, x_scale = quantize_fp8_rows(x2)
+    if x.is_cuda:
+        rows = xq.shape[0]
+        pad = (-rows) % 16  # keep the row count cuBLASLt-friendly for tiny decode batches
+        if pad:
+            xq = torch.cat([xq, xq.new_zeros(pad, xq.shape[1])])
+            x_scale = torch.cat([x_scale, x_scale.new_ones(pad, 1)])
+        out = torch._scaled_mm(
+            xq,
+            weight.t(),
+            scale_a=x_scale,
+            scale_b=weight_scale.view(1, -1),
+            out_dtype=x.dtype,
+            use_fast_accum=True,
+        )[:rows]
+    else:
+        deq_w = weight.float() * weight_scale.view(-1, 1)
+        out = ((xq.float() * x_scale) @ deq_w.t()).to(x.dtype)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*shape[:-1], weight.shape[0])
+
+
+@torch.no_grad()
+def quantize_linear_fp8_(linear: nn.Module) -> None:
+    """Replace `linear.weight` by its e4m3 form plus a per-output-channel `weight_scale`."""
+    weight = linear.weight.data
+    if weight.dtype == FP8_DTYPE:
+        return
+    wq, scale = quantize_fp8_rows(weight)
+    linear.weight = nn.Parameter(wq, requires_grad=False)
+    linear.register_buffer("weight_scale", scale.view(-1).contiguous(), persistent=False)
+
+
+def quantize_model_fp8_(model: nn.Module, skip: tuple[str, ...] = ("visual",)) -> int:
+    """Convert every project `Linear` outside the `skip` sub-modules; returns how many."""
+    from .linear import Linear
+
+    count = 0
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and not any(part in skip for part in name.split(".")):
+            quantize_linear_fp8_(module)
+            count += 1
+    return count

@@ -1,0 +1,83 @@
+"""FP8 linear layers: quantisation error bounds, model conversion, end-to-end generation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm._torch.modules.fp8_linear import (
+    FP8_DTYPE,
+    fp8_linear,
+    quantize_fp8_rows,
+    quantize_model_fp8_,
+)
+from tensorrt_llm._torch.modules.linear import Linear
+from tensorrt_llm.tools.tiny_checkpoint import get_or_build_demo_checkpoint
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def test_row_quantisation_round_trips_within_e4m3_precision() -> None:
+    x = torch.randn(7, 64) * torch.logspace(-2, 2, 7).unsqueeze(1)  # rows of very different size
+    xq, scale = quantize_fp8_rows(x)
+    assert xq.dtype == FP8_DTYPE and scale.shape == (7, 1)
+    back = xq.float() * scale
+    assert _relative_error(back, x) < 0.04  # e4m3 has a 3-bit mantissa
+    assert back.abs().amax(dim=1).sub(x.abs().amax(dim=1)).abs().max() < 1e-4  # max is exact
+
+
+def test_fp8_linear_close_to_full_precision() -> None:
+    torch.manual_seed(0)
+    layer = Linear(64, 48, bias=True)
+    torch.nn.init.normal_(layer.weight, std=0.05)
+    torch.nn.init.normal_(layer.bias, std=0.05)
+    x = torch.randn(3, 5, 64)
+    ref = F.linear(x, layer.weight, layer.bias)
+    quantize_model_fp8_(torch.nn.Sequential(layer))
+    assert layer.weight.dtype == FP8_DTYPE
+    out = layer(x)
+    assert out.shape == ref.shape
+    assert _relative_error(out, ref) < 0.06
+
+
+def test_conversion_skips_the_vision_tower() -> None:
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.visual = torch.nn.Module()
+            self.visual.proj = Linear(16, 16)
+            self.llm = Linear(16, 32)
+
+    model = Model()
+    for p in model.parameters():
+        torch.nn.init.normal_(p)
+    assert quantize_model_fp8_(model) == 1
+    assert model.llm.weight.dtype == FP8_DTYPE
+    assert model.visual.proj.weight.dtype == torch.float32
+
+
+def test_llm_with_fp8_generates_like_full_precision() -> None:
+    ckpt = str(get_or_build_demo_checkpoint())
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    with LLM(model=ckpt, quantization="fp8") as llm:
+        assert llm._executor.model_engine.model.llm.lm_head.weight.dtype == torch.float32
+        out = llm.generate("hello there", params).outputs[0]
+    assert len(out.token_ids) == 4 and out.finish_reason == "length"
+    with pytest.raises(ValueError, match="quantization"):
+        LLM(model=ckpt, quantization="int3")
+
+
+@pytest.mark.gpu
+def test_scaled_mm_matches_dequantised_reference() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(256, 512) * 0.05
+    wq, w_scale = quantize_fp8_rows(w)
+    for rows in (1, 5, 32, 100):
+        x = torch.randn(rows, 512)
+        cpu = fp8_linear(x, wq, w_scale.view(-1), None)
+        gpu = fp8_linear(x.cuda().bfloat16(), wq.cuda(), w_scale.view(-1).cuda(), None)
+        assert _relative_error(gpu.float().cpu(), cpu) < 0.02
