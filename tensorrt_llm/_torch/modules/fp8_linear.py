@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .triton_kernels.fp8_quant import quantize_rows
+
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3 value
 _MIN_SCALE = 1e-12
@@ -29,13 +31,10 @@ def fp8_linear(
     """`x @ dequant(weight)^T + bias` with `weight: [N, K]` e4m3 and `weight_scale: [N]` fp32."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    xq, x_scale = quantize_fp8_rows(x2)
+    rows = x2.shape[0]
     if x.is_cuda:
-        rows = xq.shape[0]
-        pad = (-rows) % 16  # keep the row count cuBLASLt-friendly for tiny decode batches
-        if pad:
-            xq = torch.cat([xq, xq.new_zeros(pad, xq.shape[1])])
-            x_scale = torch.cat([x_scale, x_scale.new_ones(pad, 1)])
+        # Row count padded to 16 for cuBLASLt; one fused Triton kernel quantises and pads.
+        xq, x_scale = quantize_rows(x2, rows_out=rows + (-rows) % 16)
         out = torch._scaled_mm(
             xq,
             weight.t(),
@@ -45,6 +44,7 @@ def fp8_linear(
             use_fast_accum=True,
         )[:rows]
     else:
+        xq, x_scale = quantize_fp8_rows(x2)
         deq_w = weight.float() * weight_scale.view(-1, 1)
         out = ((xq.float() * x_scale) @ deq_w.t()).to(x.dtype)
     if bias is not None:
