@@ -83,16 +83,16 @@ def test_scaled_mm_matches_dequantised_reference() -> None:
         assert _relative_error(gpu.float().cpu(), cpu) < 0.02
 
 
+@pytest.mark.gpu
 def test_triton_row_quantisation_matches_torch() -> None:
-    # Under TRITON_INTERPRET on CPU (conftest), compiled on CUDA.
+    # GPU only: Triton's interpreter does not reproduce e4m3 rounding on the CPU.
     from tensorrt_llm._torch.modules.triton_kernels.fp8_quant import quantize_rows
 
-    x = torch.randn(5, 48) * torch.tensor([0.01, 1.0, 10.0, 100.0, 0.0]).unsqueeze(1)
+    scales = torch.tensor([0.01, 1.0, 10.0, 100.0, 0.0]).unsqueeze(1)
+    x = (torch.randn(5, 48) * scales).cuda().bfloat16()
     ref_q, ref_s = quantize_fp8_rows(x)
     q, s = quantize_rows(x, rows_out=16, backend="triton")
     assert q.shape == (16, 48) and s.shape == (16, 1)
     torch.testing.assert_close(s[:5], ref_s)
-    # Within one e4m3 step of torch's cast (the interpreter's fp8 rounding may differ).
-    torch.testing.assert_close(q[:5].float() * s[:5], ref_q.float() * ref_s, rtol=0.13, atol=1e-6)
-    assert torch.all(q[4].float() == 0)  # an all-zero row stays zero
+    torch.testing.assert_close(q[:5].float() * s[:5], ref_q.float() * ref_s, rtol=0.07, atol=0)
     assert torch.all(q[5:].float() == 0) and torch.all(s[5:] == 1)
