@@ -18,10 +18,11 @@ import torch
 from .interface import AttentionMetadata
 from .triton_kernels import paged_decode, paged_prefill, store_kv
 from .triton_kernels.decode import choose_num_splits
+from .utils import AttentionShape
 from .vanilla import VanillaAttention
 
 
-class TritonAttention:
+class TritonAttention(AttentionShape):
     """`forward(q: [T, H*D], k: [T, KVH*D], v: [T, KVH*D], attn_metadata) -> [T, H*D]`.
 
     Rows past `num_ctx_tokens + num_generations` (padding) come back as zeros.
@@ -37,20 +38,9 @@ class TritonAttention:
         scale: float | None = None,
         num_kv_splits: int | None = None,
     ) -> None:
-        if num_heads <= 0 or num_kv_heads <= 0 or head_dim <= 0:
-            raise ValueError(
-                f"invalid attention shape: heads={num_heads}, kv_heads={num_kv_heads}, "
-                f"head_dim={head_dim}"
-            )
-        if num_heads % num_kv_heads != 0:
-            raise ValueError(f"num_heads {num_heads} not divisible by num_kv_heads {num_kv_heads}")
+        super().__init__(num_heads, num_kv_heads, head_dim, layer_idx, scale)
         if num_kv_splits is not None and num_kv_splits < 1:
             raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.layer_idx = layer_idx
-        self.scale = head_dim**-0.5 if scale is None else scale
         self.num_kv_splits = num_kv_splits
         # Without a KV cache there is nothing paged to read; the reference handles that
         # (prefill-only) case.

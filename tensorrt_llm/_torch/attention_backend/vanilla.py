@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .interface import AttentionMetadata
+from .utils import AttentionShape
 
 
 def store_kv(
@@ -69,33 +70,12 @@ def causal_attention(
     return out.transpose(0, 1)
 
 
-class VanillaAttention:
+class VanillaAttention(AttentionShape):
     """Reference attention over the packed tokens of one step.
 
     `forward(q: [T, H*D], k: [T, KVH*D], v: [T, KVH*D], attn_metadata) -> [T, H*D]`. Rows past
     `attn_metadata.num_tokens` (CUDA-graph padding) come back as zeros.
     """
-
-    def __init__(
-        self,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        layer_idx: int,
-        scale: float | None = None,
-    ) -> None:
-        if num_heads <= 0 or num_kv_heads <= 0 or head_dim <= 0:
-            raise ValueError(
-                f"invalid attention shape: heads={num_heads}, kv_heads={num_kv_heads}, "
-                f"head_dim={head_dim}"
-            )
-        if num_heads % num_kv_heads != 0:
-            raise ValueError(f"num_heads {num_heads} not divisible by num_kv_heads {num_kv_heads}")
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.layer_idx = layer_idx
-        self.scale = head_dim**-0.5 if scale is None else scale
 
     def forward(
         self,

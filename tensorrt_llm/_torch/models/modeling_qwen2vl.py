@@ -83,7 +83,6 @@ def apply_generation_deltas(
 
 # ===================== input processors (Qwen2-VL, Qwen2.5-VL) =====================
 
-import math  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import ClassVar  # noqa: E402
 
@@ -92,7 +91,6 @@ from PIL import Image  # noqa: E402
 
 from ...inputs.data import TextPrompt, as_prompt_dict  # noqa: E402
 from ...inputs.registry import (  # noqa: E402
-    dummy_text_ids,
     load_hf_config,
     load_tokenizer,
     register_input_processor,
@@ -106,6 +104,7 @@ from ...inputs.utils import (  # noqa: E402
     load_video,
     media_from_messages,
 )
+from .qwen_vl_dummy_inputs import QwenVLDummyInputsMixin  # noqa: E402
 from .qwen_vl_media import (  # noqa: E402
     VideoSampling,
     VisionPreprocessConfig,
@@ -114,6 +113,7 @@ from .qwen_vl_media import (  # noqa: E402
     preprocess_frames,
     read_json,
     sample_indices_qwen2,
+    select_video_frames,
     target_size,
 )
 from .qwen_vl_rope_index import Qwen2_5VLRopeIndexMixin, Qwen2VLRopeIndexMixin  # noqa: E402
@@ -133,12 +133,7 @@ def text_only_mrope_config(num_tokens: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _fps_of_times(seconds: Sequence[float]) -> float | None:
-    span = float(seconds[-1]) - float(seconds[0]) if len(seconds) > 1 else 0.0
-    return (len(seconds) - 1) / span if span > 0 else None
-
-
-class Qwen2VLInputProcessorBase(Qwen2VLRopeIndexMixin):
+class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
     """Prompt + media -> (token ids, {"multimodal_data": ...}) for Qwen2-VL.
 
     Images go through the checkpoint's HF image processor; videos through our own
@@ -326,31 +321,15 @@ class Qwen2VLInputProcessorBase(Qwen2VLRopeIndexMixin):
     def _select_frames(
         self, index: int, video: VideoData, kwargs: dict[str, Any]
     ) -> tuple[list[Image.Image], list[float] | None, float | None]:
-        """Frames to encode, their times in seconds, and their rate (each None if unknown)."""
-        fps = float(kwargs["fps"]) if kwargs.get("fps") is not None else video.fps
-        total = len(video.frames)
-        seconds = video.timestamps
-        if seconds is None and fps is not None:
-            seconds = [k / fps for k in range(total)]
-        if seconds is None and self.video_needs_timing:
-            raise ValueError(
-                f"video {index} has no timing: {type(self).__name__} needs the frames' fps or "
-                f"timestamps (VideoData(fps=...), or mm_processor_kwargs={{'fps': ...}})"
-            )
-        rate = fps if video.timestamps is None else _fps_of_times(video.timestamps)
-        indices = list(range(total))
-        if kwargs.get("do_sample_frames", self.video_sampling.do_sample_frames) or (
-            kwargs.get("num_frames") is not None
-        ):
-            if rate is None and kwargs.get("num_frames") is None:
-                raise ValueError(
-                    f"video {index}: sampling frames by fps needs the video's fps or timestamps"
-                )
-            indices = self._sample_indices(total, rate or 1.0, kwargs.get("num_frames")).tolist()
-            rate = None if rate is None else len(indices) / total * rate
-        frames = [video.frames[k] for k in indices]
-        times = None if seconds is None else [float(seconds[k]) for k in indices]
-        return frames, times, rate
+        return select_video_frames(
+            index,
+            video,
+            kwargs,
+            owner=type(self).__name__,
+            needs_timing=self.video_needs_timing,
+            sampling=self.video_sampling,
+            sample_indices=self._sample_indices,
+        )
 
     def _sample_indices(self, total: int, fps: float, num_frames: int | None) -> np.ndarray:
         return sample_indices_qwen2(
@@ -426,41 +405,6 @@ class Qwen2VLInputProcessorBase(Qwen2VLRopeIndexMixin):
             + block.format("<|video_pad|>") * num_videos
             + question
         )
-
-    def get_num_tokens_per_image(self, width: int, height: int) -> int:
-        """Vision tokens one image of this size becomes (after resizing)."""
-        new_h, new_w = target_size(height, width, self.vision_config)
-        return (new_h // self.patch_size) * (new_w // self.patch_size) // self.merge_size**2
-
-    def get_dummy_image_size(self, max_tokens: int) -> tuple[int, int]:
-        """(width, height) of the largest square image whose tokens fit `max_tokens`.
-
-        Deterministic, for the memory probe. Sides are multiples of patch_size * merge_size
-        and never above max_pixels, so the image is used as it is.
-        """
-        factor = self.vision_config.factor
-        units = min(math.isqrt(max(max_tokens, 0)), math.isqrt(self.max_pixels // factor**2))
-        for side in range(units * factor, 0, -factor):
-            if self.get_num_tokens_per_image(side, side) <= max_tokens:
-                return side, side
-        smallest = self.get_num_tokens_per_image(factor, factor)
-        raise ValueError(
-            f"max_tokens={max_tokens} is below the {smallest} tokens of the "
-            f"smallest image (min_pixels={self.min_pixels})"
-        )
-
-    def get_dummy_prompt(self, num_tokens: int) -> list[int]:
-        """`num_tokens` ids of ordinary text (a text-only dummy request)."""
-        return dummy_text_ids(self.tokenizer, num_tokens)
-
-    def get_dummy_multimodal_prompt(self, max_image_tokens: int) -> TextPrompt:
-        """A one-image prompt with the largest gray image that fits `max_image_tokens`."""
-        width, height = self.get_dummy_image_size(max_image_tokens)
-        image = Image.new("RGB", (width, height), (128, 128, 128))
-        return {
-            "prompt": self.default_multimodal_prompt("Describe the image."),
-            "multi_modal_data": {"image": [image]},
-        }
 
 
 class Qwen2_5VLInputProcessorBase(Qwen2_5VLRopeIndexMixin, Qwen2VLInputProcessorBase):

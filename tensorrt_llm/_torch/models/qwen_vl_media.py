@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -369,3 +369,48 @@ def group_timestamps(seconds: Sequence[float], temporal_patch_size: int) -> list
     times += [times[-1]] * (-len(times) % temporal_patch_size)
     step = temporal_patch_size
     return [(times[i] + times[i + step - 1]) / 2 for i in range(0, len(times), step)]
+
+
+def _fps_of_times(seconds: Sequence[float]) -> float | None:
+    span = float(seconds[-1]) - float(seconds[0]) if len(seconds) > 1 else 0.0
+    return (len(seconds) - 1) / span if span > 0 else None
+
+
+def select_video_frames(
+    index: int,
+    video: Any,
+    kwargs: dict[str, Any],
+    *,
+    owner: str,
+    needs_timing: bool,
+    sampling: VideoSampling,
+    sample_indices: Callable[[int, float, int | None], np.ndarray],
+) -> tuple[list[Image.Image], list[float] | None, float | None]:
+    """Frames to encode, their times in seconds, and their rate (each None if unknown).
+
+    `kwargs` are the request's mm_processor_kwargs (fps, num_frames, do_sample_frames);
+    `sample_indices(total, fps, num_frames)` is the family's frame-sampling rule.
+    """
+    fps = float(kwargs["fps"]) if kwargs.get("fps") is not None else video.fps
+    total = len(video.frames)
+    seconds = video.timestamps
+    if seconds is None and fps is not None:
+        seconds = [k / fps for k in range(total)]
+    if seconds is None and needs_timing:
+        raise ValueError(
+            f"video {index} has no timing: {owner} needs the frames' fps or "
+            f"timestamps (VideoData(fps=...), or mm_processor_kwargs={{'fps': ...}})"
+        )
+    rate = fps if video.timestamps is None else _fps_of_times(video.timestamps)
+    indices = list(range(total))
+    num_frames = kwargs.get("num_frames")
+    if kwargs.get("do_sample_frames", sampling.do_sample_frames) or num_frames is not None:
+        if rate is None and num_frames is None:
+            raise ValueError(
+                f"video {index}: sampling frames by fps needs the video's fps or timestamps"
+            )
+        indices = sample_indices(total, rate or 1.0, num_frames).tolist()
+        rate = None if rate is None else len(indices) / total * rate
+    frames = [video.frames[k] for k in indices]
+    times = None if seconds is None else [float(seconds[k]) for k in indices]
+    return frames, times, rate

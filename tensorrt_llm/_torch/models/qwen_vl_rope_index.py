@@ -165,11 +165,9 @@ class Qwen2VLRopeIndexMixin:
                 raise ValueError(
                     f"attention_mask shape {list(mask.shape)} != input_ids shape {list(ids.shape)}"
                 )
-        videos = _as_grids(video_grid_thw, "video_grid_thw", tokens.merge)
+        videos, seconds = cls._video_blocks(video_grid_thw, second_per_grid_ts, tokens.merge)
         cursor = _GridCursor(
-            _as_grids(image_grid_thw, "image_grid_thw", tokens.merge),
-            videos,
-            cls._video_seconds(second_per_grid_ts, videos.shape[0]),
+            _as_grids(image_grid_thw, "image_grid_thw", tokens.merge), videos, seconds
         )
         batch, seq_len = ids.shape
         positions = np.full((3, batch, seq_len), MASKED_POSITION, dtype=np.int64)
@@ -185,6 +183,14 @@ class Qwen2VLRopeIndexMixin:
                 deltas[row, 0] = row_pos.max() + 1 - row_ids.size
         cursor.check_used()
         return torch.from_numpy(positions), torch.from_numpy(deltas)
+
+    @classmethod
+    def _video_blocks(
+        cls, video_grid_thw: ArrayLike | None, second_per_grid_ts: ArrayLike | None, merge: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """([N, 3] grids, [N] seconds per grid) of the video blocks, in prompt order."""
+        videos = _as_grids(video_grid_thw, "video_grid_thw", merge)
+        return videos, cls._video_seconds(second_per_grid_ts, videos.shape[0])
 
     @staticmethod
     def _video_seconds(second_per_grid_ts: ArrayLike | None, num_videos: int) -> np.ndarray:
@@ -294,21 +300,10 @@ class Qwen3VLRopeIndexMixin(Qwen2VLRopeIndexMixin):
     """
 
     @classmethod
-    def get_rope_index(
-        cls,
-        model_config: Any,
-        input_ids: ArrayLike,
-        image_grid_thw: ArrayLike | None = None,
-        video_grid_thw: ArrayLike | None = None,
-        attention_mask: ArrayLike | None = None,
-        second_per_grid_ts: ArrayLike | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        frames = None
-        if video_grid_thw is not None:
-            merge = _read_vision_tokens(model_config).merge
-            videos = _as_grids(video_grid_thw, "video_grid_thw", merge)
-            frames = np.repeat(videos, videos[:, 0], axis=0)
-            frames[:, 0] = 1
-        return super().get_rope_index(
-            model_config, input_ids, image_grid_thw, frames, attention_mask, None
-        )
+    def _video_blocks(
+        cls, video_grid_thw: ArrayLike | None, second_per_grid_ts: ArrayLike | None, merge: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        videos = _as_grids(video_grid_thw, "video_grid_thw", merge)
+        frames = np.repeat(videos, videos[:, 0], axis=0)
+        frames[:, 0] = 1
+        return frames, np.ones(frames.shape[0], dtype=np.float64)

@@ -1,0 +1,32 @@
+"""Shared constructor of the attention backends: head layout, layer index and softmax scale."""
+
+from __future__ import annotations
+
+
+class AttentionShape:
+    """Validated head layout of one attention layer, the common base of the backends.
+
+    `num_heads` query heads share `num_kv_heads` K/V heads (GQA), each of width `head_dim`;
+    `scale` defaults to `head_dim ** -0.5`.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        layer_idx: int,
+        scale: float | None = None,
+    ) -> None:
+        if num_heads <= 0 or num_kv_heads <= 0 or head_dim <= 0:
+            raise ValueError(
+                f"invalid attention shape: heads={num_heads}, kv_heads={num_kv_heads}, "
+                f"head_dim={head_dim}"
+            )
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"num_heads {num_heads} not divisible by num_kv_heads {num_kv_heads}")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.layer_idx = layer_idx
+        self.scale = head_dim**-0.5 if scale is None else scale
