@@ -152,8 +152,7 @@ def test_recycled_slot_uses_its_own_delta(stack: Stack) -> None:
 
 def test_every_registered_vl_class_lists_both_mrope_paths() -> None:
     vl_classes = [
-        cls for cls in import_all_models().values()
-        if hasattr(cls, "multimodal_data_device_paths")
+        cls for cls in import_all_models().values() if hasattr(cls, "multimodal_data_device_paths")
     ]
     assert len(vl_classes) >= 3
     for cls in vl_classes:
@@ -166,8 +165,9 @@ def test_every_registered_vl_class_lists_both_mrope_paths() -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_cuda_bf16_matches_hf(family: str, kind: str, tmp_path: Path) -> None:
     """The same parity on CUDA in bf16 (loose tolerance), decode teacher-forced on HF tokens."""
-    stack = build_stack(family, write_tiny_checkpoint(family, tmp_path), device="cuda",
-                        dtype=torch.bfloat16)
+    stack = build_stack(
+        family, write_tiny_checkpoint(family, tmp_path), device="cuda", dtype=torch.bfloat16
+    )
     req = make_request(stack, 1, prompt(kind))
     ids, data = list(req.prompt_token_ids), req.hf_inputs
     admit(stack, req)

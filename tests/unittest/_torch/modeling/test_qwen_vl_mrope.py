@@ -112,11 +112,19 @@ def test_strip_for_generation_keeps_only_delta() -> None:
 def test_write_then_read_slots() -> None:
     cache = _cache(8)
     _prepare_qwen_vl_mrope_config(
-        cache, torch.tensor([2, 5]), torch.tensor([], dtype=torch.long),
-        [_params(11), _params(22)], _RecordingRotary(), torch.zeros(3, 1, 10, dtype=torch.int32),
+        cache,
+        torch.tensor([2, 5]),
+        torch.tensor([], dtype=torch.long),
+        [_params(11), _params(22)],
+        _RecordingRotary(),
+        torch.zeros(3, 1, 10, dtype=torch.int32),
     )
     out = _prepare_qwen_vl_mrope_config(
-        cache, torch.tensor([], dtype=torch.long), torch.tensor([2, 5]), [], None,
+        cache,
+        torch.tensor([], dtype=torch.long),
+        torch.tensor([2, 5]),
+        [],
+        None,
         torch.zeros(3, 1, 2, dtype=torch.int32),
     )
     assert out["mrope_position_deltas"].tolist() == [[11], [22]]
@@ -126,7 +134,11 @@ def test_write_then_read_slots() -> None:
 def test_cpu_deltas_into_cache_on_other_device() -> None:
     cache = _cache(4, device="meta")
     out = _prepare_qwen_vl_mrope_config(
-        cache, torch.tensor([1]), torch.tensor([1, 4]), [_params(5)], None,
+        cache,
+        torch.tensor([1]),
+        torch.tensor([1, 4]),
+        [_params(5)],
+        None,
         torch.zeros(3, 1, 6, dtype=torch.int32, device="meta"),
     )
     assert out["mrope_position_deltas"].device.type == "meta"
@@ -137,7 +149,11 @@ def test_mixed_devices_and_int64_deltas() -> None:
     cache = _cache(4)
     params = [_params(-3, dtype=torch.int64), _params(9, dtype=torch.int16)]
     _prepare_qwen_vl_mrope_config(
-        cache, torch.tensor([0, 3]), torch.tensor([], dtype=torch.long), params, None,
+        cache,
+        torch.tensor([0, 3]),
+        torch.tensor([], dtype=torch.long),
+        params,
+        None,
         torch.zeros(3, 1, 4, dtype=torch.int32),
     )
     assert cache.tolist() == [-3, 0, 0, 9, 0]
@@ -146,21 +162,33 @@ def test_mixed_devices_and_int64_deltas() -> None:
 def test_count_mismatch_raises_naming_both_counts() -> None:
     with pytest.raises(RuntimeError, match=r"1 deltas for 2 context write slots"):
         _prepare_qwen_vl_mrope_config(
-            _cache(4), torch.tensor([0, 1]), torch.tensor([], dtype=torch.long), [_params(1)],
-            None, torch.zeros(3, 1, 4, dtype=torch.int32),
+            _cache(4),
+            torch.tensor([0, 1]),
+            torch.tensor([], dtype=torch.long),
+            [_params(1)],
+            None,
+            torch.zeros(3, 1, 4, dtype=torch.int32),
         )
 
 
 def test_pure_generation_builds_no_cos_sin() -> None:
     rotary = _RecordingRotary()
     out = _prepare_qwen_vl_mrope_config(
-        _cache(4), torch.tensor([], dtype=torch.long), torch.tensor([0, 1]), [], rotary,
+        _cache(4),
+        torch.tensor([], dtype=torch.long),
+        torch.tensor([0, 1]),
+        [],
+        rotary,
         torch.zeros(3, 1, 2, dtype=torch.int32),
     )
     assert out["mrope_rotary_cos_sin"] is None
     assert rotary.calls == []
     ctx = _prepare_qwen_vl_mrope_config(
-        _cache(4), torch.tensor([0]), torch.tensor([], dtype=torch.long), [_params(2)], rotary,
+        _cache(4),
+        torch.tensor([0]),
+        torch.tensor([], dtype=torch.long),
+        [_params(2)],
+        rotary,
         torch.zeros(3, 1, 5, dtype=torch.int32),
     )
     assert ctx["mrope_rotary_cos_sin"].shape == (5, 8)
@@ -171,11 +199,19 @@ def test_dummy_slot_reads_zero() -> None:
     cache = _cache(3)
     dummy = cache.numel() - 1
     _prepare_qwen_vl_mrope_config(
-        cache, torch.tensor([0, 1, 2]), torch.tensor([], dtype=torch.long),
-        [_params(4), _params(5), _params(6)], None, torch.zeros(3, 1, 3, dtype=torch.int32),
+        cache,
+        torch.tensor([0, 1, 2]),
+        torch.tensor([], dtype=torch.long),
+        [_params(4), _params(5), _params(6)],
+        None,
+        torch.zeros(3, 1, 3, dtype=torch.int32),
     )
     out = _prepare_qwen_vl_mrope_config(
-        cache, torch.tensor([], dtype=torch.long), torch.tensor([dummy, 1]), [], None,
+        cache,
+        torch.tensor([], dtype=torch.long),
+        torch.tensor([dummy, 1]),
+        [],
+        None,
         torch.zeros(3, 1, 2, dtype=torch.int32),
     )
     assert out["mrope_position_deltas"].tolist() == [[0], [5]]
@@ -196,12 +232,19 @@ def test_cuda_cache_with_cpu_and_cuda_deltas() -> None:
     cache = _cache(8, device="cuda")
     params = [_params(11), _params(22, dtype=torch.int64, device="cuda")]
     _prepare_qwen_vl_mrope_config(
-        cache, torch.tensor([2, 5]), torch.tensor([], dtype=torch.long), params, None,
+        cache,
+        torch.tensor([2, 5]),
+        torch.tensor([], dtype=torch.long),
+        params,
+        None,
         torch.zeros(3, 1, 10, dtype=torch.int32, device="cuda"),
     )
     out = _prepare_qwen_vl_mrope_config(
-        cache, torch.tensor([], dtype=torch.long, device="cuda"),
-        torch.tensor([2, 5, 8], device="cuda"), [], None,
+        cache,
+        torch.tensor([], dtype=torch.long, device="cuda"),
+        torch.tensor([2, 5, 8], device="cuda"),
+        [],
+        None,
         torch.zeros(3, 1, 3, dtype=torch.int32, device="cuda"),
     )
     assert out["mrope_position_deltas"].device.type == "cuda"

@@ -68,21 +68,37 @@ class Stack:
     hf: torch.nn.Module
 
 
-def build_stack(family: str, ckpt: Path, device: str = "cpu",
-                dtype: torch.dtype = torch.float32) -> Stack:
+def build_stack(
+    family: str, ckpt: Path, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> Stack:
     config = load_pretrained_config(ckpt)
     cls = get_model_class(resolve_architecture(config))
-    model_config = ModelConfig(config, torch_dtype=dtype, max_num_seq_slots=8,
-                               checkpoint_dir=str(ckpt))
+    model_config = ModelConfig(
+        config, torch_dtype=dtype, max_num_seq_slots=8, checkpoint_dir=str(ckpt)
+    )
     model = load_model(cls, model_config, device)
-    engine = PyTorchModelEngine(model, torch.device(device), max_num_tokens=1024,
-                                max_batch_size=8, max_seq_len=1024, tokens_per_block=16,
-                                image_token_id=config.image_token_id,
-                                video_token_id=config.video_token_id)
+    engine = PyTorchModelEngine(
+        model,
+        torch.device(device),
+        max_num_tokens=1024,
+        max_batch_size=8,
+        max_seq_len=1024,
+        tokens_per_block=16,
+        image_token_id=config.image_token_id,
+        video_token_id=config.video_token_id,
+    )
     text = config.text_config
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    kv = KVCacheManager(text.num_hidden_layers, text.num_key_value_heads, head_dim, 16, 256, 64,
-                        dtype=dtype, device=device)
+    kv = KVCacheManager(
+        text.num_hidden_layers,
+        text.num_key_value_heads,
+        head_dim,
+        16,
+        256,
+        64,
+        dtype=dtype,
+        device=device,
+    )
     engine.set_kv_cache_manager(kv)
     hf_cls = getattr(transformers, HF_CLASS[family])
     hf = hf_cls.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
