@@ -46,6 +46,11 @@ class CUDAGraphRunner:
         self.pool = None
         # The last seq-slot-cache entry is the dummy slot: padded rows read delta 0 from it.
         self.dummy_slot = engine.max_batch_size
+        cu = engine.buffers.cu_seqlens_q
+        # 1..max_batch_size, built once: padded rows' cu_seqlens offsets without a per-step alloc.
+        self._pad_offsets = torch.arange(
+            1, engine.max_batch_size + 1, dtype=cu.dtype, device=cu.device
+        )
 
     def bucket(self, batch_size: int) -> int | None:
         i = bisect.bisect_left(self.batch_sizes, batch_size)
@@ -71,9 +76,7 @@ class CUDAGraphRunner:
         buf.num_cached_tokens[real:bucket].zero_()
         buf.seq_slots[real:bucket].fill_(self.dummy_slot)
         buf.block_tables[real:bucket].zero_()
-        steps = torch.arange(
-            1, bucket - real + 1, dtype=buf.cu_seqlens_q.dtype, device=buf.cu_seqlens_q.device
-        )
+        steps = self._pad_offsets[: bucket - real]
         buf.cu_seqlens_q[real + 1 : bucket + 1].copy_(buf.cu_seqlens_q[real] + steps)
 
     def _metadata(self, bucket: int) -> AttentionMetadata:

@@ -212,13 +212,25 @@ class PyExecutor:
             self._finish(req)
 
     # ---- one step ------------------------------------------------------------------------------
-    def _step(self) -> None:
-        start = time.perf_counter()
+    def _schedule(self) -> ScheduledRequests | None:
+        """This step's batch, or None when the scheduler failed (everything active then fails)."""
         try:
-            scheduled = self.scheduler.schedule(self._active)
+            return self.scheduler.schedule(self._active)
         except Exception as exc:
             logger.exception("scheduler failed")
             self._fail_all(f"scheduler error: {type(exc).__name__}: {exc}")
+            return None
+
+    def _record_step(self, scheduled: ScheduledRequests, start: float) -> None:
+        with self._stats_lock:
+            self._stats.num_steps += 1
+            self._stats.last_step_num_tokens = scheduled.num_tokens
+            self._stats.last_step_time_s = time.perf_counter() - start
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        scheduled = self._schedule()
+        if scheduled is None:
             return
         if scheduled.is_empty:
             # Nothing fits right now (resources still held); wait briefly for a command.
@@ -236,37 +248,39 @@ class PyExecutor:
             self._emit(req)
             if req.is_finished:
                 self._finish(req, emitted=True)
-        with self._stats_lock:
-            self._stats.num_steps += 1
-            self._stats.last_step_num_tokens = scheduled.num_tokens
-            self._stats.last_step_time_s = time.perf_counter() - start
+        self._record_step(scheduled, start)
 
-    def _run_step(self, scheduled: ScheduledRequests) -> None:
-        # Decide before the forward which rows give a real token: generation rows, and context
-        # rows whose chunk reaches the end of the prompt. Non-final chunk rows are ignored.
+    def _forward_and_sample(
+        self, scheduled: ScheduledRequests, **forward_kwargs: Any
+    ) -> tuple[list[LlmRequest], torch.Tensor | None]:
+        """Run the step and sample on the device; returns (sampled requests, device tokens).
+
+        Rows that give a real token are the generation rows and the context rows whose chunk
+        reaches the end of the prompt; non-final chunk rows are dropped before sampling.
+        """
         ctx = scheduled.context_requests
         final_ctx = [req.is_last_context_chunk for req in ctx]
-        logits = self.model_engine.forward(scheduled)
+        logits = self.model_engine.forward(scheduled, **forward_kwargs)
         rows = [i for i, final in enumerate(final_ctx) if final]
         rows += range(len(ctx), scheduled.batch_size)
         everyone = scheduled.all_requests  # built once: the property makes a new list
         sampled = [everyone[i] for i in rows]
-        if sampled:
-            if len(rows) != logits.shape[0]:
-                index = async_tensor_h2d(rows, torch.int64, logits.device)
-                logits = logits.index_select(0, index)
-            tokens = self.sampler.sample(logits, sampled)
-            host_tokens = self.sampler.to_host(tokens)  # the step's one sync
-        for req, final in zip(ctx, final_ctx, strict=True):
-            if not final:
-                req.move_to_next_context_chunk()
+        if not sampled:
+            return sampled, None
+        if len(rows) != logits.shape[0]:
+            index = async_tensor_h2d(rows, torch.int64, logits.device)
+            logits = logits.index_select(0, index)
+        return sampled, self.sampler.sample(logits, sampled)
+
+    def _run_step(self, scheduled: ScheduledRequests) -> None:
+        # NOTE: the engine itself strips a request's pixels once its last prefill chunk ran.
+        ctx_not_final = [r for r in scheduled.context_requests if not r.is_last_context_chunk]
+        sampled, tokens = self._forward_and_sample(scheduled)
+        host_tokens = self.sampler.to_host(tokens) if tokens is not None else []  # the one sync
+        for req in ctx_not_final:
+            req.move_to_next_context_chunk()
         if sampled:
             self.sampler.update_requests(sampled, host_tokens, self.tokenizer)
-        for req, final in zip(ctx, final_ctx, strict=True):
-            params = req.multimodal_params
-            if final and params is not None:
-                # Pixels are dead weight after the prefill; only the mRoPE delta stays.
-                params.strip_for_generation()
 
     def _wait_for_command(self, timeout: float) -> None:
         try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._utils import async_tensor_h2d, prefer_pinned
+from ..._utils import prefer_pinned
 from .llm_request import LlmRequest
 from .py_executor import PyExecutor
 from .scheduler import ScheduledRequests
@@ -58,11 +58,8 @@ class OverlapPyExecutor(PyExecutor):
 
     def _step(self) -> None:
         start = time.perf_counter()
-        try:
-            scheduled = self.scheduler.schedule(self._active)
-        except Exception as exc:
-            logger.exception("scheduler failed")
-            self._fail_all(f"scheduler error: {type(exc).__name__}: {exc}")
+        scheduled = self._schedule()
+        if scheduled is None:
             return
         # A request whose last token is already in flight waits for it to be processed.
         scheduled.generation_requests = [
@@ -87,10 +84,7 @@ class OverlapPyExecutor(PyExecutor):
             return
         self._process_pending()
         self._pending = launched
-        with self._stats_lock:
-            self._stats.num_steps += 1
-            self._stats.last_step_num_tokens = scheduled.num_tokens
-            self._stats.last_step_time_s = time.perf_counter() - start
+        self._record_step(scheduled, start)
 
     def _token_source(
         self, scheduled: ScheduledRequests
@@ -106,17 +100,12 @@ class OverlapPyExecutor(PyExecutor):
         return (pending.tokens, rows) if rows else None
 
     def _launch(self, scheduled: ScheduledRequests) -> _InFlight:
-        ctx = scheduled.context_requests
-        final_ctx = [req.is_last_context_chunk for req in ctx]
-        logits = self.model_engine.forward(scheduled, token_source=self._token_source(scheduled))
-        rows = [i for i, final in enumerate(final_ctx) if final]
-        rows += range(len(ctx), scheduled.batch_size)
-        everyone = scheduled.all_requests  # built once: the property makes a new list
-        sampled = [everyone[i] for i in rows]
-        if len(rows) != logits.shape[0]:
-            index = async_tensor_h2d(rows, torch.int64, logits.device)
-            logits = logits.index_select(0, index)
-        tokens = self.sampler.sample(logits, sampled)
+        ctx_not_final = [r for r in scheduled.context_requests if not r.is_last_context_chunk]
+        sampled, tokens = self._forward_and_sample(
+            scheduled, token_source=self._token_source(scheduled)
+        )
+        if tokens is None:  # only non-final prefill chunks ran: nothing to sample
+            tokens = torch.empty(0, dtype=torch.int64, device=self.model_engine.device)
         # NOTE: the D2H copy is queued now, before the next step's kernels, so waiting on it
         # later waits for this step only.
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=prefer_pinned())
@@ -125,9 +114,8 @@ class OverlapPyExecutor(PyExecutor):
         if tokens.is_cuda:
             done = torch.cuda.Event()
             done.record()
-        for req, final in zip(ctx, final_ctx, strict=True):
-            if not final:
-                req.move_to_next_context_chunk()
+        for req in ctx_not_final:
+            req.move_to_next_context_chunk()
         slots = []
         for req in sampled:
             slots.append(len(req.output_token_ids))
