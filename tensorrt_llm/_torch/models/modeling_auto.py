@@ -30,7 +30,5 @@ def get_model_class(architecture: str) -> type[nn.Module]:
     mapping = import_all_models()
     cls = mapping.get(architecture)
     if cls is None:
-        raise ValueError(
-            f"unsupported architecture {architecture!r}; supported: {sorted(mapping)}"
-        )
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: {sorted(mapping)}")
     return cls

@@ -312,11 +312,14 @@ def _call_fla(
     if cu_seqlens is not None:
         offsets = async_tensor_h2d(list(cu_seqlens), torch.long, q.device)
     state = initial_state.float().contiguous() if initial_state is not None else None
-    qkv = (x.contiguous() for x in (q, k, v))
+    # Everything after q, k, v goes by keyword: fla's fused recurrent kernel takes optional
+    # per-key/per-value gates (gk, gv) between g and beta, so a positional beta lands on gk.
     return op(
-        *qkv,
-        g.float().contiguous(),
-        beta.contiguous(),
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        g=g.float().contiguous(),
+        beta=beta.contiguous(),
         scale=scale,
         initial_state=state,
         output_final_state=output_final_state,

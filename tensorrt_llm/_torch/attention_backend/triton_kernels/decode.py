@@ -9,6 +9,9 @@ it writes the output directly; otherwise it writes unnormalised partials (acc, m
 query head and kernel 2 merges the splits.
 NOTE: CUDA-graph safe. Lengths and block ids are read on the device; the host only supplies
 shapes and the constant `num_splits`, so a captured launch stays valid for new lengths.
+`num_splits` and the request offset are plain runtime integers (not constexpr, not
+specialised): the split count follows the batch size, and a kernel variant per batch size
+would mean compiles in the middle of serving whenever a mixed step has a new size.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ _LOG2E = 1.4426950408889634
 # Fewest keys (of the static bound) worth a split of their own, and the cap on splits.
 _MIN_TOKENS_PER_SPLIT = 64
 _MAX_SPLITS = 32
+# Reduce tile: one power of two covering any split count, so the reduce kernel compiles once.
+_BLOCK_SPLITS = triton.next_power_of_2(_MAX_SPLITS)
 # Programs for ~3-4 waves of an H200 (132 SMs); each program streams one KV head's tiles.
 _TARGET_PROGRAMS = 528
 # Smallest tile `tl.dot` accepts along any dimension.
@@ -30,7 +35,7 @@ _MIN_DOT = 16
 _TILE_BYTES = 16384
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["req_offset", "num_splits"])
 def _decode_split_kernel(
     q_ptr,
     out_ptr,
@@ -51,13 +56,14 @@ def _decode_split_kernel(
     stride_ct,
     stride_ch,
     stride_bt,
+    num_splits,
     TOKENS_PER_BLOCK: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_P: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -67,7 +73,7 @@ def _decode_split_kernel(
     req = (req_offset + row).to(tl.int64)
     kv_len = tl.load(num_cached_ptr + req) + tl.load(seq_lens_ptr + req)
     # Splits cover whole BLOCK_N tiles, so only a split's last tile is ragged.
-    split_len = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    split_len = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, kv_len)
 
@@ -105,27 +111,27 @@ def _decode_split_kernel(
         v = tl.load(kv_base + stride_ckv + kv_offs, mask=kv_mask, other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         out = acc / l_i[:, None]
         out_offs = row * stride_ot + heads[:, None] * stride_oh + dims[None, :]
         tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
     else:
-        part = (row * num_heads + heads) * NUM_SPLITS + split
+        part = (row * num_heads + heads) * num_splits + split
         tl.store(part_acc_ptr + part[:, None] * BLOCK_D + dims[None, :], acc, mask=row_ok[:, None])
         tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     out_ptr,
     part_acc_ptr,
     part_ml_ptr,
     stride_ot,
     stride_oh,
+    num_splits,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -133,8 +139,8 @@ def _decode_reduce_kernel(
     num_heads = tl.num_programs(1)
     splits = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, BLOCK_D)
-    split_ok = splits < NUM_SPLITS
-    part = (row * num_heads + head) * NUM_SPLITS + splits
+    split_ok = splits < num_splits
+    part = (row * num_heads + head) * num_splits + splits
     m = tl.load(part_ml_ptr + part * 2, mask=split_ok, other=float("-inf"))
     l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=split_ok, other=0.0)
     acc = tl.load(
@@ -195,8 +201,8 @@ def paged_decode(
     num_gens, num_heads, head_dim = q.shape
     if num_gens == 0:
         return
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if not 1 <= num_splits <= _MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {_MAX_SPLITS}], got {num_splits}")
     num_kv_heads = kv_buffer.shape[3]
     if num_heads % num_kv_heads != 0:
         raise ValueError(f"num_heads {num_heads} not divisible by num_kv_heads {num_kv_heads}")
@@ -232,13 +238,14 @@ def paged_decode(
         kv_buffer.stride(2),
         kv_buffer.stride(3),
         block_tables.stride(0),
+        num_splits,
         TOKENS_PER_BLOCK=kv_buffer.shape[2],
         GROUP=group,
         GROUP_P=max(_MIN_DOT, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_N=block_n,
-        NUM_SPLITS=num_splits,
+        SPLIT=num_splits > 1,
         # fp32 caches keep exact products (tf32 would cost ~1e-3 of parity).
         DOT_PRECISION="ieee" if kv_buffer.dtype == torch.float32 else "tf32",
         num_warps=4,
@@ -251,8 +258,8 @@ def paged_decode(
             part_ml,
             out.stride(0),
             out.stride(1),
+            num_splits,
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
-            NUM_SPLITS=num_splits,
-            BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_S=_BLOCK_SPLITS,
         )

@@ -35,9 +35,22 @@ except ImportError:  # The torch paths still work; kernels are defined as plain 
 _warned: set[str] = set()
 
 
-def triton_jit(fn: Callable[..., Any]) -> Any:
-    """`triton.jit` when Triton is importable; else the function itself (never launched)."""
-    return triton.jit(fn) if HAS_TRITON else fn
+def triton_jit(
+    fn: Callable[..., Any] | None = None, *, do_not_specialize: tuple[str, ...] = ()
+) -> Any:
+    """`triton.jit` when Triton is importable; else the function itself (never launched).
+
+    `do_not_specialize` names integer arguments that change from step to step (row counts,
+    offsets). Triton otherwise compiles a new variant when such a value turns 1 or a multiple
+    of 16, and a compile in the middle of serving stalls every request for ~0.3 s.
+    """
+
+    def wrap(f: Callable[..., Any]) -> Any:
+        if not HAS_TRITON:
+            return f
+        return triton.jit(f, do_not_specialize=list(do_not_specialize))
+
+    return wrap if fn is None else wrap(fn)
 
 
 def _interpreting() -> bool:

@@ -19,7 +19,7 @@ _BLOCK_N = 64
 _BLOCK_K = 64
 
 
-@triton_jit
+@triton_jit(do_not_specialize=("num_pairs",))
 def _gate_up_silu_kernel(
     x_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr,
     stride_xt, stride_we, stride_wn, stride_wk, stride_ot,
@@ -59,7 +59,7 @@ def _gate_up_silu_kernel(
         tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
 
 
-@triton_jit
+@triton_jit(do_not_specialize=("num_pairs",))
 def _down_weighted_kernel(
     act_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, topk_w_ptr,
     stride_at, stride_we, stride_wn, stride_wk, stride_ot,

@@ -48,7 +48,7 @@ def _rotate_heads(
     tl.store(base + HALF, out2.to(x_ptr.dtype.element_ty), mask=mask)
 
 
-@triton_jit
+@triton_jit(do_not_specialize=("pos_axis_stride", "max_pos"))
 def _rope_qk_kernel(
     q_ptr,
     k_ptr,

@@ -26,7 +26,7 @@ _MAX_BLOCK_D = 32768
 _ROW_PACK_ELEMS = 4096
 
 
-@triton_jit
+@triton_jit(do_not_specialize=("n_rows",))
 def _rms_norm_kernel(
     x_ptr,
     res_ptr,
@@ -163,7 +163,9 @@ def rms_norm(
         return out if new_res is None else (out, new_res)
     w = weight if weight.stride(0) == 1 else weight.contiguous()
     block_d = triton.next_power_of_2(dim)
-    block_rows = max(1, min(triton.next_power_of_2(n_rows), _ROW_PACK_ELEMS // block_d))
+    # Depends on the row width only, never the row count: one compiled variant serves every
+    # batch (masked rows of a short batch cost next to nothing).
+    block_rows = max(1, _ROW_PACK_ELEMS // block_d)
     num_warps = max(1, min(16, block_rows * block_d // 512))
     dummy = x3  # Stands in for absent residual pointers; never dereferenced (constexpr-gated).
     _rms_norm_kernel[(triton.cdiv(n_rows, block_rows),)](

@@ -283,6 +283,40 @@ def test_gpu_paged_decode_split_counts_agree_with_gather(heads: int, kv_heads: i
         torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
 
 
+def _compiled_variants(kernel: object) -> int:
+    return sum(len(caches[0]) for caches in kernel.device_caches.values())
+
+
+@pytest.mark.gpu
+def test_gpu_decode_compiles_once_for_any_batch_split_or_offset() -> None:
+    """Mixed steps run decode eagerly with a new row count, split count and request offset
+    almost every step; none of them may trigger a recompile (each costs ~0.3 s of serving)."""
+    from tensorrt_llm._torch.attention_backend.triton_kernels import decode
+
+    heads, kv_heads, head_dim, tpb, width = 8, 2, 64, 16, 8
+    cache = torch.randn(64, 2, tpb, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    q_all = torch.randn(40, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    tables = torch.arange(64, dtype=torch.int32, device="cuda").view(8, width).repeat(5, 1)
+    ones = torch.ones(40, dtype=torch.int32, device="cuda")
+    cached = torch.full((40,), 50, dtype=torch.int32, device="cuda")
+
+    def run(rows: int, offset: int, splits: int) -> None:
+        q = q_all[offset : offset + rows]
+        decode.paged_decode(
+            q, torch.empty_like(q), cache, tables, ones, cached, offset, 0.1, splits
+        )
+
+    run(3, 0, 2)
+    run(2, 0, 1)
+    split_kernels = _compiled_variants(decode._decode_split_kernel)
+    reduce_kernels = _compiled_variants(decode._decode_reduce_kernel)
+    for rows, offset, splits in [(1, 1, 2), (16, 16, 5), (17, 3, 32), (32, 0, 7), (5, 32, 1)]:
+        run(rows, offset, splits)
+    torch.cuda.synchronize()
+    assert _compiled_variants(decode._decode_split_kernel) == split_kernels
+    assert _compiled_variants(decode._decode_reduce_kernel) == reduce_kernels
+
+
 def _copy_step(static: AttentionMetadata, md: AttentionMetadata) -> None:
     """Write a live step's device metadata into the captured buffers (padded rows keep
     slot -1, seq_len 1, num_cached 0 and block 0)."""

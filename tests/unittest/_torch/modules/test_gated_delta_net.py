@@ -140,15 +140,24 @@ def test_fla_adapter_expands_heads_and_passes_offsets() -> None:
     """The fla call contract, checked on CPU with a stand-in for the kernel."""
     calls: list[torch.Tensor] = []
 
+    # fla 0.6's fused recurrent signature: optional per-key/per-value gates sit between g and
+    # beta, so an adapter passing beta positionally would hand it over as gk.
     def fake_fla(
-        *qkvgb: torch.Tensor,
-        scale: float,
-        initial_state: torch.Tensor,
-        output_final_state: bool,
-        cu_seqlens: torch.Tensor,
-        use_qk_l2norm_in_kernel: bool,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor | None = None,
+        gk: torch.Tensor | None = None,
+        gv: torch.Tensor | None = None,
+        beta: torch.Tensor | None = None,
+        scale: float | None = None,
+        initial_state: torch.Tensor | None = None,
+        output_final_state: bool = False,
+        use_qk_l2norm_in_kernel: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        q, k, v, g, beta = qkvgb
+        assert gk is None and gv is None, "beta or g reached fla's per-key/per-value gate slots"
+        assert g is not None and beta is not None
         calls.append(cu_seqlens)
         assert q.shape[2] == k.shape[2] == v.shape[2] and g.dtype == torch.float32
         assert cu_seqlens.dtype == torch.long and initial_state.dtype == torch.float32
@@ -329,6 +338,15 @@ def test_fla_matches_reference() -> None:
         o_ref, s_ref = ref(q, k, v, g, beta, state0, True, use_qk_l2norm=True, cu_seqlens=cu)
         torch.testing.assert_close(o.cpu().float(), o_ref, atol=1e-2, rtol=1e-2)
         torch.testing.assert_close(s.cpu().float(), s_ref, atol=1e-2, rtol=1e-2)
+    # Batched decode as the model runs it: one token per request, no cu_seqlens.
+    q, k, v, g, beta, state0 = _rule_inputs(5, 1, hk=2, hv=4, dk=32, dv=32, seed=1)
+    dev = [x.cuda() for x in (q, k, v, g, beta, state0)]
+    o, s = fused_recurrent_gated_delta_rule(*dev, True, use_qk_l2norm=True)
+    o_ref, s_ref = recurrent_gated_delta_rule_ref(
+        q, k, v, g, beta, state0, True, use_qk_l2norm=True
+    )
+    torch.testing.assert_close(o.cpu().float(), o_ref, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(s.cpu().float(), s_ref, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.gpu

@@ -242,3 +242,26 @@ def test_norm_and_act_cuda_graph_replay() -> None:
         expected = (*rms_norm_torch(x, weight, EPS, residual), silu_and_mul_torch(gate_up))
         for got, want in zip(static_out, expected, strict=True):
             torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_rms_norm_compiles_once_for_any_row_count() -> None:
+    """Row counts change every step (batch sizes, per-head norms); a new count must not
+    compile a new kernel variant while serving, and every count stays correct."""
+    from tensorrt_llm._torch.modules.triton_kernels import rms_norm as module
+
+    kernel = module._rms_norm_kernel
+    weight = torch.randn(128, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(70, 8, 128, device="cuda", dtype=torch.bfloat16)
+    rms_norm(x[:3], weight, EPS)
+
+    def variants() -> int:
+        return sum(len(caches[0]) for caches in kernel.device_caches.values())
+
+    before = variants()
+    for tokens in (1, 2, 16, 17, 33, 64, 70):
+        out = rms_norm(x[:tokens], weight, EPS)
+        torch.testing.assert_close(
+            out, rms_norm_torch(x[:tokens], weight, EPS), atol=2e-2, rtol=2e-2
+        )
+    assert variants() == before
