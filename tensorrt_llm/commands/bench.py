@@ -73,6 +73,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="fp8 weights+activations in the text decoder (ours only)",
     )
+    p.add_argument(
+        "--kv_cache_dtype",
+        choices=["auto", "fp8"],
+        default="auto",
+        help="fp8: e4m3 KV cache (ours only)",
+    )
     p.add_argument("--output", default=None, help="write results as JSON here")
     return p.parse_args(argv)
 
@@ -100,6 +106,7 @@ def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[
         use_cuda_graph=not args.no_cuda_graph,
         kv_cache_free_gpu_memory_fraction=args.kv_cache_fraction,
         quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     rows = []
     try:

@@ -22,6 +22,7 @@ DTYPES: dict[str, torch.dtype | None] = {
     "float16": torch.float16,
 }
 DEVICES = ("auto", "cpu", "cuda")
+KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8": torch.float8_e4m3fn}
 ATTN_BACKENDS = ("auto", "vanilla", "triton", "flash_attn")
 MODALITIES = ("image", "video")
 _BOOL_FIELDS = (
@@ -74,6 +75,10 @@ class LlmArgs:
     cuda_graph_batch_sizes: list[int] | None = None
     # "fp8": e4m3 weights (per-channel) and activations (per-token) in the text decoder.
     quantization: str | None = None
+    # "auto": the KV cache takes the model dtype. "fp8": e4m3 K/V (half the bytes: twice the
+    # cached tokens and half the decode-attention traffic); values are stored unscaled and
+    # saturate at +-448, which suits q/k-normed models such as Qwen3-VL and Qwen3.5.
+    kv_cache_dtype: str = "auto"
     # The overlap scheduler prepares step n+1 while step n runs on the device.
     disable_overlap_scheduler: bool = False
     # "auto" reads the checkpoint's safetensors; "dummy" fills random weights (benchmarks).
@@ -92,6 +97,7 @@ class LlmArgs:
         _check_choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
         _check_choice("load_format", self.load_format, ["auto", "dummy"])
         _check_choice("quantization", self.quantization, [None, "fp8"])
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, list(KV_CACHE_DTYPES))
         sizes = self.cuda_graph_batch_sizes
         if sizes is not None:
             if not isinstance(sizes, list | tuple) or not sizes:
@@ -180,6 +186,10 @@ class LlmArgs:
         if isinstance(config_dtype, torch.dtype) and config_dtype.is_floating_point:
             return config_dtype
         return torch.bfloat16
+
+    def resolve_kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The KV cache's element type: the model dtype under 'auto'."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype] or model_dtype
 
     def resolve_max_seq_len(self, config_max_position_embeddings: int | None) -> int:
         """The user's max_seq_len, else the config's context length capped at the default cap."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 
 class AttentionShape:
     """Validated head layout of one attention layer, the common base of the backends.
@@ -30,3 +32,15 @@ class AttentionShape:
         self.head_dim = head_dim
         self.layer_idx = layer_idx
         self.scale = head_dim**-0.5 if scale is None else scale
+
+
+# Largest finite float8 e4m3 value. The FP8 KV cache stores K/V unscaled and clamps to this,
+# so an outlier saturates instead of turning into NaN.
+FP8_KV_MAX = 448.0
+
+
+def to_cache_dtype(x: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+    """`x` converted for storage in a KV cache of `cache_dtype` (saturating for fp8)."""
+    if cache_dtype == torch.float8_e4m3fn:
+        return x.clamp(-FP8_KV_MAX, FP8_KV_MAX).to(cache_dtype)
+    return x.to(cache_dtype)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .interface import AttentionMetadata
-from .utils import AttentionShape
+from .utils import AttentionShape, to_cache_dtype
 
 
 def store_kv(
@@ -30,8 +30,8 @@ def store_kv(
     slots = slot_mapping[valid].long()
     blocks = torch.div(slots, tokens_per_block, rounding_mode="floor")
     offsets = slots - blocks * tokens_per_block
-    kv_buffer[blocks, 0, offsets] = k[valid].to(kv_buffer.dtype)
-    kv_buffer[blocks, 1, offsets] = v[valid].to(kv_buffer.dtype)
+    kv_buffer[blocks, 0, offsets] = to_cache_dtype(k[valid], kv_buffer.dtype)
+    kv_buffer[blocks, 1, offsets] = to_cache_dtype(v[valid], kv_buffer.dtype)
 
 
 def gather_kv(

@@ -135,7 +135,7 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
         image_token_id=getattr(config, "image_token_id", None),
         video_token_id=getattr(config, "video_token_id", None),
     )
-    spec = KVCacheSpec.from_text_config(text_config, dtype)
+    spec = KVCacheSpec.from_text_config(text_config, args.resolve_kv_cache_dtype(dtype))
     has_vision = getattr(model, "visual", None) is not None
     dummies = _dummy_requests(input_processor, engine, max_seq_len, has_vision)
     peak = run_capacity_probe(engine, spec, dummies, args.tokens_per_block)

@@ -84,8 +84,9 @@ def _decode_split_kernel(
     dmask = dims < HEAD_DIM
     q_mask = row_ok[:, None] & dmask[None, :]
     q_offs = row * stride_qt + heads[:, None] * stride_qh + dims[None, :]
-    # Padding rows are zero: finite scores, never stored.
-    q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0).to(cache_ptr.dtype.element_ty)
+    # Padding rows are zero: finite scores, never stored. K/V are converted to q's dtype
+    # after loading, so an fp8 cache is read at half the bytes and multiplied in bf16.
+    q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
     table = block_tables_ptr + req * stride_bt
     kv_base = cache_ptr + kv_head * stride_ch
     m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
@@ -101,15 +102,15 @@ def _decode_split_kernel(
         tok = block * stride_cb + (offs_n % TOKENS_PER_BLOCK) * stride_ct
         kv_offs = tok[:, None] + dims[None, :]
         kv_mask = key_ok[:, None] & dmask[None, :]
-        k = tl.load(kv_base + kv_offs, mask=kv_mask, other=0.0)
+        k = tl.load(kv_base + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(kv_base + stride_ckv + kv_offs, mask=kv_mask, other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        v = tl.load(kv_base + stride_ckv + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
+        acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     if not SPLIT:
         out = acc / l_i[:, None]
@@ -247,7 +248,7 @@ def paged_decode(
         BLOCK_N=block_n,
         SPLIT=num_splits > 1,
         # fp32 caches keep exact products (tf32 would cost ~1e-3 of parity).
-        DOT_PRECISION="ieee" if kv_buffer.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,
         num_stages=num_stages,
     )

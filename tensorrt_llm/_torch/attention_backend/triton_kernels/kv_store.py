@@ -6,6 +6,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..utils import FP8_KV_MAX
+
+FP8_MAX: tl.constexpr = tl.constexpr(FP8_KV_MAX)
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -26,6 +30,7 @@ def _store_kv_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    SATURATE: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -42,6 +47,9 @@ def _store_kv_kernel(
     k = tl.load(k_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
     v = tl.load(v_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
     elem = cache_ptr.dtype.element_ty
+    if SATURATE:  # fp8 cache: clamp so outliers saturate instead of becoming NaN
+        k = tl.clamp(k.to(tl.float32), -FP8_MAX, FP8_MAX)
+        v = tl.clamp(v.to(tl.float32), -FP8_MAX, FP8_MAX)
     tl.store(dst, k.to(elem), mask=mask)
     tl.store(dst + stride_ckv, v.to(elem), mask=mask)
 
@@ -52,7 +60,8 @@ def store_kv(
     """Write `k, v: [N, num_kv_heads, head_dim]` into `kv_buffer` at `slot_mapping: [>=N]`.
 
     `kv_buffer: [num_blocks, 2, tokens_per_block, num_kv_heads, head_dim]`; rows whose slot is
-    -1 are skipped; values are converted to the cache dtype. No host sync.
+    -1 are skipped; values are converted to the cache dtype (saturating at +-448 for an fp8
+    cache). No host sync.
     """
     if kv_buffer.dim() != 5 or kv_buffer.shape[1] != 2:
         raise ValueError(f"kv_buffer must be [blocks, 2, tpb, kv_heads, D], got {kv_buffer.shape}")
@@ -87,4 +96,5 @@ def store_kv(
         HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
+        SATURATE=kv_buffer.dtype == torch.float8_e4m3fn,
     )

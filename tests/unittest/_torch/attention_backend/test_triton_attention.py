@@ -66,18 +66,22 @@ class _Pair:
         splits=None,
         dtype=torch.float32,
         device="cpu",
+        cache_dtype=None,
     ):
         self.shape = (heads, kv_heads, head_dim)
         self.dtype, self.device = dtype, device
-        self.ref_cache = FakeKVCacheManager(1, blocks, tpb, kv_heads, head_dim, dtype, device)
-        self.tri_cache = FakeKVCacheManager(1, blocks, tpb, kv_heads, head_dim, dtype, device)
+        cache_dtype = cache_dtype or dtype
+        self.ref_cache = FakeKVCacheManager(1, blocks, tpb, kv_heads, head_dim, cache_dtype, device)
+        self.tri_cache = FakeKVCacheManager(1, blocks, tpb, kv_heads, head_dim, cache_dtype, device)
         self.ref = VanillaAttention(heads, kv_heads, head_dim, 0)
         self.tri = TritonAttention(heads, kv_heads, head_dim, 0, num_kv_splits=splits)
 
-    def step(self, context, generation, seed=0, pad_to=None, atol=1e-4):
+    def step(self, context, generation, seed=0, pad_to=None, atol=1e-4, kv_round=None):
         md_ref = build_metadata(self.ref_cache, context, generation, pad_to, self.device)
         md_tri = build_metadata(self.tri_cache, context, generation, pad_to, self.device)
         q, k, v = _qkv(_rows(context, generation), *self.shape, seed, self.dtype, self.device)
+        if kv_round is not None:
+            k, v = kv_round(k), kv_round(v)
         if pad_to is not None:
             extra = pad_to - q.shape[0]
             q, k, v = (
@@ -89,6 +93,51 @@ class _Pair:
         n = md_tri.num_tokens
         torch.testing.assert_close(got[:n].float(), expected[:n].float(), atol=atol, rtol=atol)
         return got, md_tri
+
+
+def _fp8_round(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float8_e4m3fn).to(x.dtype)
+
+
+def test_fp8_cache_matches_vanilla_and_stays_near_full_precision() -> None:
+    """An e4m3 cache: Triton and vanilla read the same stored values (tight match), and the
+    result stays within fp8 rounding of a full-precision cache.
+
+    K/V are fp8-representable here because the Triton interpreter's float conversions do not
+    round like the GPU's (or torch's); the GPU test below stores unrounded values."""
+    fp8 = _Pair(4, 2, splits=2, cache_dtype=torch.float8_e4m3fn)
+    full = _Pair(4, 2, splits=2)
+    assert fp8.tri_cache.get_buffers(0).dtype == torch.float8_e4m3fn
+    for step in (([(0, 19, 0), (1, 6, 0)], []), ([], [(0, 19), (1, 6)])):
+        got, md = fp8.step(*step, atol=1e-4, kv_round=_fp8_round)
+        want, _ = full.step(*step)
+        n = md.num_tokens
+        # e4m3 keeps 3 mantissa bits: ~6% per element, averaged down by the softmax.
+        torch.testing.assert_close(got[:n], want[:n], atol=0.15, rtol=0.15)
+        assert (got[:n] - want[:n]).abs().max() > 0  # really quantised
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_cache_matches_vanilla_bf16() -> None:
+    pair = _Pair(32, 8, head_dim=128, blocks=64, tpb=32, dtype=torch.bfloat16, device="cuda",
+                 cache_dtype=torch.float8_e4m3fn)  # fmt: skip
+    pair.step([(0, 300, 0), (1, 45, 0)], [], atol=2e-2)
+    pair.step([(1, 70, 45)], [(0, 300)], atol=2e-2)
+    for i in range(3):
+        pair.step([], [(0, 301 + i), (1, 115 + i)], atol=2e-2)
+
+
+@pytest.mark.parametrize("store", ["triton", "vanilla"])
+def test_fp8_cache_store_saturates_instead_of_nan(store: str) -> None:
+    from tensorrt_llm._torch.attention_backend.vanilla import store_kv as vanilla_store
+
+    cache = torch.zeros(2, 2, 4, 1, 16, dtype=torch.float8_e4m3fn)
+    k = torch.tensor([1000.0, -1000.0, 1.0, 0.3])[:, None, None].expand(4, 1, 16).contiguous()
+    (store_kv if store == "triton" else vanilla_store)(cache, k, -k, torch.arange(4))
+    stored = cache[0].float()
+    assert not stored.isnan().any()
+    assert stored[0, :, 0, 0].tolist() == [448.0, -448.0, 1.0, 0.3125]
+    assert stored[1, :, 0, 0].tolist() == [-448.0, 448.0, -1.0, -0.3125]
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2)])

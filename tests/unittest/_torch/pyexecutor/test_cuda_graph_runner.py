@@ -33,15 +33,36 @@ class _Stack:
     def __init__(self, family: str, root: Path) -> None:
         ckpt = write_tiny_checkpoint(family, root)
         config = load_pretrained_config(ckpt)
-        model_config = ModelConfig(config, torch_dtype=torch.float32, attn_backend="triton",
-                                   max_num_seq_slots=8, checkpoint_dir=str(ckpt))
+        model_config = ModelConfig(
+            config,
+            torch_dtype=torch.float32,
+            attn_backend="triton",
+            max_num_seq_slots=8,
+            checkpoint_dir=str(ckpt),
+        )
         model = load_model(get_model_class(resolve_architecture(config)), model_config, "cuda")
-        self.engine = PyTorchModelEngine(model, torch.device("cuda"), 512, 8, 512, 16,
-                                         config.image_token_id, config.video_token_id)
+        self.engine = PyTorchModelEngine(
+            model,
+            torch.device("cuda"),
+            512,
+            8,
+            512,
+            16,
+            config.image_token_id,
+            config.video_token_id,
+        )
         text = config.text_config
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        self.kv = KVCacheManager(text.num_hidden_layers, text.num_key_value_heads, head_dim, 16,
-                                 128, 32, dtype=torch.float32, device="cuda")
+        self.kv = KVCacheManager(
+            text.num_hidden_layers,
+            text.num_key_value_heads,
+            head_dim,
+            16,
+            128,
+            32,
+            dtype=torch.float32,
+            device="cuda",
+        )
         self.engine.set_kv_cache_manager(self.kv)
         self.slots = SeqSlotManager(8)
         self.processor = create_input_processor(ckpt)

@@ -28,8 +28,12 @@ def _start_and_generate(family: str, root: Path, device: str) -> list[int]:
         assert executor.seq_slot_manager.num_free == 8
         ids, extra = proc({"prompt": "hello there, how are you"}, None)
         params = MultimodalParams(extra.get("multimodal_data", {})) if extra else None
-        req = LlmRequest(1, ids, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
-                         multimodal_params=params)
+        req = LlmRequest(
+            1,
+            ids,
+            SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+            multimodal_params=params,
+        )
         executor.enqueue_request(req)
         responses = []
         while True:

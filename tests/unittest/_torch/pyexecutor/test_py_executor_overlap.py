@@ -20,8 +20,10 @@ DEMO_IMAGE = str(Path(tensorrt_llm.__file__).parent / "assets" / "demo.png")
 
 
 def _prompts() -> list:
-    image = {"prompt": "<|vision_start|><|image_pad|><|vision_end|> what is it",
-             "multi_modal_data": {"image": [DEMO_IMAGE]}}
+    image = {
+        "prompt": "<|vision_start|><|image_pad|><|vision_end|> what is it",
+        "multi_modal_data": {"image": [DEMO_IMAGE]},
+    }
     return ["hello there", image, "the weather today is", image, "numbers like 1, 2, 3"]
 
 
@@ -36,8 +38,11 @@ def _params() -> list[SamplingParams]:
 
 
 def _run(disable_overlap: bool) -> list[tuple]:
-    with LLM(model=str(get_or_build_demo_checkpoint()), max_batch_size=4,
-             disable_overlap_scheduler=disable_overlap) as llm:
+    with LLM(
+        model=str(get_or_build_demo_checkpoint()),
+        max_batch_size=4,
+        disable_overlap_scheduler=disable_overlap,
+    ) as llm:
         kind = type(llm._executor)
         outs = llm.generate(_prompts(), _params(), use_tqdm=False)
     assert (kind is OverlapPyExecutor) != disable_overlap
@@ -64,9 +69,15 @@ def test_placeholder_counting() -> None:
 @pytest.mark.gpu
 def test_overlap_matches_sequential_on_cuda() -> None:
     def run(disable: bool) -> list:
-        with LLM(model=str(get_or_build_demo_checkpoint()), max_batch_size=4, device="cuda",
-                 dtype="float32", disable_overlap_scheduler=disable) as llm:
-            return [o.outputs[0].token_ids for o in llm.generate(_prompts(), _params(),
-                                                                 use_tqdm=False)]
+        with LLM(
+            model=str(get_or_build_demo_checkpoint()),
+            max_batch_size=4,
+            device="cuda",
+            dtype="float32",
+            disable_overlap_scheduler=disable,
+        ) as llm:
+            return [
+                o.outputs[0].token_ids for o in llm.generate(_prompts(), _params(), use_tqdm=False)
+            ]
 
     assert run(False) == run(True)
