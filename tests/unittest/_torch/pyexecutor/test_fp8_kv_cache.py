@@ -48,5 +48,6 @@ def test_bad_kv_cache_dtype_is_rejected() -> None:
 def test_fp8_kv_cache_on_gpu_with_graphs_generates_like_bf16() -> None:
     fp8_tokens, fp8_dtype = _run("cuda", "fp8")
     full_tokens, full_dtype = _run("cuda", "auto")
-    assert fp8_dtype == torch.float8_e4m3fn and full_dtype == torch.bfloat16
+    # The demo checkpoint is stored in float32, which "auto" keeps on the GPU too.
+    assert fp8_dtype == torch.float8_e4m3fn and full_dtype == torch.float32
     assert _agreement(fp8_tokens, full_tokens) >= 6
