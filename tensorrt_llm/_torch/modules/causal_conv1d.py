@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..._utils import async_tensor_h2d
 
 _ACTIVATIONS = ("silu", None)
 
@@ -42,22 +45,14 @@ def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
     return F.silu(y) if activation == "silu" else y
 
 
-def causal_conv1d_fn(
+def _check_prefill(
     x: torch.Tensor,
     weight: torch.Tensor,
-    bias: torch.Tensor | None,
     seq_lens: Sequence[int],
     conv_states: torch.Tensor,
-    has_initial_state: Sequence[bool] | None = None,
-    activation: str | None = "silu",
-) -> torch.Tensor:
-    """Prefill (or a prefill chunk) of packed sequences; torch reference.
-
-    x: [T, dim] with T = sum(seq_lens); weight: [dim, width]; conv_states: [N, dim, width-1],
-    N = len(seq_lens). Sequence i starts from conv_states[i] when has_initial_state[i] (a
-    later chunk of a chunked prefill) and from zeros otherwise (a fresh request; None means all
-    fresh). conv_states[i] is overwritten with the sequence's final state. Returns [T, dim].
-    """
+    has_initial_state: Sequence[bool] | None,
+    activation: str | None,
+) -> None:
     _check(x, weight, conv_states, activation)
     if len(seq_lens) != conv_states.shape[0] or sum(seq_lens) != x.shape[0]:
         raise ValueError(
@@ -68,6 +63,95 @@ def causal_conv1d_fn(
         raise ValueError(
             f"has_initial_state has {len(has_initial_state)} entries for {len(seq_lens)} sequences"
         )
+
+
+def _tap_sources(seq_lens: Sequence[int], history: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices into `[history rows of every sequence; packed tokens]` (host-side).
+
+    Returns `taps: [T, history + 1]` (tap j of token t reads row taps[t, j]) and
+    `last: [N, history]` (the rows that become each sequence's new conv state).
+    """
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    num_seqs, hist_rows = len(lens), len(lens) * history
+    starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+    seq = np.repeat(np.arange(num_seqs), lens)
+    local = np.arange(int(lens.sum())) - starts[seq]
+
+    def rows(seq_ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        # pos < 0 falls into the sequence's own history rows (its conv state, oldest first).
+        return np.where(
+            pos >= 0, hist_rows + starts[seq_ids] + pos, seq_ids * history + history + pos
+        )
+
+    offsets = np.arange(-history, 1)
+    taps = rows(seq[:, None], local[:, None] + offsets[None, :])
+    last_pos = lens[:, None] - history + np.arange(history)[None, :]
+    last = rows(np.arange(num_seqs)[:, None], last_pos)
+    return taps, last
+
+
+def causal_conv1d_fn(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    seq_lens: Sequence[int],
+    conv_states: torch.Tensor,
+    has_initial_state: Sequence[bool] | None = None,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """Prefill (or a prefill chunk) of packed sequences, all sequences at once.
+
+    x: [T, dim] with T = sum(seq_lens); weight: [dim, width]; conv_states: [N, dim, width-1],
+    N = len(seq_lens). Sequence i starts from conv_states[i] when has_initial_state[i] (a
+    later chunk of a chunked prefill) and from zeros otherwise (a fresh request; None means all
+    fresh). conv_states[i] is overwritten with the sequence's final state. Returns [T, dim].
+
+    Every request's history rows and tokens sit in one source table, and each of the `width`
+    taps is one gather over it, so the cost does not grow with the number of requests (a
+    per-request conv launches ~6 kernels per request per layer). Same maths as
+    `causal_conv1d_fn_ref`.
+    """
+    _check_prefill(x, weight, seq_lens, conv_states, has_initial_state, activation)
+    dim, width = weight.shape
+    flags = [bool(f) for f in has_initial_state or [False] * len(seq_lens)]
+    history = conv_states.transpose(1, 2).to(weight.dtype)  # [N, width-1, dim]
+    if not any(flags):
+        history = torch.zeros_like(history)
+    elif not all(flags):  # fresh requests start from zeros, whatever their slot held before
+        keep = async_tensor_h2d(flags, torch.bool, x.device)
+        history = torch.where(keep[:, None, None], history, 0)
+    source = torch.cat([history.reshape(-1, dim), x.to(weight.dtype)])
+    taps, last = _tap_sources(seq_lens, width - 1)
+    taps_d = async_tensor_h2d(torch.from_numpy(taps), torch.long, x.device)
+    acc = torch.zeros(x.shape[0], dim, dtype=torch.float32, device=x.device)
+    for j in range(width):
+        acc += source.index_select(0, taps_d[:, j]).float() * weight[:, j].float()
+    if bias is not None:
+        acc += bias.float()
+    last_d = async_tensor_h2d(torch.from_numpy(last.reshape(-1)), torch.long, x.device)
+    new_states = source.index_select(0, last_d).view(len(seq_lens), width - 1, dim)
+    conv_states.copy_(new_states.transpose(1, 2))
+    return _activate(acc, activation).to(x.dtype)
+
+
+def causal_conv1d_fn_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    seq_lens: Sequence[int],
+    conv_states: torch.Tensor,
+    has_initial_state: Sequence[bool] | None = None,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """Prefill (or a prefill chunk) of packed sequences, one request at a time: the readable
+    reference for `causal_conv1d_fn`.
+
+    x: [T, dim] with T = sum(seq_lens); weight: [dim, width]; conv_states: [N, dim, width-1],
+    N = len(seq_lens). Sequence i starts from conv_states[i] when has_initial_state[i] (a
+    later chunk of a chunked prefill) and from zeros otherwise (a fresh request; None means all
+    fresh). conv_states[i] is overwritten with the sequence's final state. Returns [T, dim].
+    """
+    _check_prefill(x, weight, seq_lens, conv_states, has_initial_state, activation)
     dim, width = weight.shape
     out = torch.empty_like(x)
     start = 0

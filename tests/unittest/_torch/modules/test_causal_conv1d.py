@@ -9,6 +9,7 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_qwen3_5
 from tensorrt_llm._torch.modules.causal_conv1d import (
     CausalConv1d,
     causal_conv1d_fn,
+    causal_conv1d_fn_ref,
     causal_conv1d_update,
 )
 
@@ -126,3 +127,28 @@ def test_bad_inputs_raise() -> None:
         causal_conv1d_update(x[:2], _states(3), weight, None)
     with pytest.raises(ValueError, match="kernel"):
         CausalConv1d(DIM, 1)
+
+
+@pytest.mark.parametrize("bias,activation", [(False, "silu"), (True, None), (True, "silu")])
+def test_batched_prefill_matches_per_request_reference(bias: bool, activation: str | None) -> None:
+    """The one-gather-per-tap prefill equals the per-request loop: sequences shorter than the
+    state, mixed carried/fresh states (a fresh one must ignore its slot's stale contents)."""
+    weight, b = _weights(bias)
+    lens = [1, 2, 3, 9, 1, 17]
+    carry = [True, False, True, False, True, True]
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(sum(lens), DIM, generator=gen)
+    stale = torch.randn(len(lens), DIM, WIDTH - 1, generator=gen)
+    got_states, want_states = stale.clone(), stale.clone()
+    got = causal_conv1d_fn(x, weight, b, lens, got_states, carry, activation)
+    want = causal_conv1d_fn_ref(x, weight, b, lens, want_states, carry, activation)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_states, want_states)
+    assert not torch.equal(got_states, stale)
+    # All fresh (None) and all carried take their own shortcuts.
+    for flags in (None, [True] * len(lens)):
+        got_states, want_states = stale.clone(), stale.clone()
+        got = causal_conv1d_fn(x, weight, b, lens, got_states, flags, activation)
+        want = causal_conv1d_fn_ref(x, weight, b, lens, want_states, flags, activation)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_states, want_states)
