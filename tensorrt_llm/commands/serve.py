@@ -22,6 +22,10 @@ _LLM_FLAGS = (
     "kv_cache_free_gpu_memory_fraction",
     "limit_mm_per_prompt",
     "device",
+    "dtype",
+    "attn_backend",
+    "quantization",
+    "kv_cache_dtype",
 )
 
 
@@ -79,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder whose files requests may reference (file:// URLs); off by default",
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
+    # Validated by LLM(...), whose error message lists the accepted values.
+    p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--attn_backend", default=None, help="auto | vanilla | triton")
+    p.add_argument("--quantization", default=None, help="fp8: FP8 weights+activations")
+    p.add_argument("--kv_cache_dtype", default=None, help="auto | fp8 (e4m3 KV cache)")
     p.add_argument("--log_level", choices=LOG_LEVELS, default="info")
     p.add_argument("--default_max_tokens", type=int, default=256, help="when a request has none")
     p.add_argument("--media_fetch_timeout", type=float, default=10.0, help="seconds per URL")

@@ -169,11 +169,14 @@ def test_cli_parsing(tmp_path: object) -> None:
             parse_mm_limits(bad)
     args = parse_args(
         ["ckpt", "--max_seq_len", "128", "--limit_mm_per_prompt", "image=3", "--device", "cpu"]
+        + ["--kv_cache_dtype", "fp8", "--quantization", "fp8"]
     )
     assert llm_kwargs(args) == {
         "max_seq_len": 128,
         "limit_mm_per_prompt": {"image": 3},
         "device": "cpu",
+        "kv_cache_dtype": "fp8",
+        "quantization": "fp8",
     }
     for bad in ([], ["ckpt", "--demo"], ["--demo", "--allowed_local_media_path", "/no/such"]):
         with pytest.raises(SystemExit):
