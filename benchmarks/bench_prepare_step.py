@@ -37,14 +37,24 @@ def main() -> None:
     ckpt = write_tiny_checkpoint("qwen2_vl", tempfile.mkdtemp())
     config = load_pretrained_config(ckpt)
     n = args.requests
-    model = load_model(get_model_class(resolve_architecture(config)),
-                       ModelConfig(config, max_num_seq_slots=n, checkpoint_dir=str(ckpt)), "cpu")
-    engine = PyTorchModelEngine(model, torch.device("cpu"), 4096, n, 1024, 32,
-                                config.image_token_id, config.video_token_id)
+    model = load_model(
+        get_model_class(resolve_architecture(config)),
+        ModelConfig(config, max_num_seq_slots=n, checkpoint_dir=str(ckpt)),
+        "cpu",
+    )
+    engine = PyTorchModelEngine(
+        model, torch.device("cpu"), 4096, n, 1024, 32, config.image_token_id, config.video_token_id
+    )
     text = config.text_config
-    kv = KVCacheManager(text.num_hidden_layers, text.num_key_value_heads,
-                        text.hidden_size // text.num_attention_heads, 32, n * 8, 32,
-                        dtype=torch.float32)
+    kv = KVCacheManager(
+        text.num_hidden_layers,
+        text.num_key_value_heads,
+        text.hidden_size // text.num_attention_heads,
+        32,
+        n * 8,
+        32,
+        dtype=torch.float32,
+    )
     engine.set_kv_cache_manager(kv)
     proc = create_input_processor(ckpt)
     reqs = []
@@ -67,8 +77,10 @@ def main() -> None:
         times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
     print(f"requests={n} iters={args.iters}")
-    print(f"prepare per decode step: median {statistics.median(times):.3f} ms, "
-          f"p90 {times[int(0.9 * len(times))]:.3f} ms, min {times[0]:.3f} ms")
+    print(
+        f"prepare per decode step: median {statistics.median(times):.3f} ms, "
+        f"p90 {times[int(0.9 * len(times))]:.3f} ms, min {times[0]:.3f} ms"
+    )
 
 
 if __name__ == "__main__":
