@@ -145,12 +145,11 @@ class RecurrentStep:
     metadata: GatedDeltaNetMetadata
 
     def run(self, gdn: GatedDeltaNet, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Gather the batch's rows, run the layer (updates them), scatter them back."""
+        """Run the layer on the batch's rows: the small conv states are gathered and scattered
+        back here; the large SSM states are read and written by the layer in the pool."""
         conv = self.conv_pool.index_select(0, self.slots)
-        ssm = self.ssm_pool.index_select(0, self.slots)
-        out = gdn(hidden_states, conv, ssm, self.metadata)
+        out = gdn(hidden_states, conv, self.ssm_pool, self.metadata, ssm_slots=self.slots)
         self.conv_pool.index_copy_(0, self.slots, conv)
-        self.ssm_pool.index_copy_(0, self.slots, ssm)
         return out
 
 

@@ -11,7 +11,10 @@ State API (one entry per request, gathered by seq slot by the caller):
     ssm_states:  [N, num_v_heads, head_k_dim, head_v_dim] (float32 recommended)
 `forward(hidden_states, conv_states, ssm_states, metadata)` updates both in place and returns
 the layer output. If the caller passed gathered copies it scatters them back to its pool
-(`pool.index_copy_(0, slots, states)`). A step packs context requests first, then decode
+(`pool.index_copy_(0, slots, states)`). With `ssm_slots` ([N] int64), `ssm_states` is instead
+the whole pool and request i owns row `ssm_slots[i]`: the layer reads those rows and writes
+the final states straight back, which saves two full copies of the (large, float32) recurrent
+state per layer and step. A step packs context requests first, then decode
 requests (one token each), as `GatedDeltaNetMetadata` describes; rows of the state tensors
 follow the same order. A context request starts from zero state unless its
 `has_initial_state` is set (a later chunk of a chunked prefill), so stale slot contents never
@@ -147,6 +150,35 @@ def convert_qwen3_next_gdn_weights(
     return out
 
 
+@dataclass(frozen=True)
+class _StateRows:
+    """The recurrent states of some of a step's requests: rows `lo:hi` of a per-request tensor
+    (`slots` None), or the pool rows `slots[lo:hi]` (read by gather, written by index_copy)."""
+
+    states: torch.Tensor
+    slots: torch.Tensor | None
+    lo: int = 0
+    hi: int | None = None
+
+    def rows(self, lo: int, hi: int) -> _StateRows:
+        return _StateRows(self.states, self.slots, lo, hi)
+
+    @property
+    def device(self) -> torch.device:
+        return self.states.device
+
+    def read(self) -> torch.Tensor:
+        if self.slots is None:
+            return self.states[self.lo : self.hi]
+        return self.states.index_select(0, self.slots[self.lo : self.hi])
+
+    def write(self, final: torch.Tensor) -> None:
+        if self.slots is None:
+            self.states[self.lo : self.hi].copy_(final)
+        else:
+            self.states.index_copy_(0, self.slots[self.lo : self.hi], final.to(self.states.dtype))
+
+
 class GatedDeltaNet(nn.Module):
     """One Gated DeltaNet layer over packed tokens; see the module docstring for the state API."""
 
@@ -221,6 +253,7 @@ class GatedDeltaNet(nn.Module):
         conv_states: torch.Tensor,
         ssm_states: torch.Tensor,
         metadata: GatedDeltaNetMetadata,
+        ssm_slots: torch.Tensor | None,
     ) -> None:
         if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
             raise ValueError(
@@ -234,9 +267,14 @@ class GatedDeltaNet(nn.Module):
             ("conv_states", conv_states, self.conv_state_shape),
             ("ssm_states", ssm_states, self.ssm_state_shape),
         ):
-            want = (metadata.num_seqs, *shape)
+            rows = states.shape[0] if name == "ssm_states" and ssm_slots is not None else None
+            want = (metadata.num_seqs if rows is None else rows, *shape)
             if tuple(states.shape) != want:
                 raise ValueError(f"{name} must be {want}, got {tuple(states.shape)}")
+        if ssm_slots is not None and tuple(ssm_slots.shape) != (metadata.num_seqs,):
+            raise ValueError(
+                f"ssm_slots must be [{metadata.num_seqs}], got {tuple(ssm_slots.shape)}"
+            )
 
     def forward(
         self,
@@ -244,9 +282,12 @@ class GatedDeltaNet(nn.Module):
         conv_states: torch.Tensor,
         ssm_states: torch.Tensor,
         metadata: GatedDeltaNetMetadata,
+        ssm_slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """[T, hidden] -> [T, hidden]; conv_states and ssm_states are updated in place."""
-        self._check_inputs(hidden_states, conv_states, ssm_states, metadata)
+        """[T, hidden] -> [T, hidden]; conv_states and ssm_states are updated in place
+        (`ssm_states` is the pool addressed by `ssm_slots` when those are given)."""
+        self._check_inputs(hidden_states, conv_states, ssm_states, metadata, ssm_slots)
+        ssm = _StateRows(ssm_states, ssm_slots)
         if metadata.num_tokens == 0:
             return hidden_states.new_empty(0, self.hidden_size)
         num_ctx, num_ctx_tokens = metadata.num_contexts, metadata.num_context_tokens
@@ -263,11 +304,12 @@ class GatedDeltaNet(nn.Module):
                 conv_states[:num_ctx],
                 metadata.has_initial_state,
             )
-            parts.append(self._prefill_rule(x, g[span], beta[span], ssm_states[:num_ctx], metadata))
+            parts.append(self._prefill_rule(x, g[span], beta[span], ssm.rows(0, num_ctx), metadata))
         if metadata.num_decodes > 0:
             span = slice(num_ctx_tokens, None)
             x = self.conv1d.step(mixed_qkv[span], conv_states[num_ctx:])
-            parts.append(self._decode_rule(x, g[span], beta[span], ssm_states[num_ctx:]))
+            rows = ssm.rows(num_ctx, metadata.num_seqs)
+            parts.append(self._decode_rule(x, g[span], beta[span], rows))
         core = parts[0] if len(parts) == 1 else torch.cat(parts)
         core = self.norm(core, z.reshape(-1, self.num_v_heads, self.head_v_dim))
         return self.out_proj(core.reshape(-1, self.value_dim))
@@ -286,19 +328,19 @@ class GatedDeltaNet(nn.Module):
         x: torch.Tensor,
         g: torch.Tensor,
         beta: torch.Tensor,
-        ssm_states: torch.Tensor,
+        ssm: _StateRows,
         metadata: GatedDeltaNetMetadata,
     ) -> torch.Tensor:
         """Context requests packed along T (varlen); returns [T_ctx, Hv, V]."""
         q, k, v = self._split_heads(x)
         flags = metadata.has_initial_state
         if all(flags):
-            initial: torch.Tensor | None = ssm_states
+            initial: torch.Tensor | None = ssm.read()
         elif not any(flags):
             initial = None
         else:
-            carry = async_tensor_h2d(list(flags), torch.bool, ssm_states.device)
-            initial = torch.where(carry[:, None, None, None], ssm_states, 0)
+            carry = async_tensor_h2d(list(flags), torch.bool, ssm.device)
+            initial = torch.where(carry[:, None, None, None], ssm.read(), 0)
         o, final = chunk_gated_delta_rule(
             q[None],
             k[None],
@@ -311,11 +353,11 @@ class GatedDeltaNet(nn.Module):
             cu_seqlens=metadata.cu_seqlens,
         )
         assert final is not None
-        ssm_states.copy_(final)
+        ssm.write(final)
         return o[0]
 
     def _decode_rule(
-        self, x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm_states: torch.Tensor
+        self, x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: _StateRows
     ) -> torch.Tensor:
         """One token per request, batched over requests; returns [N, Hv, V]."""
         q, k, v = self._split_heads(x)
@@ -325,12 +367,12 @@ class GatedDeltaNet(nn.Module):
             v[:, None],
             g[:, None],
             beta[:, None],
-            ssm_states,
+            ssm.read(),
             True,
             use_qk_l2norm=True,
         )
         assert final is not None
-        ssm_states.copy_(final)
+        ssm.write(final)
         return o[:, 0]
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:

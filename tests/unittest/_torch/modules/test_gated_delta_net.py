@@ -231,6 +231,31 @@ def _meta(
 
 
 @torch.no_grad()
+def test_pool_rows_by_slot_match_per_request_states() -> None:
+    """`ssm_slots` mode (the model's pool, rows addressed by seq slot, read and written in
+    place) gives the same outputs and final states as gathered per-request tensors, and
+    leaves every other pool row alone."""
+    _, ours = _hf_and_ours()
+    gen = torch.Generator().manual_seed(9)
+    pool = torch.randn(6, *ours.ssm_state_shape, generator=gen)
+    slots = torch.tensor([4, 1, 3])
+    steps = [(_meta([5, 3], [False, True], decodes=1), 9), (_meta(decodes=3), 3)]
+    conv, _ = _states(ours, 3, fill=0.5)
+    conv_ref, ssm_ref = conv.clone(), pool[slots].clone()
+    untouched = pool[[0, 2, 5]].clone()
+    for meta, tokens in steps:
+        x = torch.randn(tokens, HIDDEN, generator=gen)
+        want = ours(x, conv_ref, ssm_ref, meta)
+        got = ours(x, conv, pool, meta, ssm_slots=slots)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(pool[slots], ssm_ref)
+        torch.testing.assert_close(conv, conv_ref)
+    assert torch.equal(pool[[0, 2, 5]], untouched)
+    with pytest.raises(ValueError, match="ssm_slots must be"):
+        ours(x, conv, pool, steps[1][0], ssm_slots=slots[:2])
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_next"])
 def test_prefill_matches_hf(kind: str) -> None:
     hf, ours = _hf_and_ours(kind)
