@@ -28,6 +28,7 @@ grouped per key head) are first rewritten by `convert_qwen3_next_gdn_weights`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,10 @@ from ..._utils import async_tensor_h2d
 from .causal_conv1d import CausalConv1d
 from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .linear import Linear
+from .triton_kernels.gdn_decode import gated_delta_rule_decode_
+
+# "1": decode steps update the SSM pool in place with our Triton kernel (see gdn_decode.py).
+INPLACE_DECODE_ENV = "TRTLLM_GDN_INPLACE_DECODE"
 
 # our fused projection -> the Qwen3.5 HF projections stacked along the output dim, in order
 GATED_DELTA_NET_FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
@@ -361,6 +366,11 @@ class GatedDeltaNet(nn.Module):
     ) -> torch.Tensor:
         """One token per request, batched over requests; returns [N, Hv, V]."""
         q, k, v = self._split_heads(x)
+        if ssm.slots is not None and os.environ.get(INPLACE_DECODE_ENV) == "1":
+            # Opt-in until measured on the GPU: reads and writes the pool rows in place
+            # instead of fla's gather -> kernel -> scatter.
+            slots = ssm.slots[ssm.lo : ssm.hi]
+            return gated_delta_rule_decode_(q, k, v, g, beta, ssm.states, slots)
         o, final = fused_recurrent_gated_delta_rule(
             q[:, None],
             k[:, None],

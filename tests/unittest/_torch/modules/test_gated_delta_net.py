@@ -3,6 +3,7 @@ chunked prefill with carried state, decode steps, mixed batches, fla on GPU."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 
@@ -13,7 +14,11 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
-from tensorrt_llm._torch.modules.gated_delta_net import GatedDeltaNet, GatedDeltaNetMetadata
+from tensorrt_llm._torch.modules.gated_delta_net import (
+    INPLACE_DECODE_ENV,
+    GatedDeltaNet,
+    GatedDeltaNetMetadata,
+)
 from tensorrt_llm._torch.modules.gated_delta_rule import (
     _call_fla,
     chunk_gated_delta_rule,
@@ -231,11 +236,18 @@ def _meta(
 
 
 @torch.no_grad()
-def test_pool_rows_by_slot_match_per_request_states() -> None:
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.gpu), "cpu"])
+@pytest.mark.parametrize("inplace_decode", [False, True])
+def test_pool_rows_by_slot_match_per_request_states(
+    device: str, inplace_decode: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`ssm_slots` mode (the model's pool, rows addressed by seq slot, read and written in
     place) gives the same outputs and final states as gathered per-request tensors, and
-    leaves every other pool row alone."""
-    _, ours = _hf_and_ours()
+    leaves every other pool row alone; also with the opt-in in-place decode kernel (Triton on
+    CUDA, its torch path on the CPU)."""
+    if inplace_decode:
+        monkeypatch.setenv(INPLACE_DECODE_ENV, "1")
+    _, ours = _hf_and_ours(linear_key_head_dim=16, linear_value_head_dim=16)
     gen = torch.Generator().manual_seed(9)
     pool = torch.randn(6, *ours.ssm_state_shape, generator=gen)
     slots = torch.tensor([4, 1, 3])
@@ -243,16 +255,19 @@ def test_pool_rows_by_slot_match_per_request_states() -> None:
     conv, _ = _states(ours, 3, fill=0.5)
     conv_ref, ssm_ref = conv.clone(), pool[slots].clone()
     untouched = pool[[0, 2, 5]].clone()
+    layer = copy.deepcopy(ours).to(device)
+    conv, pool, slots_d = conv.to(device), pool.to(device), slots.to(device)
+    tol = dict(atol=1e-2, rtol=1e-2) if device == "cuda" else dict(atol=1e-5, rtol=1e-5)
     for meta, tokens in steps:
         x = torch.randn(tokens, HIDDEN, generator=gen)
         want = ours(x, conv_ref, ssm_ref, meta)
-        got = ours(x, conv, pool, meta, ssm_slots=slots)
-        torch.testing.assert_close(got, want)
-        torch.testing.assert_close(pool[slots], ssm_ref)
-        torch.testing.assert_close(conv, conv_ref)
-    assert torch.equal(pool[[0, 2, 5]], untouched)
+        got = layer(x.to(device), conv, pool, meta, ssm_slots=slots_d)
+        torch.testing.assert_close(got.cpu(), want, **tol)
+        torch.testing.assert_close(pool.cpu()[slots], ssm_ref, **tol)
+        torch.testing.assert_close(conv.cpu(), conv_ref, **tol)
+    assert torch.equal(pool.cpu()[[0, 2, 5]], untouched)
     with pytest.raises(ValueError, match="ssm_slots must be"):
-        ours(x, conv, pool, steps[1][0], ssm_slots=slots[:2])
+        layer(x.to(device), conv, pool, steps[1][0], ssm_slots=slots_d[:2])
 
 
 @torch.no_grad()

@@ -1,0 +1,82 @@
+"""In-place gated-delta-rule decode (Triton) against the token-by-token torch reference.
+
+Without CUDA the kernel runs under TRITON_INTERPRET=1 (set in tests/conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tensorrt_llm._torch.modules.gated_delta_rule import recurrent_gated_delta_rule_ref
+from tensorrt_llm._torch.modules.triton_kernels.gdn_decode import gated_delta_rule_decode_
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _inputs(n: int, hk: int, hv: int, dk: int, dv: int, pool_rows: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, hk, dk, generator=gen)
+    k = torch.randn(n, hk, dk, generator=gen)
+    v = torch.randn(n, hv, dv, generator=gen)
+    g = -torch.rand(n, hv, generator=gen)
+    beta = torch.rand(n, hv, generator=gen)
+    pool = torch.randn(pool_rows, hv, dk, dv, generator=gen)
+    return q, k, v, g, beta, pool
+
+
+def _reference(q, k, v, g, beta, pool, slots, scale, l2):
+    o, final = recurrent_gated_delta_rule_ref(
+        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], pool[slots], True,
+        scale=scale, use_qk_l2norm=l2,
+    )  # fmt: skip
+    return o[:, 0], final
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("l2", [True, False])
+def test_decode_updates_pool_rows_in_place(backend: str, l2: bool) -> None:
+    # V = 48 is not a multiple of the 32-column program tile; heads are grouped 2:1.
+    q, k, v, g, beta, pool = _inputs(3, 2, 4, 16, 48, pool_rows=6)
+    slots = torch.tensor([4, 1, 3])
+    want_o, want_state = _reference(q, k, v, g, beta, pool, slots, 0.3, l2)
+    untouched = pool[[0, 2, 5]].clone()
+    dev = [t.to(DEVICE) for t in (q, k, v, g, beta, pool, slots)]
+    got = gated_delta_rule_decode_(*dev, scale=0.3, use_qk_l2norm=l2, backend=backend)
+    torch.testing.assert_close(got.cpu(), want_o, atol=1e-5, rtol=1e-5)
+    pool_after = dev[5].cpu()
+    torch.testing.assert_close(pool_after[slots], want_state, atol=1e-5, rtol=1e-5)
+    assert torch.equal(pool_after[[0, 2, 5]], untouched)
+
+
+def test_strided_inputs_and_bad_shapes() -> None:
+    """q/k/v as views of one packed projection (the layer's layout), then argument checks."""
+    n, hk, hv, dk, dv = 2, 1, 2, 16, 16
+    packed = torch.randn(n, 2 * hk * dk + hv * dv)
+    q = packed[:, :dk].view(n, hk, dk)
+    k = packed[:, dk : 2 * dk].view(n, hk, dk)
+    v = packed[:, 2 * dk :].view(n, hv, dv)
+    _, _, _, g, beta, pool = _inputs(n, hk, hv, dk, dv, pool_rows=3)
+    slots = torch.tensor([2, 0])
+    want_o, want_state = _reference(q, k, v, g, beta, pool, slots, None, True)
+    got = gated_delta_rule_decode_(q, k, v, g, beta, pool, slots, backend="triton")
+    torch.testing.assert_close(got, want_o, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pool[slots], want_state, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="slots must be"):
+        gated_delta_rule_decode_(q, k, v, g, beta, pool, slots[:1])
+    with pytest.raises(ValueError, match="float32"):
+        gated_delta_rule_decode_(q, k, v, g, beta, pool.double(), slots)
+    with pytest.raises(ValueError, match="state_pool must be"):
+        gated_delta_rule_decode_(q, k, v, g, beta, pool[:, :1], slots)
+
+
+@pytest.mark.gpu
+def test_gpu_qwen3_6_sizes_bf16_match_torch_path() -> None:
+    """Qwen3.6-27B DeltaNet heads (16 k / 48 v of 128) in bf16, 32 requests, pool of 40."""
+    q, k, v, g, beta, pool = (t.cuda() for t in _inputs(32, 16, 48, 128, 128, pool_rows=40))
+    q, k, v, beta = (t.bfloat16() for t in (q, k, v, beta))
+    slots = torch.randperm(40, device="cuda")[:32]
+    pool_ref = pool.clone()
+    want = gated_delta_rule_decode_(q, k, v, g, beta, pool_ref, slots, backend="torch")
+    got = gated_delta_rule_decode_(q, k, v, g, beta, pool, slots, backend="triton")
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(pool, pool_ref, atol=1e-3, rtol=1e-3)
