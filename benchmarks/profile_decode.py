@@ -129,7 +129,7 @@ def main() -> None:
         max_num_tokens=8192,
         max_seq_len=args.context + 128,
         kv_cache_free_gpu_memory_fraction=0.5,
-        use_cuda_graph=not args.no_cuda_graph,
+        cuda_graph_config=None if args.no_cuda_graph else {},
     )
     try:
         if args.prefill_batch:

@@ -103,7 +103,7 @@ def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[
         max_num_tokens=args.max_num_tokens,
         max_seq_len=args.isl + args.osl + 8,
         attn_backend=args.attn_backend,
-        use_cuda_graph=not args.no_cuda_graph,
+        cuda_graph_config=None if args.no_cuda_graph else {},
         kv_cache_free_gpu_memory_fraction=args.kv_cache_fraction,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,

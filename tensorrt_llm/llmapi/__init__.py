@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..sampling_params import SamplingParams
     from .llm import LLM
-    from .llm_args import LlmArgs, TorchLlmArgs
+    from .llm_args import CudaGraphConfig, LlmArgs, TorchLlmArgs
     from .outputs import CompletionOutput, RequestOutput
     from .result import GenerationResult
 
 _LAZY: dict[str, str] = {
     "LLM": ".llm",
     "LlmArgs": ".llm_args",
+    "CudaGraphConfig": ".llm_args",
     "TorchLlmArgs": ".llm_args",
     "RequestOutput": ".outputs",
     "CompletionOutput": ".outputs",
@@ -25,6 +26,7 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "LLM",
     "LlmArgs",
+    "CudaGraphConfig",
     "TorchLlmArgs",
     "RequestOutput",
     "CompletionOutput",

@@ -28,7 +28,6 @@ ATTN_BACKENDS = ("auto", "vanilla", "triton")
 MODALITIES = ("image", "video")
 _BOOL_FIELDS = (
     "enable_chunked_prefill",
-    "use_cuda_graph",
     "disable_overlap_scheduler",
     "trust_remote_code",
 )
@@ -54,6 +53,44 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...] | list[str]) -
 
 
 @dataclass(frozen=True)
+class CudaGraphConfig:
+    """Decode CUDA graphs (CUDA with the triton attention backend; ignored on the CPU).
+
+    `batch_sizes`: the batch sizes to capture (None: 1, 2, 4, 8, 16, 24, 32, 48, ... up to
+    `max_batch_size`, which is included). `max_batch_size`: the largest size captured when
+    `batch_sizes` is None (None: `LlmArgs.max_batch_size`). `enable_padding`: a batch runs in
+    the smallest captured graph that holds it, its extra rows padded; False replays only
+    exact sizes and runs other batches eagerly. `LlmArgs.cuda_graph_config=None` turns graphs
+    off.
+    """
+
+    batch_sizes: list[int] | None = None
+    max_batch_size: int | None = None
+    enable_padding: bool = True
+
+    def __post_init__(self) -> None:
+        sizes = self.batch_sizes
+        if sizes is not None:
+            if not isinstance(sizes, list | tuple) or not sizes:
+                raise ValueError(
+                    f"cuda_graph_config.batch_sizes must be a non-empty list, got {sizes!r}"
+                )
+            for b in sizes:
+                _check_int("cuda_graph_config.batch_sizes entry", b, 1)
+        _check_int("cuda_graph_config.max_batch_size", self.max_batch_size, 1, allow_none=True)
+        if not isinstance(self.enable_padding, bool):
+            raise ValueError(
+                f"cuda_graph_config.enable_padding must be a bool, got {self.enable_padding!r}"
+            )
+
+    def largest(self, engine_max_batch_size: int) -> int:
+        """The biggest batch a graph is captured for."""
+        if self.batch_sizes is not None:
+            return max(self.batch_sizes)
+        return self.max_batch_size or engine_max_batch_size
+
+
+@dataclass(frozen=True)
 class LlmArgs:
     """Arguments of `tensorrt_llm.LLM`. See the README for what each knob does."""
 
@@ -71,9 +108,8 @@ class LlmArgs:
     tokens_per_block: int = 32
     enable_chunked_prefill: bool = False
     attn_backend: str = "auto"
-    # Decode CUDA graphs (CUDA with the triton backend only; ignored on the CPU).
-    use_cuda_graph: bool = True
-    cuda_graph_batch_sizes: list[int] | None = None
+    # Decode CUDA graphs (a CudaGraphConfig, or a dict of its fields); None turns them off.
+    cuda_graph_config: CudaGraphConfig | None = field(default_factory=CudaGraphConfig)
     # "fp8": e4m3 weights (per-channel) and activations (per-token) in the text decoder.
     quantization: str | None = None
     # "auto": the KV cache takes the model dtype. "fp8": e4m3 K/V (half the bytes: twice the
@@ -99,18 +135,8 @@ class LlmArgs:
         _check_choice("load_format", self.load_format, ["auto", "dummy"])
         _check_choice("quantization", self.quantization, [None, "fp8"])
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, list(KV_CACHE_DTYPES))
-        sizes = self.cuda_graph_batch_sizes
-        if sizes is not None:
-            if not isinstance(sizes, list | tuple) or not sizes:
-                raise ValueError(f"cuda_graph_batch_sizes must be a non-empty list, got {sizes!r}")
-            for b in sizes:
-                _check_int("cuda_graph_batch_sizes entry", b, 1)
-                if b > self.max_batch_size:
-                    raise ValueError(
-                        f"cuda_graph_batch_sizes entry {b} exceeds max_batch_size "
-                        f"{self.max_batch_size}"
-                    )
         _check_int("max_batch_size", self.max_batch_size, 1)
+        self._normalize_cuda_graph_config()
         _check_int("max_num_tokens", self.max_num_tokens, 1)
         _check_int("max_seq_len", self.max_seq_len, 1, allow_none=True)
         _check_int("kv_cache_max_tokens", self.kv_cache_max_tokens, 1, allow_none=True)
@@ -168,6 +194,26 @@ class LlmArgs:
         if "model" not in kwargs:
             raise ValueError("model is required")
         return cls(**kwargs)
+
+    def _normalize_cuda_graph_config(self) -> None:
+        config = self.cuda_graph_config
+        if isinstance(config, dict):
+            unknown = sorted(set(config) - {"batch_sizes", "max_batch_size", "enable_padding"})
+            if unknown:
+                raise ValueError(f"unknown cuda_graph_config field(s) {unknown}")
+            config = CudaGraphConfig(**config)
+            object.__setattr__(self, "cuda_graph_config", config)
+        if config is None:
+            return
+        if not isinstance(config, CudaGraphConfig):
+            raise ValueError(
+                f"cuda_graph_config must be a CudaGraphConfig, a dict or None, got {config!r}"
+            )
+        if config.largest(self.max_batch_size) > self.max_batch_size:
+            raise ValueError(
+                f"cuda_graph_config captures batch size {config.largest(self.max_batch_size)}, "
+                f"more than max_batch_size {self.max_batch_size}"
+            )
 
     def resolve_device(self) -> torch.device:
         """'auto' picks CUDA when present, else the CPU."""

@@ -22,6 +22,7 @@ from ..attention_backend.interface import AttentionMetadata
 from .scheduler import ScheduledRequests
 
 if TYPE_CHECKING:
+    from ...llmapi.llm_args import CudaGraphConfig
     from .model_engine import PyTorchModelEngine, TokenSource
 
 logger = logging.getLogger(__name__)
@@ -29,18 +30,35 @@ logger = logging.getLogger(__name__)
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
+def graph_batch_sizes(config: CudaGraphConfig, max_batch_size: int) -> list[int]:
+    """The batch sizes to capture: the config's list, else the defaults up to its cap (kept)."""
+    if config.batch_sizes is not None:
+        return sorted(set(config.batch_sizes))
+    cap = config.largest(max_batch_size)
+    return sorted({b for b in DEFAULT_BATCH_SIZES if b <= cap} | {cap})
+
+
+def pick_bucket(batch_sizes: list[int], batch_size: int, enable_padding: bool) -> int | None:
+    """The captured size a batch replays in: the smallest that holds it (padding), or only an
+    exact match without padding; None runs the step eagerly."""
+    if not enable_padding:
+        return batch_size if batch_size in batch_sizes else None
+    i = bisect.bisect_left(batch_sizes, batch_size)
+    return batch_sizes[i] if i < len(batch_sizes) else None
+
+
 class CUDAGraphRunner:
     """Owns every captured graph, its output tensor and the shared memory pool."""
 
-    def __init__(self, engine: PyTorchModelEngine, batch_sizes: list[int] | None = None) -> None:
+    def __init__(
+        self, engine: PyTorchModelEngine, batch_sizes: list[int], enable_padding: bool = True
+    ) -> None:
         self.engine = engine
-        sizes = batch_sizes or [b for b in DEFAULT_BATCH_SIZES if b <= engine.max_batch_size]
-        if engine.max_batch_size not in sizes and batch_sizes is None:
-            sizes.append(engine.max_batch_size)
-        bad = [b for b in sizes if b < 1 or b > engine.max_batch_size]
-        if bad:
+        bad = [b for b in batch_sizes if b < 1 or b > engine.max_batch_size]
+        if not batch_sizes or bad:
             raise ValueError(f"cuda graph batch sizes {bad} outside [1, max_batch_size]")
-        self.batch_sizes = sorted(set(sizes))
+        self.batch_sizes = sorted(set(batch_sizes))
+        self.enable_padding = enable_padding
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
@@ -53,8 +71,7 @@ class CUDAGraphRunner:
         )
 
     def bucket(self, batch_size: int) -> int | None:
-        i = bisect.bisect_left(self.batch_sizes, batch_size)
-        return self.batch_sizes[i] if i < len(self.batch_sizes) else None
+        return pick_bucket(self.batch_sizes, batch_size, self.enable_padding)
 
     def can_run(self, scheduled: ScheduledRequests) -> bool:
         return (

@@ -18,7 +18,7 @@ from ..models.modeling_utils import ModelConfig
 from ..models.weight_loading import build_model_on_meta, load_model
 from ..modules.fp8_linear import quantize_model_fp8_
 from .config_utils import load_pretrained_config, resolve_architecture
-from .cuda_graph_runner import CUDAGraphRunner
+from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
 from .kv_cache_creator import KVCacheSpec, choose_num_blocks, run_capacity_probe
 from .model_engine import PyTorchModelEngine
 from .py_executor import PyExecutor
@@ -164,9 +164,12 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
     sampler = TorchSampler(
         model.vocab_size if hasattr(model, "vocab_size") else text_config.vocab_size, device
     )
-    if device.type == "cuda" and args.use_cuda_graph and attn_backend != "vanilla":
+    graphs = args.cuda_graph_config
+    if device.type == "cuda" and graphs is not None and attn_backend != "vanilla":
         # NOTE: the vanilla backend syncs (boolean masks), so it cannot be captured.
-        engine.cuda_graph_runner = CUDAGraphRunner(engine, args.cuda_graph_batch_sizes)
+        engine.cuda_graph_runner = CUDAGraphRunner(
+            engine, graph_batch_sizes(graphs, args.max_batch_size), graphs.enable_padding
+        )
         engine.cuda_graph_runner.capture_all()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -56,9 +56,9 @@ def _inputs() -> list:
 
 def _greedy(ckpt: Path, fast: bool) -> list[list[int]]:
     kwargs = (
-        dict(attn_backend="triton", use_cuda_graph=True)
+        dict(attn_backend="triton")
         if fast
-        else dict(attn_backend="vanilla", use_cuda_graph=False, disable_overlap_scheduler=True)
+        else dict(attn_backend="vanilla", cuda_graph_config=None, disable_overlap_scheduler=True)
     )
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     with LLM(model=str(ckpt), device="cuda", dtype="float32", max_batch_size=4, **kwargs) as llm:
