@@ -279,6 +279,28 @@ def test_tower_bf16_cuda_matches_fp32_cpu(family: str) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen2", "qwen2_5", "qwen3"])
+def test_tower_forward_does_not_sync_on_cuda(family: str) -> None:
+    """Steady state (tables cached, kernels compiled): a tower call never waits for the GPU.
+    Grids live on the host, pixels arrive on the device, and every index table is host-built
+    and copied asynchronously, so prefill of the next step can be prepared meanwhile."""
+    cfg, _, our_cls = _tiny(family)
+    tower = our_cls(cfg, dtype=torch.bfloat16, attn_backend="auto").cuda()
+    _randomize(tower, seed=1)
+    grid = torch.tensor(GRIDS["mixed"])
+    pixels = _pixels(grid, tower.patch_embed.patch_dim).cuda().bfloat16()
+    with torch.no_grad():
+        tower(pixels, grid)  # warm: rotary tables, Triton compiles, pinned buffers
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = tower(pixels, grid)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert out.embeddings.shape[0] == int(grid.prod(-1).sum()) // cfg.spatial_merge_size**2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["auto", "sdpa"])
 def test_varlen_attention_cuda_bf16_matches_mask_reference(backend: str) -> None:
     gen = torch.Generator().manual_seed(4)
