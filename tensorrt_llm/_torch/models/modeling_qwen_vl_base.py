@@ -83,6 +83,10 @@ class QwenVLModelBase(nn.Module):
             )
         self.image_token_id: int = config.image_token_id
         self.video_token_id: int = config.video_token_id
+        # Deepstack inputs of a step are views of this buffer (levels x tokens x hidden), kept
+        # across steps so media steps allocate nothing; the capacity probe's largest step sizes
+        # it at startup, before the KV cache takes the rest of the memory.
+        self._deepstack_scratch: torch.Tensor | None = None
         self.vocab_size: int = text_config.vocab_size
         # NOTE: one entry per seq slot plus a dummy slot (the last) that is never written, so
         # padded rows and requests without a delta read 0.
@@ -184,11 +188,28 @@ class QwenVLModelBase(nn.Module):
             inputs_embeds.masked_scatter_(mask, src)
             if self.has_deepstack and deep[kind] and deep[kind][0]:
                 if deepstack is None:
-                    deepstack = [torch.zeros_like(inputs_embeds) for _ in deep[kind][0]]
+                    deepstack = self._deepstack_buffers(len(deep[kind][0]), inputs_embeds)
                 for level, target in enumerate(deepstack):
                     level_src = torch.cat([d[level] for d in deep[kind]]).to(target.dtype)
                     target.masked_scatter_(mask, level_src)
         return deepstack
+
+    def _deepstack_buffers(self, levels: int, like: torch.Tensor) -> list[torch.Tensor]:
+        """`levels` zeroed `[T, hidden]` tensors shaped like `like`, from the kept scratch."""
+        tokens, hidden = like.shape
+        buf = self._deepstack_scratch
+        if (
+            buf is None
+            or buf.shape[0] < levels
+            or buf.shape[1] < tokens
+            or buf.shape[2] != hidden
+            or (buf.dtype, buf.device) != (like.dtype, like.device)
+        ):
+            buf = torch.empty(levels, tokens, hidden, dtype=like.dtype, device=like.device)
+            self._deepstack_scratch = buf
+        views = buf[:levels, :tokens]
+        views.zero_()
+        return list(views.unbind(0))
 
     # ------------------------------------------------------------------ forward
     def forward(

@@ -183,3 +183,16 @@ def test_cuda_bf16_matches_hf(family: str, kind: str, tmp_path: Path) -> None:
         ref = hf_logits(stack, ids, data)
         torch.testing.assert_close(logits, ref[-1], atol=5e-2, rtol=0)
     release(stack, req)
+
+
+def test_deepstack_inputs_reuse_one_scratch_buffer(stack: Stack) -> None:
+    """Media steps of deepstack models build their deepstack inputs in one kept buffer (no
+    per-step allocation); `test_mixed_batch_matches_solo_runs` checks nothing stale leaks."""
+    model = stack.engine.model
+    if not model.has_deepstack:
+        pytest.skip("this family has no deepstack")
+    _greedy_ours(stack, "two_images")
+    scratch = model._deepstack_scratch
+    assert scratch is not None and scratch.shape[0] == len(model.visual.deepstack_visual_indexes)
+    _greedy_ours(stack, "image")  # a shorter prompt: same storage
+    assert model._deepstack_scratch.data_ptr() == scratch.data_ptr()
