@@ -289,6 +289,23 @@ def fla_available() -> bool:
     return _fla_ops() is not None
 
 
+# The last (cu_seqlens, device) -> (device offsets, host offsets). Every DeltaNet layer of a step
+# passes the same offsets; handing fla the same tensor objects lets its per-tensor cache build
+# the chunk index table once per step instead of once per layer (each build reads the offsets
+# back from the device, a sync).
+_offsets_cache: list[tuple[tuple[int, ...], torch.device, torch.Tensor, torch.Tensor]] = []
+
+
+def _fla_offsets(cu_seqlens: Sequence[int], device: torch.device) -> tuple[torch.Tensor, ...]:
+    key = tuple(int(x) for x in cu_seqlens)
+    if _offsets_cache and _offsets_cache[0][:2] == (key, device):
+        return _offsets_cache[0][2:]
+    host = torch.tensor(key, dtype=torch.long)
+    on_device = async_tensor_h2d(host, torch.long, device)
+    _offsets_cache[:] = [(key, device, on_device, host)]
+    return on_device, host
+
+
 def _call_fla(
     op: Callable[..., _Result],
     q: torch.Tensor,
@@ -302,15 +319,18 @@ def _call_fla(
     scale: float | None,
     use_qk_l2norm: bool,
     cu_seqlens: Sequence[int] | None,
+    pass_host_offsets: bool = False,
 ) -> _Result:
     _validate(q, k, v, g, beta, initial_state, cu_seqlens)
     ratio = v.shape[2] // q.shape[2]
     if ratio > 1:
         # Expanded here so the call does not depend on the installed fla's grouped-head support.
         q, k = q.repeat_interleave(ratio, dim=2), k.repeat_interleave(ratio, dim=2)
-    offsets = None
+    offsets, extra = None, {}
     if cu_seqlens is not None:
-        offsets = async_tensor_h2d(list(cu_seqlens), torch.long, q.device)
+        offsets, host = _fla_offsets(cu_seqlens, q.device)
+        if pass_host_offsets:  # the chunk kernel then plans its chunks without a readback
+            extra["cu_seqlens_cpu"] = host
     state = initial_state.float().contiguous() if initial_state is not None else None
     # Everything after q, k, v goes by keyword: fla's fused recurrent kernel takes optional
     # per-key/per-value gates (gk, gv) between g and beta, so a positional beta lands on gk.
@@ -325,6 +345,7 @@ def _call_fla(
         output_final_state=output_final_state,
         cu_seqlens=offsets,
         use_qk_l2norm_in_kernel=use_qk_l2norm,
+        **extra,
     )
 
 
@@ -345,7 +366,10 @@ def chunk_gated_delta_rule(
     opts = {"scale": scale, "use_qk_l2norm": use_qk_l2norm, "cu_seqlens": cu_seqlens}
     ops = _fla_ops() if q.is_cuda else None
     if ops is not None:
-        return _call_fla(ops[0], q, k, v, g, beta, initial_state, output_final_state, **opts)
+        return _call_fla(
+            ops[0], q, k, v, g, beta, initial_state, output_final_state, **opts,
+            pass_host_offsets=True,
+        )  # fmt: skip
     return chunk_gated_delta_rule_ref(q, k, v, g, beta, initial_state, output_final_state, **opts)
 
 

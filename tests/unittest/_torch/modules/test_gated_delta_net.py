@@ -189,6 +189,29 @@ def test_fla_adapter_expands_heads_and_passes_offsets() -> None:
     torch.testing.assert_close(s, s_ref)
 
 
+def test_fla_chunk_calls_of_one_step_share_offset_tensors() -> None:
+    """Every layer of a step passes equal cu_seqlens: fla must get the very same device tensor
+    (its per-tensor cache then plans chunks once per step) plus the host copy."""
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def fake_chunk(q, k, v, g=None, beta=None, scale=None, initial_state=None,
+                   output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
+                   cu_seqlens_cpu=None):  # fmt: skip
+        seen.append((cu_seqlens, cu_seqlens_cpu))
+        return recurrent_gated_delta_rule_ref(
+            q, k, v, g, beta, initial_state, output_final_state, scale=scale,
+            use_qk_l2norm=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens.tolist(),
+        )  # fmt: skip
+
+    q, k, v, g, beta, _ = _rule_inputs(1, 9, hk=1, hv=2)
+    for cu in ([0, 4, 9], [0, 4, 9], [0, 2, 9]):
+        _call_fla(fake_chunk, q, k, v, g, beta, None, True, scale=None, use_qk_l2norm=True,
+                  cu_seqlens=cu, pass_host_offsets=True)  # fmt: skip
+    assert seen[0][0] is seen[1][0] and seen[0][1] is seen[1][1]
+    assert seen[2][0] is not seen[0][0] and seen[2][1].tolist() == [0, 2, 9]
+    assert seen[0][1].tolist() == [0, 4, 9] and seen[0][0].dtype == torch.long
+
+
 def test_rule_bad_inputs_raise() -> None:
     q, k, v, g, beta, state0 = _rule_inputs(2, 6)
     with pytest.raises(ValueError, match="cu_seqlens needs batch size 1"):
