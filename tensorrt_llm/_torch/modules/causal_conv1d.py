@@ -122,10 +122,13 @@ def causal_conv1d_fn(
         history = torch.where(keep[:, None, None], history, 0)
     source = torch.cat([history.reshape(-1, dim), x.to(weight.dtype)])
     taps, last = _tap_sources(seq_lens, width - 1)
-    taps_d = async_tensor_h2d(torch.from_numpy(taps), torch.long, x.device)
+    # One contiguous index row per tap; addcmul_ accumulates in float32 without a float copy
+    # of each gathered [T, dim] slab.
+    taps_d = async_tensor_h2d(torch.from_numpy(np.ascontiguousarray(taps.T)), torch.long, x.device)
     acc = torch.zeros(x.shape[0], dim, dtype=torch.float32, device=x.device)
+    w32 = weight.float()
     for j in range(width):
-        acc += source.index_select(0, taps_d[:, j]).float() * weight[:, j].float()
+        acc.addcmul_(source.index_select(0, taps_d[j]), w32[:, j])
     if bias is not None:
         acc += bias.float()
     last_d = async_tensor_h2d(torch.from_numpy(last.reshape(-1)), torch.long, x.device)

@@ -152,3 +152,17 @@ def test_batched_prefill_matches_per_request_reference(bias: bool, activation: s
         want = causal_conv1d_fn_ref(x, weight, b, lens, want_states, flags, activation)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(got_states, want_states)
+
+
+def test_batched_prefill_bf16_stays_within_rounding_of_reference() -> None:
+    weight, b = _weights(bias=True)
+    weight, b = weight.bfloat16(), b.bfloat16()
+    lens = [4, 1, 11]
+    x = torch.randn(sum(lens), DIM, generator=torch.Generator().manual_seed(2)).bfloat16()
+    got_states = torch.randn(3, DIM, WIDTH - 1).bfloat16()
+    want_states = got_states.clone()
+    got = causal_conv1d_fn(x, weight, b, lens, got_states, [False, True, True])
+    want = causal_conv1d_fn_ref(x, weight, b, lens, want_states, [False, True, True])
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(got_states, want_states)
