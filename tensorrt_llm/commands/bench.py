@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--num_requests",
         type=int,
         default=None,
-        help="per concurrency (default: 2 x concurrency, at least 4)",
+        help="per concurrency (default: one wave, i.e. the concurrency itself, at least 2)",
     )
     p.add_argument("--ignore_eos", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--dtype", default="bfloat16")
