@@ -38,3 +38,17 @@ def async_tensor_h2d(
     if torch.device(device).type == "cpu":
         return host
     return maybe_pin_memory(host).to(device, non_blocking=True)
+
+
+@lru_cache(maxsize=32)
+def step_constant(
+    values: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """`values` as a tensor on `device`, built and copied once and then shared.
+
+    Every layer of a step passes the same host lengths, offsets or flags; asking here instead
+    of calling `async_tensor_h2d` per layer turns one copy per layer into one per step, and
+    hands kernels with per-tensor caches (fla) the same object each time. The result is
+    shared: never write to it.
+    """
+    return async_tensor_h2d(list(values), dtype, device)

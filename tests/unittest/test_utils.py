@@ -32,3 +32,14 @@ def test_async_h2d_to_cuda_and_pinning() -> None:
     assert maybe_pin_memory(pinned) is pinned
     out = async_tensor_h2d([4, 5, 6], torch.int64, "cuda")
     assert out.is_cuda and out.cpu().tolist() == [4, 5, 6]
+
+
+def test_step_constant_is_built_once_per_values_dtype_and_device() -> None:
+    from tensorrt_llm._utils import step_constant
+
+    cpu = torch.device("cpu")
+    a = step_constant((0, 4, 9), torch.long, cpu)
+    assert a is step_constant((0, 4, 9), torch.long, cpu)
+    assert a.tolist() == [0, 4, 9] and a.dtype == torch.long
+    assert step_constant((0, 4, 9), torch.int32, cpu) is not a
+    assert step_constant((0, 2, 9), torch.long, cpu).tolist() == [0, 2, 9]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..modules.triton_kernels.fp8_quant import FP8_MAX
+
 
 class AttentionShape:
     """Validated head layout of one attention layer, the common base of the backends.
@@ -34,13 +36,10 @@ class AttentionShape:
         self.scale = head_dim**-0.5 if scale is None else scale
 
 
-# Largest finite float8 e4m3 value. The FP8 KV cache stores K/V unscaled and clamps to this,
-# so an outlier saturates instead of turning into NaN.
-FP8_KV_MAX = 448.0
-
-
 def to_cache_dtype(x: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
-    """`x` converted for storage in a KV cache of `cache_dtype` (saturating for fp8)."""
+    """`x` converted for storage in a KV cache of `cache_dtype`. The FP8 cache stores K/V
+    unscaled and clamps to e4m3's largest value, so an outlier saturates instead of turning
+    into NaN."""
     if cache_dtype == torch.float8_e4m3fn:
-        return x.clamp(-FP8_KV_MAX, FP8_KV_MAX).to(cache_dtype)
+        return x.clamp(-FP8_MAX, FP8_MAX).to(cache_dtype)
     return x.to(cache_dtype)

@@ -241,9 +241,10 @@ class Qwen2TextForCausalLM(nn.Module):
             deepstack_embeds=deepstack_embeds,
         )
         if not return_context_logits:
-            # Device-side offsets: no host sync on the decode path.
+            # Device-side offsets: no host sync on the decode path (index_select takes the
+            # int32 offsets as they are, so no cast kernel per step).
             last = attn_metadata.cu_seqlens_q[1 : attn_metadata.num_seqs + 1] - 1
-            hidden_states = hidden_states.index_select(0, last.to(hidden_states.device).long())
+            hidden_states = hidden_states.index_select(0, last.to(hidden_states.device))
         return self.lm_head(hidden_states)
 
     def load_weights(

@@ -14,13 +14,14 @@ updated in place.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..._utils import async_tensor_h2d
+from ..._utils import async_tensor_h2d, step_constant
 
 _ACTIVATIONS = ("silu", None)
 
@@ -65,7 +66,7 @@ def _check_prefill(
         )
 
 
-def _tap_sources(seq_lens: Sequence[int], history: int) -> tuple[np.ndarray, np.ndarray]:
+def _tap_sources(seq_lens: tuple[int, ...], history: int) -> tuple[np.ndarray, np.ndarray]:
     """Row indices into `[history rows of every sequence; packed tokens]` (host-side).
 
     Returns `taps: [T, history + 1]` (tap j of token t reads row taps[t, j]) and
@@ -88,6 +89,21 @@ def _tap_sources(seq_lens: Sequence[int], history: int) -> tuple[np.ndarray, np.
     last_pos = lens[:, None] - history + np.arange(history)[None, :]
     last = rows(np.arange(num_seqs)[:, None], last_pos)
     return taps, last
+
+
+@lru_cache(maxsize=4)
+def _tap_tables(
+    seq_lens: tuple[int, ...], history: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_tap_sources` on `device`: taps as `[width, T]` (one contiguous index row per tap)
+    and the new-state rows flattened to `[N * history]`.
+
+    Cached: every DeltaNet layer of a step has the same lengths, so the tables are built and
+    copied once per step. Shared: never write to them.
+    """
+    taps, last = _tap_sources(seq_lens, history)
+    taps_d = async_tensor_h2d(torch.from_numpy(np.ascontiguousarray(taps.T)), torch.long, device)
+    return taps_d, async_tensor_h2d(torch.from_numpy(last.reshape(-1)), torch.long, device)
 
 
 def causal_conv1d_fn(
@@ -118,20 +134,17 @@ def causal_conv1d_fn(
     if not any(flags):
         history = torch.zeros_like(history)
     elif not all(flags):  # fresh requests start from zeros, whatever their slot held before
-        keep = async_tensor_h2d(flags, torch.bool, x.device)
+        keep = step_constant(tuple(flags), torch.bool, x.device)
         history = torch.where(keep[:, None, None], history, 0)
     source = torch.cat([history.reshape(-1, dim), x.to(weight.dtype)])
-    taps, last = _tap_sources(seq_lens, width - 1)
-    # One contiguous index row per tap; addcmul_ accumulates in float32 without a float copy
-    # of each gathered [T, dim] slab.
-    taps_d = async_tensor_h2d(torch.from_numpy(np.ascontiguousarray(taps.T)), torch.long, x.device)
+    taps_d, last_d = _tap_tables(tuple(int(n) for n in seq_lens), width - 1, x.device)
+    # addcmul_ accumulates in float32 without a float copy of each gathered [T, dim] slab.
     acc = torch.zeros(x.shape[0], dim, dtype=torch.float32, device=x.device)
     w32 = weight.float()
     for j in range(width):
         acc.addcmul_(source.index_select(0, taps_d[j]), w32[:, j])
     if bias is not None:
         acc += bias.float()
-    last_d = async_tensor_h2d(torch.from_numpy(last.reshape(-1)), torch.long, x.device)
     new_states = source.index_select(0, last_d).view(len(seq_lens), width - 1, dim)
     conv_states.copy_(new_states.transpose(1, 2))
     return _activate(acc, activation).to(x.dtype)

@@ -10,10 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .triton_kernels.fp8_quant import quantize_rows
+from .triton_kernels.fp8_quant import FP8_MAX, quantize_rows
 
 FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite e4m3 value
 _MIN_SCALE = 1e-12
 
 

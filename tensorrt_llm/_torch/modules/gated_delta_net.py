@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..._utils import async_tensor_h2d
+from ..._utils import step_constant
 from .causal_conv1d import CausalConv1d
 from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .linear import Linear
@@ -224,6 +224,8 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(num_v_heads, dtype=dtype))
         self.norm = RMSNormGated(head_v_dim, eps=rms_norm_eps, dtype=dtype)
         self.out_proj = Linear(self.value_dim, hidden_size, dtype=dtype)
+        # Read once here, not on every decode step.
+        self.inplace_decode = os.environ.get(INPLACE_DECODE_ENV) == "1"
 
     @classmethod
     def from_config(cls, config: Any, dtype: torch.dtype | None = None) -> GatedDeltaNet:
@@ -344,7 +346,7 @@ class GatedDeltaNet(nn.Module):
         elif not any(flags):
             initial = None
         else:
-            carry = async_tensor_h2d(list(flags), torch.bool, ssm.device)
+            carry = step_constant(tuple(flags), torch.bool, ssm.device)
             initial = torch.where(carry[:, None, None, None], ssm.read(), 0)
         o, final = chunk_gated_delta_rule(
             q[None],
@@ -366,7 +368,7 @@ class GatedDeltaNet(nn.Module):
     ) -> torch.Tensor:
         """One token per request, batched over requests; returns [N, Hv, V]."""
         q, k, v = self._split_heads(x)
-        if ssm.slots is not None and os.environ.get(INPLACE_DECODE_ENV) == "1":
+        if ssm.slots is not None and self.inplace_decode:
             # Opt-in until measured on the GPU: reads and writes the pool rows in place
             # instead of fla's gather -> kernel -> scatter.
             slots = ssm.slots[ssm.lo : ssm.hi]

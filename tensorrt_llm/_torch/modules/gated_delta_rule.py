@@ -28,7 +28,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from ..._utils import async_tensor_h2d
+from ..._utils import step_constant
 
 _Result = tuple[torch.Tensor, torch.Tensor | None]
 
@@ -289,23 +289,6 @@ def fla_available() -> bool:
     return _fla_ops() is not None
 
 
-# The last (cu_seqlens, device) -> (device offsets, host offsets). Every DeltaNet layer of a step
-# passes the same offsets; handing fla the same tensor objects lets its per-tensor cache build
-# the chunk index table once per step instead of once per layer (each build reads the offsets
-# back from the device, a sync).
-_offsets_cache: list[tuple[tuple[int, ...], torch.device, torch.Tensor, torch.Tensor]] = []
-
-
-def _fla_offsets(cu_seqlens: Sequence[int], device: torch.device) -> tuple[torch.Tensor, ...]:
-    key = tuple(int(x) for x in cu_seqlens)
-    if _offsets_cache and _offsets_cache[0][:2] == (key, device):
-        return _offsets_cache[0][2:]
-    host = torch.tensor(key, dtype=torch.long)
-    on_device = async_tensor_h2d(host, torch.long, device)
-    _offsets_cache[:] = [(key, device, on_device, host)]
-    return on_device, host
-
-
 def _call_fla(
     op: Callable[..., _Result],
     q: torch.Tensor,
@@ -328,7 +311,11 @@ def _call_fla(
         q, k = q.repeat_interleave(ratio, dim=2), k.repeat_interleave(ratio, dim=2)
     offsets, extra = None, {}
     if cu_seqlens is not None:
-        offsets, host = _fla_offsets(cu_seqlens, q.device)
+        # Shared objects across the layers of a step: fla's per-tensor cache then builds its
+        # chunk index table once per step instead of once per layer (each build is a readback).
+        key = tuple(int(x) for x in cu_seqlens)
+        offsets = step_constant(key, torch.long, q.device)
+        host = step_constant(key, torch.long, torch.device("cpu"))
         if pass_host_offsets:  # the chunk kernel then plans its chunks without a readback
             extra["cu_seqlens_cpu"] = host
     state = initial_state.float().contiguous() if initial_state is not None else None

@@ -6,9 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import FP8_KV_MAX
+from ...modules.triton_kernels.fp8_quant import FP8_MAX as _FP8_MAX
 
-FP8_MAX: tl.constexpr = tl.constexpr(FP8_KV_MAX)
+FP8_MAX: tl.constexpr = tl.constexpr(_FP8_MAX)
 
 
 @triton.jit

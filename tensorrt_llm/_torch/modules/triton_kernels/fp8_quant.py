@@ -12,7 +12,7 @@ import torch
 
 from . import tl, triton, triton_jit, use_triton
 
-FP8_MAX = 448.0
+FP8_MAX = 448.0  # largest finite e4m3 value (the FP8 linear layers and KV cache share it)
 _MIN_SCALE = 1e-12
 
 
