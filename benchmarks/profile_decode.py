@@ -119,6 +119,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--no_cuda_graph", action="store_true")
     p.add_argument("--prefill_batch", type=int, default=0, help="also profile a prefill step")
+    p.add_argument("--quantization", choices=["fp8"], default=None)
+    p.add_argument("--kv_cache_dtype", choices=["auto", "fp8"], default="auto")
     args = p.parse_args()
     folder = prepare_model_folder(args.config, tempfile.mkdtemp(), 512)
     llm = LLM(
@@ -130,6 +132,8 @@ def main() -> None:
         max_seq_len=args.context + 128,
         kv_cache_free_gpu_memory_fraction=0.5,
         cuda_graph_config=None if args.no_cuda_graph else {},
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     try:
         if args.prefill_batch:

@@ -16,6 +16,8 @@ would mean compiles in the middle of serving whenever a mixed step has a new siz
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -33,6 +35,7 @@ _MIN_DOT = 16
 # Bytes of one K (or V) tile: keeps 2 pipeline stages of K+V well inside Hopper shared memory
 # (64 KiB per program), so a few programs stay resident per SM.
 _TILE_BYTES = 16384
+_MAX_BLOCK_N = 64
 
 
 @triton.jit(do_not_specialize=["req_offset", "num_splits"])
@@ -65,6 +68,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    DOT_F16: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -84,9 +88,14 @@ def _decode_split_kernel(
     dmask = dims < HEAD_DIM
     q_mask = row_ok[:, None] & dmask[None, :]
     q_offs = row * stride_qt + heads[:, None] * stride_qh + dims[None, :]
-    # Padding rows are zero: finite scores, never stored. K/V are converted to q's dtype
-    # after loading, so an fp8 cache is read at half the bytes and multiplied in bf16.
+    # Padding rows are zero: finite scores, never stored. K/V are converted to the dot dtype
+    # after loading, so an fp8 cache is read at half the bytes. With DOT_F16 (fp8 caches) the
+    # products run in fp16: e4m3 -> fp16 is exact and a single conversion instruction, where
+    # e4m3 -> bf16 takes several; q is clamped to fp16's range first (it is normed, so the
+    # clamp never bites in practice).
     q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
+    if DOT_F16:
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
     table = block_tables_ptr + req * stride_bt
     kv_base = cache_ptr + kv_head * stride_ch
     m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
@@ -170,15 +179,27 @@ def choose_num_splits(num_generations: int, num_kv_heads: int, max_kv_len: int) 
     return max(1, min(by_length, by_occupancy, _MAX_SPLITS))
 
 
-def _tile_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> tuple[int, int, int]:
-    """(BLOCK_D, BLOCK_N, num_stages): tiles of at most `_TILE_BYTES` on the GPU; the
-    smallest legal tiles under the interpreter, where cost scales with tile size."""
+@dataclass(frozen=True)
+class DecodeTiles:
+    """Launch shape of the split kernel: head-dim tile, keys per tile, pipeline stages, warps."""
+
+    block_d: int
+    block_n: int
+    num_stages: int
+    num_warps: int
+    # fp8 caches only: q @ k^T and p @ v in fp16 instead of q's dtype.
+    fp16_dot: bool = False
+
+
+def _tile_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> DecodeTiles:
+    """Tiles of at most `_TILE_BYTES` on the GPU (at most `_MAX_BLOCK_N` keys); the smallest
+    legal tiles under the interpreter, where cost scales with tile size."""
     block_d = max(_MIN_DOT, triton.next_power_of_2(head_dim))
     if not on_gpu:
-        return block_d, _MIN_DOT, 1
+        return DecodeTiles(block_d, _MIN_DOT, 1, 4)
     elem = torch.empty((), dtype=dtype).element_size()
-    block_n = max(_MIN_DOT, min(64, _TILE_BYTES // (block_d * elem)))
-    return block_d, block_n, 2
+    block_n = max(_MIN_DOT, min(_MAX_BLOCK_N, _TILE_BYTES // (block_d * elem)))
+    return DecodeTiles(block_d, block_n, 2, 4)
 
 
 def paged_decode(
@@ -210,7 +231,8 @@ def paged_decode(
     if q.stride(-1) != 1 or out.stride(-1) != 1 or kv_buffer.stride(-1) != 1:
         raise ValueError("q, out and kv_buffer must be contiguous in their last dimension")
     group = num_heads // num_kv_heads
-    block_d, block_n, num_stages = _tile_config(head_dim, kv_buffer.dtype, q.is_cuda)
+    tiles = _tile_config(head_dim, kv_buffer.dtype, q.is_cuda)
+    block_d = tiles.block_d
     part_acc = part_ml = out  # placeholders; unused when num_splits == 1
     if num_splits > 1:
         part_acc = torch.empty(
@@ -245,12 +267,13 @@ def paged_decode(
         GROUP_P=max(_MIN_DOT, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
-        BLOCK_N=block_n,
+        BLOCK_N=tiles.block_n,
         SPLIT=num_splits > 1,
         # fp32 caches keep exact products (tf32 would cost ~1e-3 of parity).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4,
-        num_stages=num_stages,
+        DOT_F16=tiles.fp16_dot and kv_buffer.dtype == torch.float8_e4m3fn,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_gens, num_heads)](

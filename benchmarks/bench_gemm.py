@@ -1,0 +1,88 @@
+"""Decode-size GEMMs of one Qwen3-VL-8B decoder layer: bf16 vs FP8 (quantise + `_scaled_mm`).
+
+    python benchmarks/bench_gemm.py --rows 1 32 64 128
+
+For each row count (= decode batch) it times the layer's four projections (qkv, o, gate_up,
+down) in bf16 (`F.linear`), FP8 as served (`fp8_linear`: per-token quantisation kernel then
+`torch._scaled_mm`) and the FP8 GEMM alone, and prints the per-step total over 36 layers and
+the weight bandwidth it reaches. GPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from tensorrt_llm._torch.modules.fp8_linear import fp8_linear, quantize_fp8_rows
+from tensorrt_llm._torch.modules.triton_kernels.fp8_quant import quantize_rows
+
+# (name, out_features, in_features) of one Qwen3-VL-8B text layer.
+_SHAPES = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288))
+_LAYERS = 36
+
+
+def _time_us(fn, iters: int = 100) -> float:
+    for _ in range(5):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph = torch.cuda.CUDAGraph()  # replayed, so launch overhead does not count
+    with torch.cuda.graph(graph):
+        fn()
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64, 128])
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gemm.py needs a GPU")
+    weights = {}
+    for name, n, k in _SHAPES:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        wq, scale = quantize_fp8_rows(w)
+        weights[name] = (w, wq, scale.view(-1).contiguous())
+    bf16_bytes = sum(2 * n * k for _, n, k in _SHAPES) * _LAYERS
+    for rows in args.rows:
+        totals = {"bf16": 0.0, "fp8": 0.0, "fp8 gemm only": 0.0}
+        for name, _, k in _SHAPES:
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            w, wq, ws = weights[name]
+            xq, xs = quantize_rows(x, rows_out=rows + (-rows) % 16)
+            t = {
+                "bf16": _time_us(partial(F.linear, x, w)),
+                "fp8": _time_us(partial(fp8_linear, x, wq, ws, None)),
+                "fp8 gemm only": _time_us(
+                    partial(
+                        torch._scaled_mm,
+                        xq,
+                        wq.t(),
+                        scale_a=xs,
+                        scale_b=ws.view(1, -1),
+                        out_dtype=torch.bfloat16,
+                        use_fast_accum=True,
+                    )
+                ),
+            }
+            print(
+                f"rows {rows:4d} {name:8s} " + "  ".join(f"{m} {v:7.1f} us" for m, v in t.items())
+            )
+            for m, v in t.items():
+                totals[m] += v * _LAYERS
+        summary = []
+        for m, v in totals.items():
+            weight_bytes = bf16_bytes if m == "bf16" else bf16_bytes / 2
+            summary.append(f"{m} {v / 1e3:.2f} ms ({weight_bytes / v / 1e6:.2f} TB/s)")
+        print(f"rows {rows:4d} per step (36 layers): " + ", ".join(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()
