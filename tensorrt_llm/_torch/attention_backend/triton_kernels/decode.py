@@ -28,14 +28,16 @@ _MIN_TOKENS_PER_SPLIT = 64
 _MAX_SPLITS = 32
 # Reduce tile: one power of two covering any split count, so the reduce kernel compiles once.
 _BLOCK_SPLITS = triton.next_power_of_2(_MAX_SPLITS)
-# Programs for ~3-4 waves of an H200 (132 SMs); each program streams one KV head's tiles.
-_TARGET_PROGRAMS = 528
+# Programs for ~2 waves of an H200 (132 SMs); each program streams one KV head's tiles. More
+# splits than that only add partial traffic: at batch 32 x 8 KV heads one split beat three
+# by 25% (benchmarks/tune_decode.py, results in benchmarks/results/decode_tiles_h200.md).
+_TARGET_PROGRAMS = 256
 # Smallest tile `tl.dot` accepts along any dimension.
 _MIN_DOT = 16
-# Bytes of one K (or V) tile: keeps 2 pipeline stages of K+V well inside Hopper shared memory
-# (64 KiB per program), so a few programs stay resident per SM.
-_TILE_BYTES = 16384
-_MAX_BLOCK_N = 64
+# Bytes of one K (or V) tile and the most keys per tile: 128 keys of head dim 128 in bf16 or
+# fp8, 64 keys of head dim 256 in bf16. Measured best on the H200 with 3 pipeline stages.
+_TILE_BYTES = 32768
+_MAX_BLOCK_N = 128
 
 
 @triton.jit(do_not_specialize=["req_offset", "num_splits"])
@@ -199,7 +201,8 @@ def _tile_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> DecodeTiles
         return DecodeTiles(block_d, _MIN_DOT, 1, 4)
     elem = torch.empty((), dtype=dtype).element_size()
     block_n = max(_MIN_DOT, min(_MAX_BLOCK_N, _TILE_BYTES // (block_d * elem)))
-    return DecodeTiles(block_d, block_n, 2, 4)
+    # fp16 products for fp8 caches: 46 vs 63 us per layer at batch 32 (tune_decode.py).
+    return DecodeTiles(block_d, block_n, 3, 4, fp16_dot=True)
 
 
 def paged_decode(
