@@ -266,10 +266,9 @@ def test_pool_rows_by_slot_match_per_request_states(
 ) -> None:
     """`ssm_slots` mode (the model's pool, rows addressed by seq slot, read and written in
     place) gives the same outputs and final states as gathered per-request tensors, and
-    leaves every other pool row alone; also with the opt-in in-place decode kernel (Triton on
-    CUDA, its torch path on the CPU)."""
-    if inplace_decode:
-        monkeypatch.setenv(INPLACE_DECODE_ENV, "1")
+    leaves every other pool row alone; with the in-place decode kernel (the default: Triton
+    on CUDA, its torch path on the CPU) and with gather -> step -> scatter (env "0")."""
+    monkeypatch.setenv(INPLACE_DECODE_ENV, "1" if inplace_decode else "0")
     _, ours = _hf_and_ours(linear_key_head_dim=16, linear_value_head_dim=16)
     gen = torch.Generator().manual_seed(9)
     pool = torch.randn(6, *ours.ssm_state_shape, generator=gen)
