@@ -18,25 +18,11 @@ import torch.nn.functional as F
 
 from tensorrt_llm._torch.modules.fp8_linear import fp8_linear, quantize_fp8_rows
 from tensorrt_llm._torch.modules.triton_kernels.fp8_quant import quantize_rows
+from tensorrt_llm.bench.gpu_timing import graph_time_us
 
 # (name, out_features, in_features) of one Qwen3-VL-8B text layer.
 _SHAPES = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288))
 _LAYERS = 36
-
-
-def _time_us(fn, iters: int = 100) -> float:
-    for _ in range(5):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph = torch.cuda.CUDAGraph()  # replayed, so launch overhead does not count
-    with torch.cuda.graph(graph):
-        fn()
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
 
 
 def main() -> None:
@@ -58,9 +44,9 @@ def main() -> None:
             w, wq, ws = weights[name]
             xq, xs = quantize_rows(x, rows_out=rows + (-rows) % 16)
             t = {
-                "bf16": _time_us(partial(F.linear, x, w)),
-                "fp8": _time_us(partial(fp8_linear, x, wq, ws, None)),
-                "fp8 gemm only": _time_us(
+                "bf16": graph_time_us(partial(F.linear, x, w)),
+                "fp8": graph_time_us(partial(fp8_linear, x, wq, ws, None)),
+                "fp8 gemm only": graph_time_us(
                     partial(
                         torch._scaled_mm,
                         xq,

@@ -17,6 +17,7 @@ import torch
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+from tensorrt_llm.bench.gpu_timing import replay_time_us
 from tensorrt_llm.bench.workload import prepare_model_folder
 from tensorrt_llm.inputs.multimodal import MultimodalParams
 from tensorrt_llm.llmapi.llm import LLM
@@ -63,14 +64,7 @@ def profile(llm: LLM, batch: int, context: int, steps: int) -> None:
     gpu = float("nan")
     if runner is not None:
         bucket = runner.bucket(batch)
-        graph = runner.graphs[bucket]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(steps):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        gpu = start.elapsed_time(end) / steps
+        gpu = replay_time_us(runner.graphs[bucket], steps) / 1e3
     print(f"batch {batch}: engine.forward {wall:.2f} ms/step, graph replay (GPU) {gpu:.2f} ms")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         engine.forward(step)

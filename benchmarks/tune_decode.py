@@ -18,6 +18,7 @@ from unittest import mock
 import torch
 
 from tensorrt_llm._torch.attention_backend.triton_kernels import decode
+from tensorrt_llm.bench.gpu_timing import graph_time_us
 
 
 def _buffers(batch: int, context: int, dtype: torch.dtype, tpb: int, heads: int, kv_heads: int):
@@ -30,24 +31,6 @@ def _buffers(batch: int, context: int, dtype: torch.dtype, tpb: int, heads: int,
     cached = torch.full((batch,), context - 1, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, heads, 128, device="cuda", dtype=torch.bfloat16)
     return q, torch.empty_like(q), kv, tables, seq_lens, cached
-
-
-def _time_us(fn, iters: int) -> float:
-    """GPU time per call of a CUDA graph of `fn` (as served: decode steps replay graphs, so
-    launch overhead must not count)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
 
 
 def main() -> None:
@@ -79,7 +62,7 @@ def main() -> None:
             tiles = decode.DecodeTiles(128, block_n, stages, warps, f16)
             with mock.patch.object(decode, "_tile_config", lambda *_, t=tiles: t):
                 try:
-                    us = _time_us(
+                    us = graph_time_us(
                         partial(
                             decode.paged_decode,
                             q,
