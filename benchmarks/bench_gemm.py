@@ -4,8 +4,8 @@
 
 For each row count (= decode batch) it times the layer's four projections (qkv, o, gate_up,
 down) in bf16 (`F.linear`), FP8 as served (`fp8_linear`: per-token quantisation kernel then
-`torch._scaled_mm`) and the FP8 GEMM alone, and prints the per-step total over 36 layers and
-the weight bandwidth it reaches. GPU only.
+`torch._scaled_mm`), that FP8 GEMM alone, and the FP8 GEMM with per-tensor (scalar) scales,
+and prints the per-step total over 36 layers and the weight bandwidth it reaches. GPU only.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ def main() -> None:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         wq, scale = quantize_fp8_rows(w)
         weights[name] = (w, wq, scale.view(-1).contiguous())
+    one = torch.ones((), device="cuda")
     bf16_bytes = sum(2 * n * k for _, n, k in _SHAPES) * _LAYERS
     for rows in args.rows:
-        totals = {"bf16": 0.0, "fp8": 0.0, "fp8 gemm only": 0.0}
+        totals = {"bf16": 0.0, "fp8": 0.0, "fp8 gemm only": 0.0, "fp8 per-tensor gemm": 0.0}
         for name, _, k in _SHAPES:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             w, wq, ws = weights[name]
@@ -53,6 +54,19 @@ def main() -> None:
                         wq.t(),
                         scale_a=xs,
                         scale_b=ws.view(1, -1),
+                        out_dtype=torch.bfloat16,
+                        use_fast_accum=True,
+                    )
+                ),
+                # Scalar scales take cuBLASLt's tensor-wise FP8 kernels instead of the
+                # row-wise ones: is the small-row bandwidth gap in the row-wise path?
+                "fp8 per-tensor gemm": graph_time_us(
+                    partial(
+                        torch._scaled_mm,
+                        xq,
+                        wq.t(),
+                        scale_a=one,
+                        scale_b=one,
                         out_dtype=torch.bfloat16,
                         use_fast_accum=True,
                     )

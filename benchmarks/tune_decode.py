@@ -52,8 +52,10 @@ def main() -> None:
         auto_splits = decode.choose_num_splits(batch, kv_heads, args.max_seq_len)
         rows = []
         f16_choices = (False, True) if dtype == torch.float8_e4m3fn else (False,)
+        # 256 keys only for 1-byte caches (a 32 KiB tile, like 128 bf16 keys).
+        block_ns = (32, 64, 128, 256) if dtype == torch.float8_e4m3fn else (32, 64, 128)
         for block_n, stages, warps, splits, f16 in itertools.product(
-            (32, 64, 128),
+            block_ns,
             (2, 3, 4),
             (4, 8),
             sorted({1, 2, auto_splits, 2 * auto_splits}),
