@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..sampling_params import SamplingParams
+    from .errors import PromptTooLongError
     from .llm import LLM
     from .llm_args import CudaGraphConfig, LlmArgs, TorchLlmArgs
     from .outputs import CompletionOutput, RequestOutput
@@ -20,6 +21,7 @@ _LAZY: dict[str, str] = {
     "RequestOutput": ".outputs",
     "CompletionOutput": ".outputs",
     "GenerationResult": ".result",
+    "PromptTooLongError": ".errors",
     "SamplingParams": "..sampling_params",
 }
 
@@ -31,6 +33,7 @@ __all__ = [
     "RequestOutput",
     "CompletionOutput",
     "GenerationResult",
+    "PromptTooLongError",
     "SamplingParams",
 ]
 

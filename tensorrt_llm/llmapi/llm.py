@@ -31,6 +31,7 @@ from ..inputs.multimodal import MultimodalParams
 from ..inputs.registry import create_input_processor, load_tokenizer
 from ..inputs.utils import collect_multimodal_data, media_from_messages
 from ..sampling_params import SamplingParams
+from .errors import PromptTooLongError
 from .llm_args import LlmArgs
 from .result import GenerationResult
 
@@ -138,7 +139,9 @@ class LLM:
             try:
                 prepared.append(self._prepare(item, sp))
             except ValueError as exc:
-                raise ValueError(f"input {i}: {exc}" if is_batch else str(exc)) from exc
+                # The input's index added; a PromptTooLongError stays one.
+                cls = PromptTooLongError if isinstance(exc, PromptTooLongError) else ValueError
+                raise cls(f"input {i}: {exc}" if is_batch else str(exc)) from exc
         results = [self._submit(p, streaming=False) for p in prepared]
         show = use_tqdm and is_batch and len(results) > 1
         with tqdm(total=len(results), desc="Processed prompts", disable=not show) as bar:
@@ -245,14 +248,14 @@ class LLM:
                 f"prompt token ids must lie in [0, {vocab}), got {min(ids)}..{max(ids)}"
             )
         if len(ids) + sp.max_tokens > self.max_seq_len:
-            raise ValueError(
+            raise PromptTooLongError(
                 f"prompt too long: {len(ids)} prompt tokens + max_tokens {sp.max_tokens} "
                 f"exceeds max_seq_len={self.max_seq_len}"
             )
         # The scheduler's checks read only fixed sizes, so calling them from here is safe.
         error = executor.scheduler.validate(LlmRequest(-1, ids, sp))
         if error is not None:
-            raise ValueError(error)
+            raise PromptTooLongError(error)
 
     # ---- submission ----------------------------------------------------------------------------
     def _next_id(self) -> int:

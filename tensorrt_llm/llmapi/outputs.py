@@ -53,7 +53,9 @@ class RequestOutput:
     """The outputs of one prompt: `outputs` has `SamplingParams.n` completions.
 
     `error` is set (and every completion has finish_reason "error") when the request failed
-    inside the executor; other requests are unaffected.
+    inside the executor; other requests are unaffected. `error_code` says why, without parsing
+    the message: "prompt_too_long" (it can never fit this engine), "shutting_down" or
+    "engine_error".
     """
 
     request_id: int
@@ -62,6 +64,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     error: str | None = None
+    error_code: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -81,6 +84,7 @@ class RequestOutput:
             outputs=[copy.copy(o) for o in self.outputs],
             finished=self.finished,
             error=self.error,
+            error_code=self.error_code,
         )
 
 

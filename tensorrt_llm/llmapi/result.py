@@ -106,6 +106,7 @@ class GenerationResult(RequestOutput):
             return  # e.g. a stop string was found here and the abort is still in flight
         if response.error is not None:
             self.error = response.error
+            self.error_code = response.error_code
         ids = response.new_token_ids
         text_ids = ids
         stop_token = response.finish_reason == "stop" and isinstance(response.stop_reason, int)

@@ -7,21 +7,14 @@ never reaches into engine internals, and tests can hand the app a fake LLM of th
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ..llmapi.errors import PromptTooLongError
 from .openai_protocol import APIError
-
-# Executor/LLM messages that mean "this request can never run here", i.e. a client error.
-_TOO_LONG = re.compile(r"exceeds|too long|max_seq_len|max_num_tokens|KV limit|KV blocks", re.I)
-
-
-def classify_value_error(message: str) -> str:
-    return "prompt_too_long" if _TOO_LONG.search(message) else "invalid_prompt"
 
 
 class LLMClient:
@@ -89,7 +82,8 @@ class LLMClient:
             return await asyncio.to_thread(self._submit_sync, prompt, params, streaming, clamp)
         except ValueError as exc:
             message = str(exc) or type(exc).__name__
-            raise APIError(400, message, code=classify_value_error(message)) from None
+            code = "prompt_too_long" if isinstance(exc, PromptTooLongError) else "invalid_prompt"
+            raise APIError(400, message, code=code) from None
         except RuntimeError as exc:
             if self.is_shut_down:
                 raise APIError(

@@ -61,6 +61,17 @@ class APIError(Exception):
         return ErrorResponse(error=info)
 
 
+# RequestOutput.error_code -> HTTP status: a prompt that can never fit is the client's error;
+# a shutdown is temporary; anything else is the engine's.
+_RESULT_ERROR_STATUS = {"prompt_too_long": 400, "shutting_down": 503}
+
+
+def result_error(message: str, error_code: str | None) -> APIError:
+    """The APIError for a request that finished with an error inside the executor."""
+    status = _RESULT_ERROR_STATUS.get(error_code or "", 500)
+    return APIError(status, message, code=error_code)
+
+
 def validation_error_message(exc: ValidationError, max_errors: int = 3) -> tuple[str, str | None]:
     """A readable one-line message and the `param` (dotted path) of the first error."""
     parts = []

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .chat_utils import check_mm_limits, resolve_messages, to_sampling_params
-from .llm_client import LLMClient, classify_value_error
+from .llm_client import LLMClient
 from .media import MediaConfig
 from .metrics import ServerMetrics
 from .openai_protocol import (
@@ -34,6 +34,7 @@ from .openai_protocol import (
     ModelList,
     OpenAIBaseModel,
     random_id,
+    result_error,
     validation_error_message,
 )
 from .postprocess_handlers import RequestContext, build_response, drain, stream_response
@@ -198,9 +199,7 @@ class OpenAIServer:
             self.metrics.on_request_end()
         for result in results:
             if result.error:
-                code = classify_value_error(result.error)
-                status = 400 if code == "prompt_too_long" else 500
-                raise APIError(status, result.error, code=code if status == 400 else None)
+                raise result_error(result.error, result.error_code)
         return _JSONResponse(build_response(ctx, results).model_dump())
 
     async def _submit_all(

@@ -23,9 +23,8 @@ from .openai_protocol import (
     CompletionChoice,
     CompletionResponse,
     DeltaMessage,
-    ErrorInfo,
-    ErrorResponse,
     UsageInfo,
+    result_error,
 )
 
 # The executor's "cancelled" has no OpenAI spelling; only aborted (disconnected) requests see it.
@@ -220,10 +219,11 @@ async def stream_response(ctx: RequestContext, results: list[Any]) -> AsyncItera
                     choices.append(_delta_choice(ctx, index, text, reason))
             if choices:
                 yield sse(_chunk_json(ctx, choices))
-        errors = [r.error for r in results if r.error]
-        if errors:
-            info = ErrorInfo(message=errors[0], type="internal_server_error", code=500)
-            yield sse(ErrorResponse(error=info).model_dump_json())
+        failed = [r for r in results if r.error]
+        if failed:
+            # The status line went out with the first chunk; the error body says what happened.
+            error = result_error(failed[0].error, failed[0].error_code)
+            yield sse(error.to_response().model_dump_json())
         if ctx.include_usage:
             yield sse(_chunk_json(ctx, [], usage=_usage(results)))
         yield sse("[DONE]")

@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from ...inputs.multimodal import MultimodalParams
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+# Why a request finished with "error", so callers (trtllm-serve) never parse message text:
+# the request can never fit this engine (a client error), the executor was shutting down, or
+# the engine failed.
+ERROR_PROMPT_TOO_LONG = "prompt_too_long"
+ERROR_SHUTTING_DOWN = "shutting_down"
+ERROR_ENGINE = "engine_error"
+ERROR_CODES = (ERROR_PROMPT_TOO_LONG, ERROR_SHUTTING_DOWN, ERROR_ENGINE)
 
 
 class LlmRequestState(enum.Enum):
@@ -67,6 +74,7 @@ class LlmRequest:
         # For stop strings: keep `text[:stop_text_end]` of the detokenized output.
         self.stop_text_end: int | None = None
         self.error: str | None = None
+        self.error_code: str | None = None  # one of ERROR_CODES once `error` is set
 
         # time.perf_counter() stamps, for TTFT / ITL / latency metrics.
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
@@ -171,8 +179,11 @@ class LlmRequest:
     def cancel(self) -> None:
         self.finish("cancelled")
 
-    def set_error(self, message: str) -> None:
+    def set_error(self, message: str, code: str = ERROR_ENGINE) -> None:
+        if code not in ERROR_CODES:
+            raise ValueError(f"error code must be one of {ERROR_CODES}, got {code!r}")
         self.error = message
+        self.error_code = code
         self.finish("error")
 
     # ---- metrics -----------------------------------------------------------------------------

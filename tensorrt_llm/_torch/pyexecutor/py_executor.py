@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..._utils import async_tensor_h2d
-from .llm_request import LlmRequest
+from .llm_request import (
+    ERROR_ENGINE,
+    ERROR_PROMPT_TOO_LONG,
+    ERROR_SHUTTING_DOWN,
+    LlmRequest,
+)
 
 if TYPE_CHECKING:
     from .resource_manager import KVCacheManager, SeqSlotManager
@@ -44,6 +49,7 @@ class LlmResponse:
     finish_reason: str | None = None  # see llm_request.FINISH_REASONS
     stop_reason: int | str | None = None
     error: str | None = None
+    error_code: str | None = None  # llm_request.ERROR_CODES, set with `error`
 
 
 @dataclass
@@ -172,32 +178,35 @@ class PyExecutor:
         elif kind == "shutdown":
             self._stopping = True
             if not payload:
-                self._fail_all(SHUTDOWN_ERROR)
+                self._fail_all(SHUTDOWN_ERROR, ERROR_SHUTTING_DOWN)
 
     def _accept(self, request: LlmRequest, callback: ResponseCallback | None) -> None:
         rid = request.request_id
         self._callbacks[rid] = callback
         self._num_sent[rid] = 0
-        error = self._validate(request)
-        if error is not None:
-            request.set_error(error)
+        rejected = self._validate(request)
+        if rejected is not None:
+            request.set_error(*rejected)
             self._finish(request)
             return
         self._active.append(request)
 
-    def _validate(self, request: LlmRequest) -> str | None:
+    def _validate(self, request: LlmRequest) -> tuple[str, str] | None:
+        """(message, error code) when the request cannot be admitted."""
         if self._stopping:
-            return SHUTDOWN_ERROR
+            return SHUTDOWN_ERROR, ERROR_SHUTTING_DOWN
         if any(req.request_id == request.request_id for req in self._active):
-            return f"request id {request.request_id} is already in use"
+            return f"request id {request.request_id} is already in use", ERROR_ENGINE
         need = request.max_num_tokens
         if need > self.max_seq_len:
-            return (
+            message = (
                 f"prompt ({request.prompt_len} tokens) + max_tokens "
                 f"({request.sampling_params.max_tokens}) = {need} exceeds max_seq_len="
                 f"{self.max_seq_len}"
             )
-        return self.scheduler.validate(request)
+            return message, ERROR_PROMPT_TOO_LONG
+        reason = self.scheduler.validate(request)  # fixed sizes only: never fits
+        return None if reason is None else (reason, ERROR_PROMPT_TOO_LONG)
 
     def _cancel(self, request_id: int) -> None:
         for req in self._active:
@@ -206,9 +215,9 @@ class PyExecutor:
                 self._finish(req)
                 return
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, code: str = ERROR_ENGINE) -> None:
         for req in list(self._active):
-            req.set_error(message)
+            req.set_error(message, code)
             self._finish(req)
 
     # ---- one step ------------------------------------------------------------------------------
@@ -305,6 +314,7 @@ class PyExecutor:
             finish_reason=req.finish_reason,
             stop_reason=req.stop_reason,
             error=req.error,
+            error_code=req.error_code,
         )
         callback = self._callbacks.get(rid)
         if callback is None:

@@ -19,6 +19,7 @@ import transformers
 from PIL import Image
 
 from tensorrt_llm import LLM, RequestOutput, SamplingParams
+from tensorrt_llm.llmapi import PromptTooLongError
 from tensorrt_llm.tools.tiny_checkpoint import get_or_build_demo_checkpoint
 
 MAX_TOKENS = 8
@@ -176,13 +177,16 @@ def test_bad_inputs_fail_alone(llm: Any, image: Image.Image) -> None:
         llm.generate(no_placeholder, GREEDY)
     with pytest.raises(ValueError, match="limit_mm_per_prompt"):
         llm.generate(image_prompt(llm, image, 3), GREEDY)
-    with pytest.raises(ValueError, match="max_seq_len"):
+    with pytest.raises(PromptTooLongError, match="max_seq_len"):  # a ValueError too
         llm.generate("word " * 300, GREEDY)
-    with pytest.raises(ValueError, match="token ids"):
+    with pytest.raises(ValueError, match="token ids") as bad_ids:
         llm.generate({"prompt_token_ids": [1, 10**6]}, GREEDY)
+    assert not isinstance(bad_ids.value, PromptTooLongError)
     completed = llm.get_stats().num_completed
     with pytest.raises(ValueError, match="input 1"):
         llm.generate(["fine", corrupt, "also fine"], GREEDY)
+    with pytest.raises(PromptTooLongError, match="input 1"):  # the type survives batching
+        llm.generate(["fine", "word " * 300], GREEDY)
     assert llm.get_stats().num_completed == completed  # nothing of the batch was submitted
     out = llm.generate(image_prompt(llm, image), GREEDY)
     assert out.error is None and len(out.outputs[0].token_ids) == MAX_TOKENS

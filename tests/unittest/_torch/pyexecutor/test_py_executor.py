@@ -13,7 +13,12 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.llm_request import (
+    ERROR_ENGINE,
+    ERROR_PROMPT_TOO_LONG,
+    ERROR_SHUTTING_DOWN,
+    LlmRequest,
+)
 from tensorrt_llm._torch.pyexecutor.py_executor import (
     SHUTDOWN_ERROR,
     ExecutorStats,
@@ -241,7 +246,7 @@ def test_engine_exception_fails_only_that_step() -> None:
     assert col.wait(0).error is None
     for rid in (1, 2):
         final = col.wait(rid)
-        assert final.finish_reason == "error"
+        assert final.finish_reason == "error" and final.error_code == ERROR_ENGINE
         assert "injected engine failure" in (final.error or "")
     assert col.wait(3).finish_reason == "length"
     assert col.tokens(3) == expected([9, 10], 4)
@@ -258,6 +263,7 @@ def test_validation_fails_only_the_bad_request() -> None:
     submit(ex, col, 1, list(range(1, 11)), max_tokens=10)  # 20 > max_seq_len
     final = col.wait(1)
     assert final.finish_reason == "error" and "max_seq_len=16" in (final.error or "")
+    assert final.error_code == ERROR_PROMPT_TOO_LONG
     assert col.tokens(1) == []
     submit(ex, col, 2, [3, 4], max_tokens=3)
     assert col.wait(2).error is None and col.tokens(2) == expected([3, 4], 3)
@@ -309,6 +315,7 @@ def test_shutdown_nowait_fails_in_flight() -> None:
     ex.shutdown(wait=False)
     final = col.wait(1)
     assert final.finish_reason == "error" and final.error == SHUTDOWN_ERROR
+    assert final.error_code == ERROR_SHUTTING_DOWN
     assert len(col.tokens(1)) < 30
     assert_all_free(ex)
 
