@@ -5,11 +5,17 @@
 
 For each batch size: wall time of `engine.forward` (host prepare + graph replay + sync), GPU time
 of the replay alone (CUDA events), and the top kernels of one replay from the torch profiler.
+
+`--mixed_chunks 64 256 1024` also times eager mixed steps (the decode batch plus one text
+prefill chunk of that many tokens): wall time per step against the GPU's busy time in it. A
+large idle share at small chunks is what prefill/mixed CUDA graphs would recover; a small one
+says they would not pay.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import tempfile
 import time
 
@@ -73,6 +79,47 @@ def profile(llm: LLM, batch: int, context: int, steps: int) -> None:
     _release(llm, reqs)
 
 
+def profile_mixed(llm: LLM, batch: int, context: int, chunks: list[int], steps: int) -> None:
+    """Eager mixed steps: `batch` decodes plus one prefill chunk; wall vs GPU-busy time."""
+    from tensorrt_llm.bench.gpu_idle import device_intervals_us, summarize_idle
+
+    executor = llm._executor
+    engine = executor.model_engine
+    decodes = _requests(llm, batch, context)
+    for n, chunk in enumerate(chunks):
+        ids = [(11 * j + n) % 300 for j in range(chunk)]
+        _, extra = llm.input_processor({"prompt_token_ids": ids}, None)
+        req = LlmRequest(30_000 + n, ids)
+        req.seq_slot = executor.seq_slot_manager.acquire(req.request_id)
+        assert executor.kv_cache_manager.add_tokens(req.request_id, chunk + 8)
+        req.context_chunk_size = chunk
+        step = ScheduledRequests([req], decodes)
+
+        def forward() -> None:
+            # The engine drops a finished context's mRoPE positions; the same chunk is
+            # replayed, so every step gets a fresh copy of the processor's output.
+            req.multimodal_params = MultimodalParams(copy.deepcopy(extra["multimodal_data"]))
+            engine.forward(step)
+
+        for _ in range(3):  # compiles and allocations out of the timing
+            forward()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                forward()
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t0) / steps * 1e3
+        busy = summarize_idle(device_intervals_us(prof)).busy_us / steps / 1e3
+        print(
+            f"mixed step: {batch} decodes + {chunk}-token chunk: wall {wall:.2f} ms, "
+            f"GPU busy {busy:.2f} ms, idle {100 * (1 - busy / wall):.1f}%",
+            flush=True,
+        )
+        _release(llm, [req])
+    _release(llm, decodes)
+
+
 def profile_prefill(llm: LLM, batch: int, context: int, image_size: int) -> None:
     """One context step of `batch` image+text requests: wall time and top kernels."""
     from tensorrt_llm._torch.pyexecutor.config_utils import load_pretrained_config
@@ -113,6 +160,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--no_cuda_graph", action="store_true")
     p.add_argument("--prefill_batch", type=int, default=0, help="also profile a prefill step")
+    p.add_argument("--mixed_chunks", type=int, nargs="*", default=[], help="prefill chunk sizes")
     p.add_argument("--quantization", choices=["fp8"], default=None)
     p.add_argument("--kv_cache_dtype", choices=["auto", "fp8"], default="auto")
     args = p.parse_args()
@@ -135,6 +183,8 @@ def main() -> None:
             profile_prefill(llm, args.prefill_batch, args.context, 512)  # warm
         for batch in args.batch:
             profile(llm, batch, args.context, args.steps)
+            if args.mixed_chunks:
+                profile_mixed(llm, batch, args.context, args.mixed_chunks, args.steps)
     finally:
         llm.shutdown()
 
