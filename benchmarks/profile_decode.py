@@ -95,10 +95,10 @@ def profile_mixed(llm: LLM, batch: int, context: int, chunks: list[int], steps: 
         req.context_chunk_size = chunk
         step = ScheduledRequests([req], decodes)
 
-        def forward() -> None:
+        def forward(req=req, step=step, data=extra["multimodal_data"]) -> None:
             # The engine drops a finished context's mRoPE positions; the same chunk is
             # replayed, so every step gets a fresh copy of the processor's output.
-            req.multimodal_params = MultimodalParams(copy.deepcopy(extra["multimodal_data"]))
+            req.multimodal_params = MultimodalParams(copy.deepcopy(data))
             engine.forward(step)
 
         for _ in range(3):  # compiles and allocations out of the timing
