@@ -16,15 +16,19 @@ FP8_MAX = 448.0  # largest finite e4m3 value (the FP8 linear layers and KV cache
 _MIN_SCALE = 1e-12
 
 
-@triton_jit
-def _quant_rows_kernel(x_ptr, q_ptr, scale_ptr, cols, x_stride, q_stride, BLOCK: tl.constexpr):
-    # grid: (rows,) — one program quantises one row (cols <= BLOCK).
+@triton_jit(do_not_specialize=("n_rows",))
+def _quant_rows_kernel(
+    x_ptr, q_ptr, scale_ptr, n_rows, cols, x_stride, q_stride, BLOCK: tl.constexpr
+):
+    # grid: (rows_out,) — one program quantises one row (cols <= BLOCK). Programs past the
+    # input's `n_rows` write the padding rows (zeros, scale 1), so padding needs no fill kernels.
     row = tl.program_id(0).to(tl.int64)
+    valid = row < n_rows
     offs = tl.arange(0, BLOCK)
     mask = offs < cols
-    x = tl.load(x_ptr + row * x_stride + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * x_stride + offs, mask=mask & valid, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=0)
-    scale = tl.maximum(amax / 448.0, 1e-12)
+    scale = tl.where(valid, tl.maximum(amax / 448.0, 1e-12), 1.0)
     q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
     tl.store(q_ptr + row * q_stride + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row, scale)
@@ -55,17 +59,14 @@ def quantize_rows(
         return xq, scale
     if x.stride(1) != 1:
         x = x.contiguous()
-    if total > rows:
-        xq = torch.zeros(total, cols, dtype=torch.float8_e4m3fn, device=x.device)
-        scale = torch.ones(total, 1, dtype=torch.float32, device=x.device)
-    else:
-        xq = torch.empty(total, cols, dtype=torch.float8_e4m3fn, device=x.device)
-        scale = torch.empty(total, 1, dtype=torch.float32, device=x.device)
+    xq = torch.empty(total, cols, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(total, 1, dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(cols)
-    _quant_rows_kernel[(rows,)](
+    _quant_rows_kernel[(total,)](
         x,
         xq,
         scale,
+        rows,
         cols,
         x.stride(0),
         xq.stride(0),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +17,10 @@ from tensorrt_llm._torch.modules.fp8_linear import (
 )
 from tensorrt_llm._torch.modules.linear import Linear
 from tensorrt_llm.tools.tiny_checkpoint import get_or_build_demo_checkpoint
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -86,6 +92,26 @@ def test_llm_with_fp8_generates_like_full_precision() -> None:
     assert len(out.token_ids) == 4 and out.finish_reason == "length"
     with pytest.raises(ValueError, match="quantization"):
         LLM(model=ckpt, quantization="int3")
+
+
+def test_row_quantisation_kernel_writes_its_own_padding_rows(monkeypatch) -> None:
+    """The Triton kernel (interpreter on CPU) fills the padding rows itself (zeros, scale 1)
+    instead of the caller launching fill kernels: buffers come from `torch.empty`, here
+    poisoned with 7s, and every row must still come out right. Only scales and padding are
+    compared: the interpreter does not round e4m3 like the GPU."""
+    from tensorrt_llm._torch.modules.triton_kernels import HAS_TRITON, fp8_quant
+
+    if not HAS_TRITON or (not torch.cuda.is_available() and not _interpreting()):
+        pytest.skip("needs triton (interpreter on CPU)")
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(7.0))
+    x = torch.randn(5, 48) * torch.tensor([0.01, 1.0, 10.0, 100.0, 0.0]).unsqueeze(1)
+    q, s = fp8_quant.quantize_rows(x, rows_out=16, backend="triton")
+    monkeypatch.undo()
+    _, ref_s = quantize_fp8_rows(x)
+    assert q.shape == (16, 48) and s.shape == (16, 1)
+    torch.testing.assert_close(s[:5], ref_s)
+    assert torch.all(q[5:].float() == 0) and torch.all(s[5:] == 1)
 
 
 @pytest.mark.gpu
