@@ -105,7 +105,7 @@ class GatedAttention(nn.Module):
         out = self.attn.forward(
             q.reshape(num_tokens, self.q_size),
             k.reshape(num_tokens, self.kv_size),
-            v.contiguous(),
+            v,  # a strided slice of qkv; the backends read rows by stride
             attn_metadata,
         )
         out = out * torch.sigmoid(gate.reshape(num_tokens, self.q_size))

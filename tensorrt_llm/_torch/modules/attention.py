@@ -78,10 +78,11 @@ class Attention(nn.Module):
             k = self.k_norm(k)
         # In place: one fused Triton kernel on CUDA, the torch reference elsewhere.
         q, k = rope_qk_(q, k, cos_sin, self.head_dim)
+        # v stays a strided slice of qkv: the backends read rows by stride (no copy kernel).
         out = self.attn.forward(
             q.reshape(num_tokens, self.q_size),
             k.reshape(num_tokens, self.kv_size),
-            v.contiguous(),
+            v,
             attn_metadata,
         )
         return self.o_proj(out)
