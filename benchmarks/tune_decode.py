@@ -39,11 +39,16 @@ def main() -> None:
     p.add_argument("--context", type=int, default=1500)
     p.add_argument("--max_seq_len", type=int, default=2008, help="static bound for the split count")
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--block_n", type=int, nargs="+", default=[32, 64, 128, 256])
+    p.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4])
+    p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--kv_dtype", choices=["bf16", "fp8"], nargs="+", default=["bf16", "fp8"])
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("tune_decode.py needs a GPU")
     heads, kv_heads, tpb = 32, 8, 32
-    for dtype, batch in itertools.product((torch.bfloat16, torch.float8_e4m3fn), args.batch):
+    dtypes = [{"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}[d] for d in args.kv_dtype]
+    for dtype, batch in itertools.product(dtypes, args.batch):
         q, out, kv, tables, seq_lens, cached = _buffers(
             batch, args.context, dtype, tpb, heads, kv_heads
         )
@@ -51,17 +56,20 @@ def main() -> None:
         default = decode._tile_config(128, dtype, True)
         auto_splits = decode.choose_num_splits(batch, kv_heads, args.max_seq_len)
         rows = []
-        f16_choices = (False, True) if dtype == torch.float8_e4m3fn else (False,)
+        # Products for fp8 caches: in q's dtype, fp16, or e4m3 q @ k^T (+ fp16 p @ v).
+        maths = ("q", "fp16", "qk_fp8") if dtype == torch.float8_e4m3fn else ("q",)
         # 256 keys only for 1-byte caches (a 32 KiB tile, like 128 bf16 keys).
-        block_ns = (32, 64, 128, 256) if dtype == torch.float8_e4m3fn else (32, 64, 128)
-        for block_n, stages, warps, splits, f16 in itertools.product(
+        block_ns = [n for n in args.block_n if dtype == torch.float8_e4m3fn or n <= 128]
+        for block_n, stages, warps, splits, math in itertools.product(
             block_ns,
-            (2, 3, 4),
-            (4, 8),
+            args.stages,
+            args.warps,
             sorted({1, 2, auto_splits, 2 * auto_splits}),
-            f16_choices,
+            maths,
         ):
-            tiles = decode.DecodeTiles(128, block_n, stages, warps, f16)
+            tiles = decode.DecodeTiles(
+                128, block_n, stages, warps, fp16_dot=math == "fp16", qk_fp8=math == "qk_fp8"
+            )
             with mock.patch.object(decode, "_tile_config", lambda *_, t=tiles: t):
                 try:
                     us = graph_time_us(
@@ -87,7 +95,7 @@ def main() -> None:
                 (
                     us,
                     f"{mark} BLOCK_N={block_n:3d} stages={stages} warps={warps} "
-                    f"splits={splits:2d} f16dot={int(f16)}: {us:8.1f} us  "
+                    f"splits={splits:2d} math={math:6s}: {us:8.1f} us  "
                     f"{kv_bytes / us / 1e6:6.2f} TB/s",
                 )
             )

@@ -71,6 +71,7 @@ def _decode_split_kernel(
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F16: tl.constexpr,
+    QK_FP8: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -98,6 +99,16 @@ def _decode_split_kernel(
     q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
     if DOT_F16:
         q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+    # QK_FP8 (fp8 caches, experimental): q is quantised to e4m3 with one scale per head, so
+    # q @ k^T multiplies the cache's fp8 K as loaded; p @ v stays in fp16 (DOT_F16).
+    score_scale = tl.zeros([GROUP_P], tl.float32) + qk_scale
+    if QK_FP8:
+        q32 = q.to(tl.float32)
+        q_scale = tl.maximum(tl.max(tl.abs(q32), 1) / 448.0, 1e-12)
+        q_dot = (q32 / q_scale[:, None]).to(cache_ptr.dtype.element_ty)
+        score_scale = q_scale * qk_scale
+    else:
+        q_dot = q
     table = block_tables_ptr + req * stride_bt
     kv_base = cache_ptr + kv_head * stride_ch
     m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
@@ -113,8 +124,8 @@ def _decode_split_kernel(
         tok = block * stride_cb + (offs_n % TOKENS_PER_BLOCK) * stride_ct
         kv_offs = tok[:, None] + dims[None, :]
         kv_mask = key_ok[:, None] & dmask[None, :]
-        k = tl.load(kv_base + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        k = tl.load(kv_base + kv_offs, mask=kv_mask, other=0.0).to(q_dot.dtype)
+        s = tl.dot(q_dot, tl.trans(k), input_precision=DOT_PRECISION) * score_scale[:, None]
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
@@ -191,6 +202,9 @@ class DecodeTiles:
     num_warps: int
     # fp8 caches only: q @ k^T and p @ v in fp16 instead of q's dtype.
     fp16_dot: bool = False
+    # fp8 caches only, experimental (tune_decode.py): q @ k^T in e4m3 with a per-head q scale;
+    # p @ v in fp16.
+    qk_fp8: bool = False
 
 
 def _tile_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> DecodeTiles:
@@ -274,7 +288,8 @@ def paged_decode(
         SPLIT=num_splits > 1,
         # fp32 caches keep exact products (tf32 would cost ~1e-3 of parity).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DOT_F16=tiles.fp16_dot and kv_buffer.dtype == torch.float8_e4m3fn,
+        DOT_F16=(tiles.fp16_dot or tiles.qk_fp8) and kv_buffer.dtype == torch.float8_e4m3fn,
+        QK_FP8=tiles.qk_fp8 and kv_buffer.dtype == torch.float8_e4m3fn,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

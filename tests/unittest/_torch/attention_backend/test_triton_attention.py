@@ -135,6 +135,29 @@ def test_fp8_cache_matches_vanilla_and_stays_near_full_precision(fp16_dot: bool)
         assert (got[:n] - want[:n]).abs().max() > 0  # really quantised
 
 
+def _fp8_decode_output(monkeypatch, **tiles: bool) -> torch.Tensor:
+    """Prefill then one decode step on an fp8 cache with the given `DecodeTiles` options;
+    checks the decode against vanilla (within `atol` 0.08: q's e4m3 rounding at most)."""
+    real = decode_kernels._tile_config
+    monkeypatch.setattr(
+        decode_kernels, "_tile_config", lambda *a: dataclasses.replace(real(*a), **tiles)
+    )
+    pair = _Pair(4, 2, splits=2, cache_dtype=torch.float8_e4m3fn)
+    pair.step([(0, 19, 0), (1, 6, 0)], [], atol=1e-4, kv_round=_fp8_round)
+    got, md = pair.step([], [(0, 19), (1, 6)], atol=0.08, kv_round=_fp8_round)
+    return got[: md.num_tokens]
+
+
+def test_fp8_qk_products_stay_close_to_the_fp8_cache_reference(monkeypatch) -> None:
+    """The experimental e4m3 q @ k^T (`DecodeTiles.qk_fp8`): q is quantised per head, so the
+    result moves by about e4m3's rounding of q (3 mantissa bits) from the fp16-products path
+    it shares p @ v with, and no further than that from vanilla."""
+    fp16 = _fp8_decode_output(monkeypatch, fp16_dot=True)
+    qk8 = _fp8_decode_output(monkeypatch, qk_fp8=True)
+    diff = (qk8 - fp16).abs().max()
+    assert 3e-3 < diff < 0.08, diff  # fp16 q rounds at ~5e-4; e4m3 q at ~6%
+
+
 @pytest.mark.gpu
 def test_gpu_fp8_cache_matches_vanilla_bf16(fp16_dot: bool) -> None:
     pair = _Pair(32, 8, head_dim=128, blocks=64, tpb=32, dtype=torch.bfloat16, device="cuda",
@@ -143,6 +166,19 @@ def test_gpu_fp8_cache_matches_vanilla_bf16(fp16_dot: bool) -> None:
     pair.step([(1, 70, 45)], [(0, 300)], atol=2e-2)
     for i in range(3):
         pair.step([], [(0, 301 + i), (1, 115 + i)], atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_qk_products_match_vanilla_bf16(monkeypatch) -> None:
+    real = decode_kernels._tile_config
+    monkeypatch.setattr(
+        decode_kernels, "_tile_config", lambda *a: dataclasses.replace(real(*a), qk_fp8=True)
+    )
+    pair = _Pair(32, 8, head_dim=128, blocks=64, tpb=32, dtype=torch.bfloat16, device="cuda",
+                 cache_dtype=torch.float8_e4m3fn)  # fmt: skip
+    pair.step([(0, 300, 0), (1, 45, 0)], [], atol=2e-2)
+    for i in range(3):  # q's e4m3 rounding: looser than the fp16-products path
+        pair.step([], [(0, 300 + i), (1, 45 + i)], atol=0.08)
 
 
 @pytest.mark.parametrize("store", ["triton", "vanilla"])
