@@ -99,9 +99,13 @@ class GatedAttention(nn.Module):
             [2 * self.q_size, self.kv_size, self.kv_size], dim=-1
         )
         q, gate = q_gate.reshape(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = self.q_norm(q)
-        k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
-        q, k = rope_qk_(q, k, cos_sin, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        # The zero-centered q/k norms run inside the rope kernel (in place, one launch).
+        q, k = rope_qk_(
+            q, k, cos_sin, self.head_dim,
+            q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight,
+            norm_eps=self.q_norm.eps, zero_centered=True,
+        )  # fmt: skip
         out = self.attn.forward(
             q.reshape(num_tokens, self.q_size),
             k.reshape(num_tokens, self.kv_size),

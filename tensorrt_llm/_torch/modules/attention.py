@@ -73,11 +73,16 @@ class Attention(nn.Module):
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        # In place: one fused Triton kernel on CUDA (with the per-head q/k RMSNorm folded in
+        # when the model has one), the torch reference (norm, then rotation) elsewhere.
         if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        # In place: one fused Triton kernel on CUDA, the torch reference elsewhere.
-        q, k = rope_qk_(q, k, cos_sin, self.head_dim)
+            q, k = rope_qk_(
+                q, k, cos_sin, self.head_dim,
+                q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight,
+                norm_eps=self.q_norm.eps,
+            )  # fmt: skip
+        else:
+            q, k = rope_qk_(q, k, cos_sin, self.head_dim)
         # v stays a strided slice of qkv: the backends read rows by stride (no copy kernel).
         out = self.attn.forward(
             q.reshape(num_tokens, self.q_size),

@@ -6,6 +6,11 @@ Frequency j of token t reads table row `position_ids[axis[j], t]` (axis from `mr
 contiguous sections for Qwen2/2.5-VL, interleaved for Qwen3-VL/3.5) and rotates channels
 (j, j + rotary_dim // 2) of every head; channels past `rotary_dim` are untouched (partial rotary).
 
+Optionally the per-head RMSNorm of q and k (Qwen3 / Qwen3.5 `q_norm`, `k_norm`) runs in the same
+kernel, before the rotation: one launch instead of three per attention layer, with the rounding
+of `rms_norm` (the normalised values are rounded to the input dtype before they are rotated,
+exactly as when the norm's output tensor is stored and re-read).
+
 Out-of-range positions: clamped into `[0, max_positions)` and, when an `error_flag` int32 `[1]`
 tensor is given, flagged by writing 1 to it. This keeps the kernel free of host syncs and device
 asserts (which would kill the CUDA context); the caller checks the flag at a point where it
@@ -18,13 +23,26 @@ import torch
 
 from ..rotary_embedding import apply_rotary_emb
 from . import tl, triton, triton_jit, use_triton
+from .rms_norm import rms_norm, rms_norm_torch
 
 _MAX_BLOCK_HEADS = 16
 
 
 @triton_jit
+def _normed(x, rstd, w, ZERO_CENTERED: tl.constexpr, OUT_TY: tl.constexpr):
+    """RMSNorm of float32 `x` rows given their `rstd`, rounded as `rms_norm` stores it."""
+    n = x * rstd[:, None]
+    if ZERO_CENTERED:
+        y = n * (1.0 + w[None, :])
+    else:
+        y = n.to(OUT_TY).to(tl.float32) * w[None, :]
+    return y.to(OUT_TY).to(tl.float32)
+
+
+@triton_jit
 def _rotate_heads(
     x_ptr,
+    w_ptr,
     tok_stride,
     head_stride,
     num_heads,
@@ -34,14 +52,37 @@ def _rotate_heads(
     sin,
     offs_j,
     mask_j,
+    eps,
     HALF: tl.constexpr,
     BLOCK_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NORM: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
 ):
     heads = head_block * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)
-    mask = (heads < num_heads)[:, None] & mask_j[None, :]
-    base = x_ptr + t * tok_stride + heads[:, None].to(tl.int64) * head_stride + offs_j[None, :]
+    head_ok = heads < num_heads
+    mask = head_ok[:, None] & mask_j[None, :]
+    row = x_ptr + t * tok_stride + heads[:, None].to(tl.int64) * head_stride
+    base = row + offs_j[None, :]
     x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        ty = x_ptr.dtype.element_ty
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < HEAD_DIM
+        full = tl.load(row + offs_d[None, :], mask=head_ok[:, None] & d_ok[None, :], other=0.0)
+        full = full.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(full * full, axis=1) / HEAD_DIM + eps)
+        w_full = tl.load(w_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        # Channels past the rotary part (partial rotary) are normalised and stored as is.
+        tail = head_ok[:, None] & (d_ok & (offs_d >= 2 * HALF))[None, :]
+        tail_out = _normed(full, rstd, w_full, ZERO_CENTERED, ty)
+        tl.store(row + offs_d[None, :], tail_out.to(ty), mask=tail)
+        w1 = tl.load(w_ptr + offs_j, mask=mask_j, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + offs_j, mask=mask_j, other=0.0).to(tl.float32)
+        x1 = _normed(x1, rstd, w1, ZERO_CENTERED, ty)
+        x2 = _normed(x2, rstd, w2, ZERO_CENTERED, ty)
     out1 = x1 * cos[None, :] - x2 * sin[None, :]
     out2 = x2 * cos[None, :] + x1 * sin[None, :]
     tl.store(base, out1.to(x_ptr.dtype.element_ty), mask=mask)
@@ -52,6 +93,8 @@ def _rotate_heads(
 def _rope_qk_kernel(
     q_ptr,
     k_ptr,
+    q_w_ptr,
+    k_w_ptr,
     table_ptr,
     pos_ptr,
     axes_ptr,
@@ -66,12 +109,17 @@ def _rope_qk_kernel(
     max_pos,
     num_q_heads,
     num_k_heads,
+    eps,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_HEADS: tl.constexpr,
     HAS_POS: tl.constexpr,
     HAS_AXES: tl.constexpr,
     HAS_FLAG: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NORM: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
 ):
     # grid: (T, 2 [q, k], head blocks)
     t = tl.program_id(0).to(tl.int64)
@@ -98,13 +146,13 @@ def _rope_qk_kernel(
     sin = sin.to(tl.float32)
     if which == 0:
         _rotate_heads(
-            q_ptr, q_tok_stride, q_head_stride, num_q_heads, t, head_block, cos, sin,
-            offs_j, mask_j, HALF, BLOCK_HEADS,
+            q_ptr, q_w_ptr, q_tok_stride, q_head_stride, num_q_heads, t, head_block, cos, sin,
+            offs_j, mask_j, eps, HALF, BLOCK_HEADS, HEAD_DIM, BLOCK_D, NORM, ZERO_CENTERED,
         )  # fmt: skip
     else:
         _rotate_heads(
-            k_ptr, k_tok_stride, k_head_stride, num_k_heads, t, head_block, cos, sin,
-            offs_j, mask_j, HALF, BLOCK_HEADS,
+            k_ptr, k_w_ptr, k_tok_stride, k_head_stride, num_k_heads, t, head_block, cos, sin,
+            offs_j, mask_j, eps, HALF, BLOCK_HEADS, HEAD_DIM, BLOCK_D, NORM, ZERO_CENTERED,
         )  # fmt: skip
 
 
@@ -169,6 +217,29 @@ def _rope_torch(
     k3.copy_(apply_rotary_emb(k3, cos_sin))
 
 
+def _check_norm_weights(
+    q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, head_dim: int
+) -> bool:
+    """True when a fused q/k norm was asked for (both weights, each `[head_dim]`)."""
+    if (q_weight is None) != (k_weight is None):
+        raise ValueError("rope_qk_: give both q_norm_weight and k_norm_weight, or neither")
+    if q_weight is None:
+        return False
+    for name, w in (("q_norm_weight", q_weight), ("k_norm_weight", k_weight)):
+        if tuple(w.shape) != (head_dim,):
+            raise ValueError(f"rope_qk_: {name} must be [{head_dim}], got {tuple(w.shape)}")
+    return True
+
+
+def _kernel_can_norm(
+    q3: torch.Tensor, k3: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor
+) -> bool:
+    """The fused norm models one dtype for x and weight (as the norm kernel does)."""
+    return q3.dtype == k3.dtype == q_weight.dtype == k_weight.dtype and (
+        q_weight.device == q3.device and k_weight.device == k3.device
+    )
+
+
 def rope_qk_(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -178,6 +249,11 @@ def rope_qk_(
     channel_axes: torch.Tensor | None = None,
     error_flag: torch.Tensor | None = None,
     backend: str = "auto",
+    *,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    zero_centered: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate `q: [T, H*D | H, D]` and `k: [T, KVH*D | KVH, D]` in place; returns `(q, k)`.
 
@@ -187,6 +263,8 @@ def rope_qk_(
     channel_axes: int `[rotary_dim // 2]` axis (0/1/2) per frequency; required for 3-row
       positions, ignored otherwise.
     error_flag: optional int32 `[1]` set to 1 when any position fell outside `[0, P)`.
+    q_norm_weight, k_norm_weight: `[D]` weights of a per-head RMSNorm (`rms_norm` with
+      `norm_eps` and `zero_centered`) applied to q and k, in place, before the rotation.
     """
     num_tokens = q.shape[0]
     q3 = _as_heads(q, "q", num_tokens, head_dim)
@@ -208,24 +286,38 @@ def rope_qk_(
         axes = channel_axes.reshape(half).to(device=q.device, dtype=torch.int32)
     if error_flag is not None and (error_flag.dtype != torch.int32 or error_flag.numel() != 1):
         raise ValueError("error_flag must be an int32 tensor with one element")
+    norm = _check_norm_weights(q_norm_weight, k_norm_weight, head_dim)
     if not use_triton("rope_qk_", q.device, backend):
+        if norm:
+            q3.copy_(rms_norm_torch(q3, q_norm_weight, norm_eps, zero_centered=zero_centered))
+            k3.copy_(rms_norm_torch(k3, k_norm_weight, norm_eps, zero_centered=zero_centered))
         _rope_torch(q3, k3, cos_sin_table, pos, axes, error_flag)
         return q, k
+    if norm and not _kernel_can_norm(q3, k3, q_norm_weight, k_norm_weight):
+        # Mixed dtypes follow torch's promotion: norm separately (the norm kernel or torch).
+        q3.copy_(rms_norm(q3, q_norm_weight, norm_eps, zero_centered=zero_centered))
+        k3.copy_(rms_norm(k3, k_norm_weight, norm_eps, zero_centered=zero_centered))
+        norm = False
     table = cos_sin_table if cos_sin_table.stride(1) == 1 else cos_sin_table.contiguous()
     block_heads = min(_MAX_BLOCK_HEADS, triton.next_power_of_2(max(q3.shape[1], k3.shape[1])))
     head_blocks = triton.cdiv(max(q3.shape[1], k3.shape[1]), block_heads)
     dummy = table  # Stands in for absent pointers; never dereferenced (constexpr-gated).
     _rope_qk_kernel[(num_tokens, 2, head_blocks)](
-        q3, k3, table,
+        q3, k3,
+        q_norm_weight if norm else dummy,
+        k_norm_weight if norm else dummy,
+        table,
         dummy if pos is None else pos,
         dummy if axes is None else axes,
         dummy if error_flag is None else error_flag,
         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), table.stride(0),
         0 if pos is None or pos.shape[0] == 1 else pos.stride(0),
         0 if pos is None else pos.stride(1),
-        table.shape[0], q3.shape[1], k3.shape[1],
+        table.shape[0], q3.shape[1], k3.shape[1], float(norm_eps),
         HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_HEADS=block_heads,
         HAS_POS=pos is not None, HAS_AXES=axes is not None, HAS_FLAG=error_flag is not None,
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), NORM=norm,
+        ZERO_CENTERED=zero_centered,
     )  # fmt: skip
     return q, k
 

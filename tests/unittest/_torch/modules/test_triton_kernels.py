@@ -92,6 +92,97 @@ def test_mrope_matches_torch_path(layout: str, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["qwen3", "qwen3.5"])
+@pytest.mark.parametrize("layout", ["interleaved", "partial_interleaved"])
+def test_fused_qk_norm_matches_norm_then_rope(layout: str, zero_centered: bool, backend: str):
+    """`rope_qk_(..., q_norm_weight=, k_norm_weight=)` == per-head `rms_norm` of q and k, then
+    the rotation; on strided q/k views of a fused qkv, partial rotary included (the channels
+    past rotary_dim must come out normalised, not rotated and not left raw)."""
+    from tensorrt_llm._torch.modules.triton_kernels.rms_norm import rms_norm_torch
+
+    head_dim, rotary_dim, section, interleaved = ROPE_LAYOUTS[layout]
+    rope = MRotaryEmbedding(head_dim, rotary_dim, 1e4, 64, section, interleaved).to(DEVICE)
+    gen = torch.Generator().manual_seed(3)
+    heads, tokens = (4, 2), 5
+    qkv = (torch.randn(tokens, (heads[0] + 2 * heads[1]) * head_dim, generator=gen) * 3).to(DEVICE)
+    w_q = (torch.rand(head_dim, generator=gen) + 0.5).to(DEVICE)
+    w_k = (torch.rand(head_dim, generator=gen) + 0.5).to(DEVICE)
+    pos = torch.randint(0, 64, (3, tokens), generator=gen, dtype=torch.int32).to(DEVICE)
+    eps = 1e-6
+
+    expected = qkv.clone()
+    q, k, _ = expected.split(
+        [heads[0] * head_dim, heads[1] * head_dim, heads[1] * head_dim], dim=-1
+    )
+    q3, k3 = q.view(tokens, heads[0], head_dim), k.view(tokens, heads[1], head_dim)
+    q3.copy_(rms_norm_torch(q3, w_q, eps, zero_centered=zero_centered))
+    k3.copy_(rms_norm_torch(k3, w_k, eps, zero_centered=zero_centered))
+    apply_rotary_qk_(rope, q, k, pos, backend="torch")
+
+    axes = rope.channel_axes.reshape(-1)[: rotary_dim // 2]
+    # Positions looked up in the kernel, and a per-token table (what the attention layers pass).
+    for table, positions in ((rope.cos_sin_table, pos), (rope.get_cos_sin(pos.long()), None)):
+        out = qkv.clone()
+        sizes = [heads[0] * head_dim, heads[1] * head_dim, heads[1] * head_dim]
+        q, k, _ = out.split(sizes, dim=-1)
+        rope_qk_(
+            q, k, table, head_dim, positions, axes, backend=backend,
+            q_norm_weight=w_q, k_norm_weight=w_k, norm_eps=eps, zero_centered=zero_centered,
+        )  # fmt: skip
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["qwen3", "qwen3.5"])
+def test_gpu_fused_qk_norm_rounds_like_the_separate_kernels(zero_centered: bool) -> None:
+    """bf16 at Qwen3-VL / Qwen3.5 head sizes: fused norm+rope equals the norm kernel followed
+    by the rope kernel (the normalised values are rounded to bf16 before the rotation)."""
+    from tensorrt_llm._torch.modules.triton_kernels.rms_norm import rms_norm
+
+    for head_dim, rotary_dim, section in ((128, 128, (24, 20, 20)), (256, 64, (11, 11, 10))):
+        rope = MRotaryEmbedding(head_dim, rotary_dim, 1e6, 4096, section, True).cuda()
+        torch.manual_seed(head_dim)
+        heads, tokens = (32, 8), 37
+        qkv = torch.randn(tokens, (heads[0] + 2 * heads[1]) * head_dim, device="cuda") * 4
+        qkv = qkv.bfloat16()
+        w_q = (torch.rand(head_dim, device="cuda") + 0.5).bfloat16()
+        w_k = (torch.rand(head_dim, device="cuda") + 0.5).bfloat16()
+        pos = torch.randint(0, 4096, (3, tokens), device="cuda", dtype=torch.int32)
+        sizes = [heads[0] * head_dim, heads[1] * head_dim, heads[1] * head_dim]
+        axes = rope.channel_axes.reshape(-1)[: rotary_dim // 2]
+
+        separate = qkv.clone()
+        q, k, _ = separate.split(sizes, dim=-1)
+        q3, k3 = q.view(tokens, -1, head_dim), k.view(tokens, -1, head_dim)
+        q3.copy_(rms_norm(q3, w_q, 1e-6, zero_centered=zero_centered))
+        k3.copy_(rms_norm(k3, w_k, 1e-6, zero_centered=zero_centered))
+        rope_qk_(q, k, rope.cos_sin_table, head_dim, pos, axes)
+
+        fused = qkv.clone()
+        q, k, _ = fused.split(sizes, dim=-1)
+        rope_qk_(
+            q, k, rope.cos_sin_table, head_dim, pos, axes,
+            q_norm_weight=w_q, k_norm_weight=w_k, norm_eps=1e-6, zero_centered=zero_centered,
+        )  # fmt: skip
+        differ = (fused != separate).float().mean().item()
+        assert differ < 0.01, differ  # reduction order only
+        torch.testing.assert_close(fused.float(), separate.float(), atol=2e-2, rtol=1e-2)
+
+
+def test_fused_qk_norm_bad_weights() -> None:
+    rope = RotaryEmbedding(16, 16, 1e4, 8).to(DEVICE)
+    q, k = torch.randn(2, 32, device=DEVICE), torch.randn(2, 16, device=DEVICE)
+    w = torch.ones(16, device=DEVICE)
+    with pytest.raises(ValueError, match="both q_norm_weight and k_norm_weight"):
+        rope_qk_(q, k, rope.cos_sin_table, 16, torch.zeros(2, dtype=torch.long), q_norm_weight=w)
+    with pytest.raises(ValueError, match=r"k_norm_weight must be \[16\]"):
+        rope_qk_(
+            q, k, rope.cos_sin_table, 16, torch.zeros(2, dtype=torch.long),
+            q_norm_weight=w, k_norm_weight=torch.ones(8, device=DEVICE),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_plain_rope_and_precomputed_table(backend: str) -> None:
     rope = RotaryEmbedding(16, 8, 1e4, 32).to(DEVICE)
     torch.manual_seed(1)
