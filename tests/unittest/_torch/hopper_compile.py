@@ -1,0 +1,99 @@
+"""Compile Triton kernels for sm_90 (H100/H200) on any machine; run by
+`test_kernels_compile_for_hopper.py` in a subprocess without TRITON_INTERPRET (under the
+interpreter `triton.jit` yields interpreted functions, which cannot be compiled).
+
+Triton's wheel ships ptxas, so this checks, without a GPU, that each kernel variant the GPU
+path launches lowers all the way to a cubin: unsupported ops, dtype mismatches in `tl.dot` or
+bad constexpr plumbing fail here instead of on the GPU machine. Prints one line per variant:
+`ok <name> <shared bytes>` or `FAIL <name> <error>`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from tensorrt_llm._torch.attention_backend.triton_kernels import decode
+from tensorrt_llm._torch.modules.triton_kernels import fp8_quant, mrope
+
+_HOPPER = GPUTarget("cuda", 90, 32)
+
+
+def _compile(kernel: Any, types: dict[str, str], constexprs: dict[str, Any], **options: Any):
+    names = kernel.arg_names
+    signature = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in names}
+    src = ASTSource(
+        fn=kernel,
+        signature=signature,
+        constexprs={(names.index(n),): v for n, v in constexprs.items()},
+    )
+    return triton.compile(src, target=_HOPPER, options=options or None)
+
+
+def _variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict[str, Any]]]:
+    rope_types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "q_w_ptr", "k_w_ptr")}
+    rope_types.update(table_ptr="*fp32", pos_ptr="*i32", axes_ptr="*i32", flag_ptr="*i32")
+    rope_types["eps"] = "fp32"
+    # (head_dim, half of rotary_dim, zero-centered, positions looked up in the kernel)
+    for head_dim, half, zero_centered, has_pos in ((128, 64, False, False), (256, 32, True, True)):
+        cx = dict(
+            HALF=half, BLOCK_HALF=half, BLOCK_HEADS=16, HAS_POS=has_pos, HAS_AXES=has_pos,
+            HAS_FLAG=has_pos, HEAD_DIM=head_dim, BLOCK_D=head_dim, NORM=True,
+            ZERO_CENTERED=zero_centered,
+        )  # fmt: skip
+        yield f"rope_qk+norm d{head_dim}", mrope._rope_qk_kernel, rope_types, cx, {}
+
+    quant_types = dict(x_ptr="*bf16", q_ptr="*fp8e4nv", scale_ptr="*fp32")
+    yield "fp8 row quant", fp8_quant._quant_rows_kernel, quant_types, dict(BLOCK=4096), {}
+
+    dec_types = dict(
+        q_ptr="*bf16", out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32",
+        block_tables_ptr="*i32", seq_lens_ptr="*i32", num_cached_ptr="*i32", qk_scale="fp32",
+    )  # fmt: skip
+    for cache, dtype, head_dim, qk_fp8 in (
+        ("bf16", torch.bfloat16, 128, False),
+        ("bf16", torch.bfloat16, 256, False),
+        ("fp8e4nv", torch.float8_e4m3fn, 128, False),
+        ("fp8e4nv", torch.float8_e4m3fn, 128, True),
+    ):
+        tiles = decode._tile_config(head_dim, dtype, True)  # what the GPU path launches
+        fp8 = dtype == torch.float8_e4m3fn
+        for split in (False, True):
+            cx = dict(
+                TOKENS_PER_BLOCK=32, GROUP=4, GROUP_P=16, HEAD_DIM=head_dim,
+                BLOCK_D=tiles.block_d, BLOCK_N=tiles.block_n, SPLIT=split, DOT_PRECISION="tf32",
+                DOT_F16=fp8 and (tiles.fp16_dot or qk_fp8), QK_FP8=qk_fp8,
+            )  # fmt: skip
+            opts = dict(num_stages=tiles.num_stages, num_warps=tiles.num_warps)
+            name = f"decode {cache} d{head_dim} split={split} qk_fp8={qk_fp8}"
+            yield (
+                name,
+                decode._decode_split_kernel,
+                {**dec_types, "cache_ptr": f"*{cache}"},
+                cx,
+                opts,
+            )
+
+
+def main() -> int:
+    failed = 0
+    for name, kernel, types, cx, opts in _variants():
+        try:
+            compiled = _compile(kernel, types, cx, **opts)
+            if "cubin" not in compiled.asm:
+                raise RuntimeError("no cubin produced")
+            print(f"ok {name} {compiled.metadata.shared}", flush=True)
+        except Exception as exc:  # report every variant, then fail
+            failed += 1
+            print(f"FAIL {name} {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
