@@ -2,10 +2,12 @@
 `test_kernels_compile_for_hopper.py` in a subprocess without TRITON_INTERPRET (under the
 interpreter `triton.jit` yields interpreted functions, which cannot be compiled).
 
-Triton's wheel ships ptxas, so this checks, without a GPU, that each kernel variant the GPU
-path launches lowers all the way to a cubin: unsupported ops, dtype mismatches in `tl.dot` or
-bad constexpr plumbing fail here instead of on the GPU machine. Prints one line per variant:
-`ok <name> <shared bytes>` or `FAIL <name> <error>`.
+Triton's wheel ships ptxas, so this checks, without a GPU, that the kernel variants listed in
+`_variants` (the launch configurations the GPU path uses, taken from the launchers' own tile
+choices where they have one) lower all the way to a cubin: unsupported ops, dtype mismatches in
+`tl.dot` or bad constexpr plumbing fail here instead of on the GPU machine. Add a kernel here
+when it changes between GPU sessions. Prints one line per variant: `ok <name> <shared bytes>`
+or `FAIL <name> <error>`.
 """
 
 from __future__ import annotations
