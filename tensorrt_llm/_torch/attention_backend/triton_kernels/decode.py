@@ -216,7 +216,7 @@ def _tile_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> DecodeTiles
     elem = torch.empty((), dtype=dtype).element_size()
     block_n = max(_MIN_DOT, min(_MAX_BLOCK_N, _TILE_BYTES // (block_d * elem)))
     # fp16 products for fp8 caches: 46 vs 63 us per layer at batch 32 (tune_decode.py).
-    return DecodeTiles(block_d, block_n, 3, 4, fp16_dot=True)
+    return DecodeTiles(block_d, block_n, 3, 4, fp16_dot=dtype == torch.float8_e4m3fn)
 
 
 def paged_decode(
