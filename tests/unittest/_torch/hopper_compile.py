@@ -21,8 +21,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tensorrt_llm._torch.attention_backend.triton_kernels import decode
-from tensorrt_llm._torch.modules.triton_kernels import fp8_quant, mrope
+from tensorrt_llm._torch.attention_backend.triton_kernels import decode, kv_store, prefill
+from tensorrt_llm._torch.modules.triton_kernels import fp8_quant, gdn_decode, mrope, rms_norm
 
 _HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -83,9 +83,51 @@ def _variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict
             )
 
 
+def _more_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict[str, Any]]]:
+    """Kernels that ran on the GPU already: kept here so a later change cannot break their
+    GPU compile unnoticed."""
+    norm_types = {n: "*bf16" for n in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "new_res_ptr")}
+    norm_types["eps"] = "fp32"
+    for has_res, zero_centered, block_rows, width in (
+        (True, False, 1, 4096),
+        (False, True, 16, 256),
+    ):
+        cx = dict(
+            BLOCK_ROWS=block_rows, BLOCK_D=width, HAS_RES=has_res, ZERO_CENTERED=zero_centered
+        )
+        yield (
+            f"rms_norm res={has_res} zc={zero_centered}",
+            rms_norm._rms_norm_kernel,
+            norm_types,
+            cx,
+            {},
+        )
+
+    for cache in ("bf16", "fp8e4nv"):
+        types = dict(k_ptr="*bf16", v_ptr="*bf16", cache_ptr=f"*{cache}", slot_ptr="*i32")
+        cx = dict(NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, SATURATE=cache != "bf16")
+        yield f"store_kv {cache}", kv_store._store_kv_kernel, types, cx, {}
+
+        block_m, block_n, warps = prefill._tile_sizes(128, torch.device("cuda"))
+        types = dict(
+            q_ptr="*bf16", out_ptr="*bf16", cache_ptr=f"*{cache}", block_tables_ptr="*i32",
+            seq_lens_ptr="*i32", num_cached_ptr="*i32", cu_seqlens_ptr="*i32", qk_scale="fp32",
+        )  # fmt: skip
+        cx = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=block_m, BLOCK_N=block_n,
+                  DOT_PRECISION="tf32")  # fmt: skip
+        yield f"prefill {cache}", prefill._prefill_kernel, types, cx, dict(num_warps=warps)
+
+    gdn_types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "o_ptr")}
+    gdn_types.update(state_ptr="*fp32", slots_ptr="*i64", scale="fp32", eps="fp32")
+    cx = dict(
+        RATIO=3, K=128, V=128, BLOCK_K=128, BLOCK_V=min(gdn_decode._BLOCK_V, 128), L2NORM=True
+    )
+    yield "gated delta rule decode", gdn_decode._gdn_decode_kernel, gdn_types, cx, {}
+
+
 def main() -> int:
     failed = 0
-    for name, kernel, types, cx, opts in _variants():
+    for name, kernel, types, cx, opts in [*_variants(), *_more_variants()]:
         try:
             compiled = _compile(kernel, types, cx, **opts)
             if "cubin" not in compiled.asm:
