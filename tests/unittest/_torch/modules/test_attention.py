@@ -3,8 +3,10 @@ reference written out step by step."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,8 +15,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "modeling"))
 from paged_kv_helpers import build_metadata  # noqa: E402
 
+from tensorrt_llm._torch.models.modeling_qwen3_next import GatedAttention  # noqa: E402
+from tensorrt_llm._torch.modules import triton_kernels  # noqa: E402
 from tensorrt_llm._torch.modules.attention import Attention  # noqa: E402
 from tensorrt_llm._torch.modules.rotary_embedding import RotaryEmbedding  # noqa: E402
+from tensorrt_llm._torch.modules.triton_kernels import mrope  # noqa: E402
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int) -> torch.Tensor:
@@ -25,8 +30,21 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int) -> 
     return torch.cat([rot * full_cos + rotated * full_sin, rest], -1)
 
 
+@pytest.fixture(params=["torch", "triton"])
+def rope_backend(request, monkeypatch) -> str:
+    """Run the module's fused norm+rope call on its torch path, or on the Triton kernel (the
+    interpreter on CPU), which is what CUDA runs: checks the module's wiring of the kernel."""
+    if request.param == "triton":
+        if not triton_kernels.HAS_TRITON or (
+            not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+        ):
+            pytest.skip("needs triton (the interpreter on CPU)")
+        monkeypatch.setattr(mrope, "use_triton", lambda name, device, backend: True)
+    return request.param
+
+
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_attention_module_matches_dense_reference(qk_norm: bool) -> None:
+def test_attention_module_matches_dense_reference(qk_norm: bool, rope_backend: str) -> None:
     heads, kv_heads, head_dim, hidden, rotary_dim, length = 4, 2, 16, 32, 8, 9
     attn = Attention(hidden, heads, kv_heads, head_dim, 0, qkv_bias=True, qk_norm=qk_norm)
     gen = torch.Generator().manual_seed(0)
@@ -55,3 +73,30 @@ def test_attention_module_matches_dense_reference(qk_norm: bool) -> None:
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="rows"):
         attn(x, cos_sin[:-1], build_metadata(None, [(0, length, 0)]))
+
+
+def test_gated_attention_fused_norm_rope_matches_torch_path(monkeypatch) -> None:
+    """Qwen3.5's gated attention: zero-centered q/k norms run inside the rope kernel on q, a
+    strided view that skips the gate rows; the Triton path (interpreter on CPU) must give the
+    torch path's output. Partial rotary (8 of 16 dims)."""
+    if not triton_kernels.HAS_TRITON or (
+        not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+    ):
+        pytest.skip("needs triton (the interpreter on CPU)")
+    config = SimpleNamespace(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_size=32,
+        rms_norm_eps=1e-6, attention_bias=False,
+    )  # fmt: skip
+    attn = GatedAttention(config, 0, "vanilla", None)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    length = 7
+    x = torch.randn(length, 32, generator=gen)
+    cos_sin = RotaryEmbedding(16, 8, 10000.0, 64).get_cos_sin(torch.arange(length))
+    with torch.no_grad():
+        want = attn(x, cos_sin, build_metadata(None, [(0, length, 0)]))
+        monkeypatch.setattr(mrope, "use_triton", lambda name, device, backend: True)
+        got = attn(x, cos_sin, build_metadata(None, [(0, length, 0)]))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
