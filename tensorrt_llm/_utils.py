@@ -1,4 +1,4 @@
-"""Host-to-device helpers: pinned staging so H2D copies never block the host."""
+"""Host/device copy helpers: pinned staging so copies never block the host until asked."""
 
 from __future__ import annotations
 
@@ -38,6 +38,21 @@ def async_tensor_h2d(
     if torch.device(device).type == "cpu":
         return host
     return maybe_pin_memory(host).to(device, non_blocking=True)
+
+
+def async_tensor_d2h(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Queue a copy of device tensor `t` into pinned host memory; returns `(host, done)`.
+
+    `host` is valid once `done` (recorded after the copy on the current stream) has completed;
+    `done` is None for a CPU `t`, whose copy is already finished.
+    """
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=prefer_pinned())
+    host.copy_(t, non_blocking=True)
+    if not t.is_cuda:
+        return host, None
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
 
 
 @lru_cache(maxsize=32)

@@ -247,13 +247,7 @@ class LLM:
             raise ValueError(
                 f"prompt token ids must lie in [0, {vocab}), got {min(ids)}..{max(ids)}"
             )
-        if len(ids) + sp.max_tokens > self.max_seq_len:
-            raise PromptTooLongError(
-                f"prompt too long: {len(ids)} prompt tokens + max_tokens {sp.max_tokens} "
-                f"exceeds max_seq_len={self.max_seq_len}"
-            )
-        # The scheduler's checks read only fixed sizes, so calling them from here is safe.
-        error = executor.scheduler.validate(LlmRequest(-1, ids, sp))
+        error = executor.why_never_fits(LlmRequest(-1, ids, sp))
         if error is not None:
             raise PromptTooLongError(error)
 

@@ -197,16 +197,21 @@ class PyExecutor:
             return SHUTDOWN_ERROR, ERROR_SHUTTING_DOWN
         if any(req.request_id == request.request_id for req in self._active):
             return f"request id {request.request_id} is already in use", ERROR_ENGINE
+        reason = self.why_never_fits(request)
+        return None if reason is None else (reason, ERROR_PROMPT_TOO_LONG)
+
+    def why_never_fits(self, request: LlmRequest) -> str | None:
+        """Why the request can never run on this engine (max_seq_len, max_num_tokens, KV
+        capacity), or None. Reads fixed sizes only, so any thread may call it (the LLM front
+        end does, to raise before submission)."""
         need = request.max_num_tokens
         if need > self.max_seq_len:
-            message = (
+            return (
                 f"prompt ({request.prompt_len} tokens) + max_tokens "
                 f"({request.sampling_params.max_tokens}) = {need} exceeds max_seq_len="
                 f"{self.max_seq_len}"
             )
-            return message, ERROR_PROMPT_TOO_LONG
-        reason = self.scheduler.validate(request)  # fixed sizes only: never fits
-        return None if reason is None else (reason, ERROR_PROMPT_TOO_LONG)
+        return self.scheduler.validate(request)
 
     def _cancel(self, request_id: int) -> None:
         for req in self._active:

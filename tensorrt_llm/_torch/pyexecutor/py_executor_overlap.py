@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._utils import prefer_pinned
+from ..._utils import async_tensor_d2h
 from .llm_request import LlmRequest
 from .py_executor import PyExecutor
 from .scheduler import ScheduledRequests
@@ -108,12 +108,7 @@ class OverlapPyExecutor(PyExecutor):
             tokens = torch.empty(0, dtype=torch.int64, device=self.model_engine.device)
         # NOTE: the D2H copy is queued now, before the next step's kernels, so waiting on it
         # later waits for this step only.
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=prefer_pinned())
-        host.copy_(tokens, non_blocking=True)
-        done = None
-        if tokens.is_cuda:
-            done = torch.cuda.Event()
-            done.record()
+        host, done = async_tensor_d2h(tokens)
         for req in ctx_not_final:
             req.move_to_next_context_chunk()
         slots = []

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..._utils import async_tensor_h2d, prefer_pinned
+from ..._utils import async_tensor_d2h, async_tensor_h2d
 from .llm_request import LlmRequest
 
 # NOTE: stop-string offsets (`LlmRequest.stop_text_end`) index text decoded with these kwargs;
@@ -112,12 +112,9 @@ class TorchSampler:
         """Bring the sampled tokens to the host with one copy (the step's sync point)."""
         if tokens.device.type == "cpu":
             return tokens.tolist()
-        staging = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=prefer_pinned())
-        staging.copy_(tokens, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
+        host, done = async_tensor_d2h(tokens)
         done.synchronize()
-        return staging.tolist()
+        return host.tolist()
 
     def release(self, request_id: int) -> None:
         """Drop a request's generator (called for finished requests)."""

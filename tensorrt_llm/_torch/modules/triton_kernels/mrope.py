@@ -23,6 +23,7 @@ import torch
 
 from ..rotary_embedding import apply_rotary_emb
 from . import tl, triton, triton_jit, use_triton
+from .rms_norm import kernel_unsupported_reason as _norm_kernel_rejects
 from .rms_norm import rms_norm, rms_norm_torch
 
 _MAX_BLOCK_HEADS = 16
@@ -231,15 +232,6 @@ def _check_norm_weights(
     return True
 
 
-def _kernel_can_norm(
-    q3: torch.Tensor, k3: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor
-) -> bool:
-    """The fused norm models one dtype for x and weight (as the norm kernel does)."""
-    return q3.dtype == k3.dtype == q_weight.dtype == k_weight.dtype and (
-        q_weight.device == q3.device and k_weight.device == k3.device
-    )
-
-
 def rope_qk_(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -293,8 +285,12 @@ def rope_qk_(
             k3.copy_(rms_norm_torch(k3, k_norm_weight, norm_eps, zero_centered=zero_centered))
         _rope_torch(q3, k3, cos_sin_table, pos, axes, error_flag)
         return q, k
-    if norm and not _kernel_can_norm(q3, k3, q_norm_weight, k_norm_weight):
-        # Mixed dtypes follow torch's promotion: norm separately (the norm kernel or torch).
+    if norm and (
+        _norm_kernel_rejects(q3, q_norm_weight, None)
+        or _norm_kernel_rejects(k3, k_norm_weight, None)
+    ):
+        # What the norm kernel does not model (mixed dtypes follow torch's promotion) is
+        # normalised separately, by `rms_norm`'s own fallback.
         q3.copy_(rms_norm(q3, q_norm_weight, norm_eps, zero_centered=zero_centered))
         k3.copy_(rms_norm(k3, k_norm_weight, norm_eps, zero_centered=zero_centered))
         norm = False

@@ -117,7 +117,9 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | 
         )
 
 
-def _kernel_supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> str:
+def kernel_unsupported_reason(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None
+) -> str:
     """Why the kernel cannot take these inputs ("" when it can)."""
     if x.dtype not in _SUPPORTED_DTYPES:
         return f"dtype {x.dtype} is not one of {_SUPPORTED_DTYPES}"
@@ -148,7 +150,7 @@ def rms_norm(
     _check_args(x, weight, residual)
     if not use_triton("rms_norm", x.device, backend):
         return rms_norm_torch(x, weight, eps, residual, zero_centered)
-    reason = _kernel_supports(x, weight, residual)
+    reason = kernel_unsupported_reason(x, weight, residual)
     if reason:
         if backend == "triton":
             raise ValueError(f"rms_norm: backend='triton' cannot run this input: {reason}")
