@@ -85,10 +85,10 @@ class VanillaAttention(AttentionShape):
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = attn_metadata.num_tokens
-        # reshape, not view: q/k/v may be strided column slices of a fused qkv output.
-        q = q.reshape(-1, self.num_heads, self.head_dim)
-        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        # Views also of strided column slices of a fused qkv output (only the last dim splits).
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
         manager = attn_metadata.kv_cache_manager
         kv_buffer = None
         if manager is not None:

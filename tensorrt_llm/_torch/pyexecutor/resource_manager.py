@@ -117,7 +117,7 @@ class KVCacheManager:
         dtype: torch.dtype,
     ) -> int:
         """Device bytes one block costs over all layers (K and V)."""
-        elem = torch.empty((), dtype=dtype).element_size()
+        elem = dtype.itemsize
         return num_layers * 2 * tokens_per_block * num_kv_heads * head_dim * elem
 
     @property
