@@ -3,9 +3,11 @@
     python benchmarks/bench_gemm.py --rows 1 32 64 128
 
 For each row count (= decode batch) it times the layer's four projections (qkv, o, gate_up,
-down) in bf16 (`F.linear`), FP8 as served (`fp8_linear`: per-token quantisation kernel then
-`torch._scaled_mm`), that FP8 GEMM alone, and the FP8 GEMM with per-tensor (scalar) scales,
-and prints the per-step total over 36 layers and the weight bandwidth it reaches. GPU only.
+down) in bf16 (`F.linear`), FP8 as served (`fp8_linear`: per-token quantisation kernel, then
+up to `_TENSORWISE_MAX_ROWS` rows the unit-scale GEMM plus `scale_outer_`, else the row-wise
+GEMM), the row-wise FP8 path forced, the row-wise GEMM alone, and the unit-scale (tensor-wise)
+GEMM alone, and prints the per-step total over 36 layers and the weight bandwidth it reaches.
+GPU only.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from tensorrt_llm._torch.modules import fp8_linear as fp8_module
 from tensorrt_llm._torch.modules.fp8_linear import fp8_linear, quantize_fp8_rows
 from tensorrt_llm._torch.modules.triton_kernels.fp8_quant import quantize_rows
 from tensorrt_llm.bench.gpu_timing import graph_time_us
@@ -27,7 +30,7 @@ _LAYERS = 36
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64, 128])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64, 128, 256, 512, 1024])
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_gemm.py needs a GPU")
@@ -39,15 +42,24 @@ def main() -> None:
     one = torch.ones((), device="cuda")
     bf16_bytes = sum(2 * n * k for _, n, k in _SHAPES) * _LAYERS
     for rows in args.rows:
-        totals = {"bf16": 0.0, "fp8": 0.0, "fp8 gemm only": 0.0, "fp8 per-tensor gemm": 0.0}
+        totals = dict.fromkeys(
+            ("bf16", "fp8", "fp8 row-wise", "row-wise gemm only", "tensor-wise gemm only"), 0.0
+        )
         for name, _, k in _SHAPES:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             w, wq, ws = weights[name]
             xq, xs = quantize_rows(x, rows_out=rows + (-rows) % 16)
+            served = graph_time_us(partial(fp8_linear, x, wq, ws, None))
+            limit, fp8_module._TENSORWISE_MAX_ROWS = fp8_module._TENSORWISE_MAX_ROWS, 0
+            try:
+                rowwise = graph_time_us(partial(fp8_linear, x, wq, ws, None))
+            finally:
+                fp8_module._TENSORWISE_MAX_ROWS = limit
             t = {
                 "bf16": graph_time_us(partial(F.linear, x, w)),
-                "fp8": graph_time_us(partial(fp8_linear, x, wq, ws, None)),
-                "fp8 gemm only": graph_time_us(
+                "fp8": served,
+                "fp8 row-wise": rowwise,
+                "row-wise gemm only": graph_time_us(
                     partial(
                         torch._scaled_mm,
                         xq,
@@ -59,8 +71,8 @@ def main() -> None:
                     )
                 ),
                 # Scalar scales take cuBLASLt's tensor-wise FP8 kernels instead of the
-                # row-wise ones: is the small-row bandwidth gap in the row-wise path?
-                "fp8 per-tensor gemm": graph_time_us(
+                # row-wise ones (about twice the bandwidth at decode row counts).
+                "tensor-wise gemm only": graph_time_us(
                     partial(
                         torch._scaled_mm,
                         xq,

@@ -2,8 +2,12 @@
 activation scales, `torch._scaled_mm` on CUDA and an exact-dequantize torch path elsewhere.
 
 Used by `quantization="fp8"`: after the weights are loaded, `quantize_model_fp8_` converts the
-text decoder's widening `Linear` layers (qkv, gate_up) in place. The vision tower, the LM head
-and the narrowing projections (o, down) stay in 16 bits, where they are faster.
+text decoder's `Linear` layers in place. The vision tower and the LM head stay in 16 bits.
+
+At decode row counts (up to `_TENSORWISE_MAX_ROWS`) the GEMM runs with unit scalar scales,
+which selects cuBLASLt's tensor-wise kernels (about twice the bandwidth of its row-wise ones
+there), and `scale_outer_` applies the row and channel scales afterwards. Larger row counts
+are compute-bound and take the row-wise-scaled GEMM directly.
 """
 
 from __future__ import annotations
@@ -12,9 +16,20 @@ import torch
 from torch import nn
 
 from .triton_kernels.fp8_quant import FP8_MAX, quantize_rows
+from .triton_kernels.fp8_scale import scale_outer_
 
 FP8_DTYPE = torch.float8_e4m3fn
 _MIN_SCALE = 1e-12
+_TENSORWISE_MAX_ROWS = 256
+_unit_scales: dict[torch.device, torch.Tensor] = {}
+
+
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    """A persistent fp32 scalar 1 per device (graph captures keep pointing at it)."""
+    one = _unit_scales.get(device)
+    if one is None:
+        one = _unit_scales[device] = torch.ones((), dtype=torch.float32, device=device)
+    return one
 
 
 def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,6 +40,34 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return xq, scale
 
 
+def uses_tensorwise_gemm(x: torch.Tensor) -> bool:
+    """Whether `fp8_linear(x, ...)` runs the unit-scale GEMM and rescales afterwards.
+
+    bf16 only: the unscaled products reach 448 * 448 * K, past fp16's range.
+    """
+    rows = x.numel() // x.shape[-1]
+    return x.is_cuda and x.dtype == torch.bfloat16 and rows <= _TENSORWISE_MAX_ROWS
+
+
+def fp8_gemm_unscaled(x2: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x2: [M, K]` quantised per row, times the e4m3 `weight: [N, K]`, with no scale applied.
+
+    Returns (the product in `x2`'s dtype `[M, N]`, the fp32 row scales `[>= M, 1]`); the
+    caller applies `row scale * weight_scale` (`scale_outer_`, or a consumer kernel that does).
+    """
+    rows = x2.shape[0]
+    if x2.is_cuda:
+        # Row count padded to 16 for cuBLASLt; one fused Triton kernel quantises and pads.
+        xq, x_scale = quantize_rows(x2, rows_out=rows + (-rows) % 16)
+        one = _unit_scale(x2.device)
+        out = torch._scaled_mm(
+            xq, weight.t(), scale_a=one, scale_b=one, out_dtype=x2.dtype, use_fast_accum=True
+        )
+        return out[:rows], x_scale
+    xq, x_scale = quantize_fp8_rows(x2)  # CPU: the same arithmetic, for tests of the wiring
+    return (xq.float() @ weight.float().t()).to(x2.dtype), x_scale
+
+
 def fp8_linear(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -32,8 +75,11 @@ def fp8_linear(
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     rows = x2.shape[0]
+    if uses_tensorwise_gemm(x):
+        out, x_scale = fp8_gemm_unscaled(x2, weight)
+        out = scale_outer_(out, x_scale, weight_scale, bias)
+        return out.reshape(*shape[:-1], weight.shape[0])
     if x.is_cuda:
-        # Row count padded to 16 for cuBLASLt; one fused Triton kernel quantises and pads.
         xq, x_scale = quantize_rows(x2, rows_out=rows + (-rows) % 16)
         out = torch._scaled_mm(
             xq,
@@ -70,9 +116,7 @@ def quantize_model_fp8_(
 
     `widening_only` converts only layers with more outputs than inputs (qkv, gate_up, the
     DeltaNet input projections) and keeps the narrowing ones (o_proj, down_proj, out_proj)
-    in 16 bits. At decode batch sizes the row-wise-scaled FP8 GEMM is slower than bf16 on a
-    narrow output: on the H200, Qwen3-VL-8B o_proj 13.4 vs 11.1 us and down_proj 32.7 vs
-    30.2 us, while gate_up drops from 50 to 33 us (benchmarks/results/fp8_gemm_h200.md).
+    in 16 bits.
     """
     from .linear import Linear
 

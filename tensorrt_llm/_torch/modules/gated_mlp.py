@@ -37,4 +37,8 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        unscaled = self.gate_up_proj.forward_unscaled(x)  # FP8 at decode sizes only
+        if unscaled is None:
+            return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        gate_up, row_scale, col_scale = unscaled
+        return self.down_proj(silu_and_mul(gate_up, row_scale=row_scale, col_scale=col_scale))

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fp8_linear import FP8_DTYPE, fp8_linear
+from .fp8_linear import FP8_DTYPE, fp8_gemm_unscaled, fp8_linear, uses_tensorwise_gemm
 
 
 class Linear(nn.Module):
@@ -43,6 +43,18 @@ class Linear(nn.Module):
         if self.weight.dtype == FP8_DTYPE:  # converted by quantize_model_fp8_
             return fp8_linear(x, self.weight, self.weight_scale, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def forward_unscaled(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """For a consumer kernel that applies FP8 scales itself (saving a rescale pass):
+        (output before scaling, row scales, column scales) when this layer is FP8 without a
+        bias and `x` takes the tensor-wise GEMM; None otherwise (call `forward`).
+        """
+        if self.weight.dtype != FP8_DTYPE or self.bias is not None or not uses_tensorwise_gemm(x):
+            return None
+        out, row_scale = fp8_gemm_unscaled(x.reshape(-1, x.shape[-1]), self.weight)
+        return out.reshape(*x.shape[:-1], self.out_features), row_scale, self.weight_scale
 
     def extra_repr(self) -> str:
         return (

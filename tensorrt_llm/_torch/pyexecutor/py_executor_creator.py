@@ -7,6 +7,7 @@ text-only and a multimodal dummy request, size the KV cache from what is left, t
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -123,13 +124,10 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
     )
     model = _build_model(cls, model_config, device, args.load_format, args.seed or 0)
     if args.quantization == "fp8":
-        converted = quantize_model_fp8_(model, widening_only=True)
-        logger.info(
-            "fp8: quantised %d widening linear layers of the text decoder (narrowing ones "
-            "stay %s: faster at decode sizes)",
-            converted,
-            dtype,
+        converted = quantize_model_fp8_(
+            model, widening_only=os.environ.get("TRTLLM_FP8_WIDENING_ONLY", "0") == "1"
         )
+        logger.info("fp8: quantised %d linear layers of the text decoder", converted)
     engine = PyTorchModelEngine(
         model,
         device,

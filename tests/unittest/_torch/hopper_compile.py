@@ -22,7 +22,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from tensorrt_llm._torch.attention_backend.triton_kernels import decode, kv_store, prefill
-from tensorrt_llm._torch.modules.triton_kernels import fp8_quant, gdn_decode, mrope, rms_norm
+from tensorrt_llm._torch.modules.triton_kernels import (
+    activation,
+    fp8_quant,
+    fp8_scale,
+    gdn_decode,
+    mrope,
+    rms_norm,
+)
 
 _HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -53,6 +60,15 @@ def _variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict
 
     quant_types = dict(x_ptr="*bf16", q_ptr="*fp8e4nv", scale_ptr="*fp32")
     yield "fp8 row quant", fp8_quant._quant_rows_kernel, quant_types, dict(BLOCK=4096), {}
+
+    scale_types = dict(out_ptr="*bf16", a_ptr="*fp32", b_ptr="*fp32", bias_ptr="*bf16")
+    for has_bias in (False, True):
+        cx = dict(HAS_BIAS=has_bias, BLOCK_N=1024)
+        yield f"fp8 scale_outer bias={has_bias}", fp8_scale._scale_outer_kernel, scale_types, cx, {}
+    act_types = dict(x_ptr="*bf16", out_ptr="*bf16", row_scale_ptr="*fp32", col_scale_ptr="*fp32")
+    for scaled in (False, True):
+        cx = dict(SCALED=scaled, BLOCK=1024)
+        yield f"silu_and_mul scaled={scaled}", activation._silu_and_mul_kernel, act_types, cx, {}
 
     dec_types = dict(
         q_ptr="*bf16", out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32",

@@ -87,7 +87,7 @@ def test_llm_with_fp8_generates_like_full_precision() -> None:
             for name, p in model.llm.named_parameters()
             if name.endswith("proj.weight")
         }
-        assert dtypes["gate_up_proj"] == FP8_DTYPE and dtypes["down_proj"] == torch.float32
+        assert dtypes["gate_up_proj"] == FP8_DTYPE and dtypes["down_proj"] == FP8_DTYPE
         out = llm.generate("hello there", params).outputs[0]
     assert len(out.token_ids) == 4 and out.finish_reason == "length"
     with pytest.raises(ValueError, match="quantization"):

@@ -1,0 +1,186 @@
+"""The FP8 tensor-wise GEMM path: unit-scale GEMM, then the row/channel scales applied by
+`scale_outer_` or, for gate_up, by the SwiGLU kernel on load.
+
+Without CUDA the kernels run under TRITON_INTERPRET=1 in fp32 (the interpreter does not round
+bf16 like the GPU); the wiring through `Linear.forward_unscaled` and `GatedMLP` is checked on
+the CPU by forcing the tensor-wise path; `gpu` tests compare against the row-wise GEMM.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # Must precede the first triton import.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from tensorrt_llm._torch.modules import linear as linear_module  # noqa: E402
+from tensorrt_llm._torch.modules.fp8_linear import (  # noqa: E402
+    FP8_DTYPE,
+    fp8_linear,
+    quantize_fp8_rows,
+    quantize_model_fp8_,
+)
+from tensorrt_llm._torch.modules.gated_mlp import GatedMLP  # noqa: E402
+from tensorrt_llm._torch.modules.linear import Linear  # noqa: E402
+from tensorrt_llm._torch.modules.triton_kernels import HAS_TRITON  # noqa: E402
+from tensorrt_llm._torch.modules.triton_kernels.activation import (  # noqa: E402
+    silu_and_mul,
+    silu_and_mul_torch,
+)
+from tensorrt_llm._torch.modules.triton_kernels.fp8_scale import (  # noqa: E402
+    scale_outer_,
+    scale_outer_torch,
+)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@needs_triton
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_scale_outer_kernel_matches_torch(with_bias: bool) -> None:
+    torch.manual_seed(0)
+    wide = torch.randn(5, 1500, device=DEVICE)  # 1500 columns: two blocks, the second partial
+    out = wide[:, :1300]  # row stride 1500: a row-sliced GEMM output
+    a = torch.rand(8, 1, device=DEVICE) + 0.1  # padded row scales: only the first 5 are used
+    b = torch.rand(1300, device=DEVICE) + 0.1
+    bias = torch.randn(1300, device=DEVICE) if with_bias else None
+    before = out.clone()
+    expected = before * a[:5] * b + (bias if with_bias else 0.0)
+    untouched = wide[:, 1300:].clone()
+    got = scale_outer_(out, a, b, bias, backend="triton")
+    assert got.data_ptr() == out.data_ptr()  # in place
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    assert torch.equal(wide[:, 1300:], untouched)  # nothing past the view's columns
+    torch.testing.assert_close(scale_outer_torch(before, a[:5], b, bias), expected)
+
+
+def test_scale_outer_rejects_mismatched_scales() -> None:
+    out = torch.zeros(4, 6)
+    with pytest.raises(ValueError, match="row scales"):
+        scale_outer_(out, torch.ones(3), torch.ones(6))
+    with pytest.raises(ValueError, match="row scales"):
+        scale_outer_(out, torch.ones(4), torch.ones(5))
+    with pytest.raises(ValueError, match="unit column stride"):
+        scale_outer_(out.t(), torch.ones(6), torch.ones(4))
+
+
+@needs_triton
+def test_scaled_silu_and_mul_kernel_scales_on_load() -> None:
+    torch.manual_seed(0)
+    gate_up = torch.randn(3, 2, 40, device=DEVICE) * 3.0  # I = 20; 6 rows
+    row_scale = torch.rand(16, 1, device=DEVICE) + 0.5  # padded to 16 like fp8_gemm_unscaled's
+    col_scale = torch.rand(40, device=DEVICE) + 0.5
+    expected = silu_and_mul_torch(gate_up * row_scale[:6].view(3, 2, 1) * col_scale)
+    got = silu_and_mul(gate_up, backend="triton", row_scale=row_scale, col_scale=col_scale)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        silu_and_mul(gate_up, backend="torch", row_scale=row_scale, col_scale=col_scale),
+        expected,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    # Without scales the kernel is the plain SwiGLU, so the scales really change the result.
+    assert _relative_error(silu_and_mul(gate_up, backend="triton"), expected) > 0.1
+
+
+def test_scaled_silu_and_mul_rejects_half_the_scales() -> None:
+    gate_up = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="go together"):
+        silu_and_mul(gate_up, row_scale=torch.ones(4))
+    with pytest.raises(ValueError, match="column scales"):
+        silu_and_mul(gate_up, row_scale=torch.ones(4), col_scale=torch.ones(4))
+
+
+def _fp8_mlp(dtype: torch.dtype, device: torch.device, bias: bool = False) -> GatedMLP:
+    torch.manual_seed(0)
+    mlp = GatedMLP(64, 96, bias=bias, dtype=dtype).to(device)
+    for p in mlp.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    quantize_model_fp8_(mlp)
+    assert mlp.gate_up_proj.weight.dtype == FP8_DTYPE and mlp.down_proj.weight.dtype == FP8_DTYPE
+    return mlp
+
+
+def test_gated_mlp_defers_gate_up_scales_to_the_activation(monkeypatch) -> None:
+    """Force the tensor-wise path on the CPU: the MLP must take the unscaled gate_up output
+    plus its scales and give what scaling first gives."""
+    mlp = _fp8_mlp(torch.float32, torch.device("cpu"))
+    x = torch.randn(7, 64)
+    with torch.no_grad():
+        gate_up = mlp.gate_up_proj(x)  # row-wise path (CPU default): scaled output
+        expected = mlp.down_proj(silu_and_mul_torch(gate_up))
+        calls = []
+        real = silu_and_mul
+
+        def spy(t: torch.Tensor, **kw):
+            calls.append(kw)
+            return real(t, **kw)
+
+        monkeypatch.setattr("tensorrt_llm._torch.modules.gated_mlp.silu_and_mul", spy)
+        monkeypatch.setattr(linear_module, "uses_tensorwise_gemm", lambda x: True)
+        got = mlp(x)
+    assert calls and calls[0].get("row_scale") is not None  # the deferred path was taken
+    assert _relative_error(got, expected) < 1e-5
+
+
+def test_forward_unscaled_declines_when_it_cannot_defer(monkeypatch) -> None:
+    monkeypatch.setattr(linear_module, "uses_tensorwise_gemm", lambda x: True)
+    x = torch.randn(3, 16)
+    plain = Linear(16, 32)
+    with_bias = Linear(16, 32, bias=True)
+    for layer in (plain, with_bias):
+        for p in layer.parameters():
+            torch.nn.init.normal_(p)
+    assert plain.forward_unscaled(x) is None  # not FP8
+    quantize_model_fp8_(torch.nn.ModuleList([plain, with_bias]))
+    assert with_bias.forward_unscaled(x) is None  # a bias must be added after scaling
+    out, row_scale, col_scale = plain.forward_unscaled(x)
+    torch.testing.assert_close(
+        out * row_scale[:3] * col_scale, plain(x), rtol=1e-5, atol=1e-5
+    )  # fmt: skip
+
+
+# ---- GPU: the tensor-wise path against the row-wise GEMM at Qwen3-VL-8B sizes -----------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gpu_tensorwise_matches_rowwise_gemm(with_bias: bool, monkeypatch) -> None:
+    from tensorrt_llm._torch.modules import fp8_linear as fp8_module
+
+    torch.manual_seed(0)
+    w = torch.randn(6144, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+    wq, ws = quantize_fp8_rows(w)
+    ws = ws.view(-1).contiguous()
+    bias = torch.randn(6144, device="cuda", dtype=torch.bfloat16) if with_bias else None
+    for rows in (1, 7, 32, 128):
+        x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+        assert fp8_module.uses_tensorwise_gemm(x)
+        tensorwise = fp8_linear(x, wq, ws, bias)
+        monkeypatch.setattr(fp8_module, "_TENSORWISE_MAX_ROWS", 0)
+        rowwise = fp8_linear(x, wq, ws, bias)
+        monkeypatch.undo()
+        # Same products and scales; only the extra bf16 rounding before scaling differs.
+        assert _relative_error(tensorwise, rowwise) < 8e-3
+        ref = x.float() @ (wq.float() * ws.view(-1, 1)).t() + (bias.float() if with_bias else 0)
+        assert _relative_error(tensorwise, ref) < 0.03
+
+
+@pytest.mark.gpu
+def test_gpu_gated_mlp_fused_scales_match_separate_rescale() -> None:
+    mlp = _fp8_mlp(torch.bfloat16, torch.device("cuda"))
+    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        fused = mlp(x)
+        separate = mlp.down_proj(silu_and_mul(mlp.gate_up_proj(x)))  # scale_outer_, then SwiGLU
+    # The fused kernel rounds the scaled gate/up to bf16 as scale_outer_ stores them.
+    torch.testing.assert_close(fused, separate, rtol=0, atol=0)
