@@ -169,7 +169,8 @@ def main() -> None:
         model=str(folder),
         load_format="dummy",
         dtype="bfloat16",
-        max_batch_size=max(args.batch + [args.prefill_batch]),
+        # A mixed step holds `batch` decodes plus the prefill chunk's request.
+        max_batch_size=max(args.batch + [args.prefill_batch]) + bool(args.mixed_chunks),
         max_num_tokens=8192,
         max_seq_len=args.context + 128,
         kv_cache_free_gpu_memory_fraction=0.5,

@@ -7,7 +7,6 @@ text-only and a multimodal dummy request, size the KV cache from what is left, t
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -124,9 +123,7 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
     )
     model = _build_model(cls, model_config, device, args.load_format, args.seed or 0)
     if args.quantization == "fp8":
-        converted = quantize_model_fp8_(
-            model, widening_only=os.environ.get("TRTLLM_FP8_WIDENING_ONLY", "0") == "1"
-        )
+        converted = quantize_model_fp8_(model)
         logger.info("fp8: quantised %d linear layers of the text decoder", converted)
     engine = PyTorchModelEngine(
         model,

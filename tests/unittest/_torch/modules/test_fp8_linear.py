@@ -66,16 +66,6 @@ def test_conversion_skips_the_vision_tower() -> None:
     assert model.visual.proj.weight.dtype == torch.float32
 
 
-def test_widening_only_keeps_narrowing_projections_16_bit() -> None:
-    model = torch.nn.ModuleDict(
-        {"gate_up": Linear(16, 64), "down": Linear(32, 16), "o": Linear(16, 16)}
-    )
-    assert quantize_model_fp8_(model, widening_only=True) == 1
-    assert model["gate_up"].weight.dtype == FP8_DTYPE
-    assert model["down"].weight.dtype == torch.float32
-    assert model["o"].weight.dtype == torch.float32
-
-
 def test_llm_with_fp8_generates_like_full_precision() -> None:
     ckpt = str(get_or_build_demo_checkpoint())
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
