@@ -36,6 +36,8 @@ _HOPPER = GPUTarget("cuda", 90, 32)
 
 def _compile(kernel: Any, types: dict[str, str], constexprs: dict[str, Any], **options: Any):
     names = kernel.arg_names
+    if "USE_PDL" in names:
+        constexprs = {"USE_PDL": False, **constexprs}
     signature = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in names}
     src = ASTSource(
         fn=kernel,
@@ -141,13 +143,32 @@ def _more_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any],
     yield "gated delta rule decode", gdn_decode._gdn_decode_kernel, gdn_types, cx, {}
 
 
+def _pdl_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict[str, Any]]]:
+    """Every kernel that takes USE_PDL, compiled with it on (grid-dependency instructions and
+    Triton's `launch_pdl` option), as `TRTLLM_PDL=1` launches them on Hopper."""
+    for name, kernel, types, cx, opts in [*_variants(), *_more_variants()]:
+        if "USE_PDL" in kernel.arg_names and "split=True" not in name:
+            yield (
+                f"{name} +pdl",
+                kernel,
+                types,
+                {**cx, "USE_PDL": True},
+                {**opts, "launch_pdl": True},
+            )
+    reduce_types = dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32")
+    cx = dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=decode._BLOCK_SPLITS, USE_PDL=True)
+    yield "decode reduce +pdl", decode._decode_reduce_kernel, reduce_types, cx, {"launch_pdl": True}
+
+
 def main() -> int:
     failed = 0
-    for name, kernel, types, cx, opts in [*_variants(), *_more_variants()]:
+    for name, kernel, types, cx, opts in [*_variants(), *_more_variants(), *_pdl_variants()]:
         try:
             compiled = _compile(kernel, types, cx, **opts)
             if "cubin" not in compiled.asm:
                 raise RuntimeError("no cubin produced")
+            if name.endswith("+pdl") and "griddepcontrol.wait" not in compiled.asm["ptx"]:
+                raise RuntimeError("USE_PDL=True compiled without griddepcontrol.wait")
             print(f"ok {name} {compiled.metadata.shared}", flush=True)
         except Exception as exc:  # report every variant, then fail
             failed += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import tensorrt_llm
 from tensorrt_llm import LLM, SamplingParams
@@ -70,3 +71,41 @@ def _greedy(ckpt: Path, fast: bool) -> list[list[int]]:
 def test_fast_path_matches_reference_path(family: str, tmp_path: Path) -> None:
     ckpt = write_tiny_checkpoint(family, tmp_path / family)
     assert _greedy(ckpt, fast=True) == _greedy(ckpt, fast=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
+def test_fast_path_with_pdl_matches_reference_path(
+    family: str, tmp_path: Path, monkeypatch
+) -> None:
+    """TRTLLM_PDL=1: the decode-step kernels launched with programmatic dependent launch,
+    in eager steps and inside the CUDA graphs."""
+    from tensorrt_llm._torch.modules import triton_kernels
+
+    ckpt = write_tiny_checkpoint(family, tmp_path / family)
+    reference = _greedy(ckpt, fast=False)
+    monkeypatch.setattr(triton_kernels, "PDL_REQUESTED", True)
+    assert triton_kernels.pdl_launch_kwargs(torch.device("cuda"))["USE_PDL"]
+    assert _greedy(ckpt, fast=True) == reference
+
+
+@pytest.mark.gpu
+def test_fp8_bf16_with_pdl_generates_the_same_tokens(tmp_path: Path, monkeypatch) -> None:
+    """The FP8 decode path (tensor-wise GEMMs, rescale and scaled-SwiGLU kernels, fp8 KV) in
+    bf16 with CUDA graphs: PDL changes when kernels start, never what they compute."""
+    from tensorrt_llm._torch.modules import triton_kernels
+
+    ckpt = write_tiny_checkpoint("qwen3_vl", tmp_path / "qwen3_vl")
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+
+    def run() -> list[list[int]]:
+        with LLM(
+            model=str(ckpt), device="cuda", dtype="bfloat16", max_batch_size=4,
+            quantization="fp8", kv_cache_dtype="fp8",
+        ) as llm:  # fmt: skip
+            outs = llm.generate(_inputs(), params, use_tqdm=False)
+            return [o.outputs[0].token_ids for o in outs]
+
+    without = run()
+    monkeypatch.setattr(triton_kernels, "PDL_REQUESTED", True)
+    assert run() == without

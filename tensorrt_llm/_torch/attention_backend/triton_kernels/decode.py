@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ...modules.triton_kernels import pdl_launch_kwargs, pdl_sync
+
 _LOG2E = 1.4426950408889634
 # Fewest keys (of the static bound) worth a split of their own, and the cap on splits.
 _MIN_TOKENS_PER_SPLIT = 64
@@ -72,7 +74,9 @@ def _decode_split_kernel(
     DOT_PRECISION: tl.constexpr,
     DOT_F16: tl.constexpr,
     QK_FP8: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_sync(USE_PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -156,7 +160,9 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_sync(USE_PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
@@ -292,6 +298,7 @@ def paged_decode(
         QK_FP8=tiles.qk_fp8 and kv_buffer.dtype == torch.float8_e4m3fn,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+        **pdl_launch_kwargs(q.device),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_gens, num_heads)](
@@ -304,4 +311,5 @@ def paged_decode(
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             BLOCK_S=_BLOCK_SPLITS,
+            **pdl_launch_kwargs(q.device),
         )

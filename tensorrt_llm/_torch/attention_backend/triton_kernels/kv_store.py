@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...modules.triton_kernels import pdl_launch_kwargs, pdl_sync
 from ...modules.triton_kernels.fp8_quant import FP8_MAX as _FP8_MAX
 
 FP8_MAX: tl.constexpr = tl.constexpr(_FP8_MAX)
@@ -31,7 +32,9 @@ def _store_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SATURATE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_sync(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     heads = tl.arange(0, BLOCK_H)
@@ -97,4 +100,5 @@ def store_kv(
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
         SATURATE=kv_buffer.dtype == torch.float8_e4m3fn,
+        **pdl_launch_kwargs(k.device),
     )

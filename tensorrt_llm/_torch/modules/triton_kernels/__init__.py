@@ -34,6 +34,26 @@ except ImportError:  # The torch paths still work; kernels are defined as plain 
 
 _warned: set[str] = set()
 
+# Programmatic dependent launch (Hopper and later) for the kernels of a decode step: each kernel
+# is launched while its predecessor still runs, waits for it at its first instruction
+# (`pdl_sync`) and at once lets its own successor launch, so the launch latency between two
+# kernels of a graph replay overlaps the predecessor's tail. Off unless TRTLLM_PDL=1
+# (benchmarks/results/qwen3_vl_8b_h200.md has the measurement behind the default).
+PDL_REQUESTED = os.environ.get("TRTLLM_PDL", "0") == "1"
+_pdl_devices: dict[int, bool] = {}
+
+
+def pdl_launch_kwargs(device: torch.device) -> dict[str, bool]:
+    """The launch keywords of a `pdl_sync` kernel: `USE_PDL` (constexpr) and Triton's
+    `launch_pdl` option, on for CUDA devices of compute capability 9.0+ when requested."""
+    if not PDL_REQUESTED or device.type != "cuda" or not HAS_TRITON:
+        return {"USE_PDL": False}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    capable = _pdl_devices.get(index)
+    if capable is None:
+        capable = _pdl_devices[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return {"USE_PDL": True, "launch_pdl": True} if capable else {"USE_PDL": False}
+
 
 def triton_jit(
     fn: Callable[..., Any] | None = None, *, do_not_specialize: tuple[str, ...] = ()
@@ -51,6 +71,23 @@ def triton_jit(
         return triton.jit(f, do_not_specialize=list(do_not_specialize))
 
     return wrap if fn is None else wrap(fn)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def pdl_sync(USE_PDL: tl.constexpr):
+        # Before any global memory access: wait until the predecessor kernel has finished and
+        # its writes are visible (so no read-after-write or write-after-read race), then allow
+        # the successor to launch; it waits here in turn.
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+
+else:
+
+    def pdl_sync(USE_PDL: bool) -> None:
+        """Placeholder without Triton (the kernels are never launched then)."""
 
 
 def _interpreting() -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import tl, triton, triton_jit, use_triton
+from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _BLOCK = 1024
@@ -32,7 +32,9 @@ def _silu_and_mul_kernel(
     col_scale_ptr,
     SCALED: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_sync(USE_PDL)
     # grid: (T, column blocks of the I outputs)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -118,5 +120,6 @@ def silu_and_mul(
         SCALED=scaled,
         BLOCK=block,
         num_warps=max(1, min(4, block // 256)),
+        **pdl_launch_kwargs(out.device),
     )
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import tl, triton, triton_jit, use_triton
+from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
 
 FP8_MAX = 448.0  # largest finite e4m3 value (the FP8 linear layers and KV cache share it)
 _MIN_SCALE = 1e-12
@@ -18,8 +18,17 @@ _MIN_SCALE = 1e-12
 
 @triton_jit(do_not_specialize=("n_rows",))
 def _quant_rows_kernel(
-    x_ptr, q_ptr, scale_ptr, n_rows, cols, x_stride, q_stride, BLOCK: tl.constexpr
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    n_rows,
+    cols,
+    x_stride,
+    q_stride,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_sync(USE_PDL)
     # grid: (rows_out,) — one program quantises one row (cols <= BLOCK). Programs past the
     # input's `n_rows` write the padding rows (zeros, scale 1), so padding needs no fill kernels.
     row = tl.program_id(0).to(tl.int64)
@@ -72,5 +81,6 @@ def quantize_rows(
         xq.stride(0),
         BLOCK=block,
         num_warps=min(16, max(1, block // 256)),
+        **pdl_launch_kwargs(x.device),
     )
     return xq, scale

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import tl, triton, triton_jit, use_triton
+from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
 
 _BLOCK_N = 1024
 
@@ -20,8 +20,9 @@ _BLOCK_N = 1024
 @triton_jit(do_not_specialize=("rows",))
 def _scale_outer_kernel(
     out_ptr, a_ptr, b_ptr, bias_ptr, rows, cols, out_stride, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_sync(USE_PDL)
     # grid: (rows, column blocks)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -83,5 +84,6 @@ def scale_outer_(
         HAS_BIAS=bias is not None,
         BLOCK_N=block,
         num_warps=max(1, min(4, block // 256)),
+        **pdl_launch_kwargs(out.device),
     )
     return out

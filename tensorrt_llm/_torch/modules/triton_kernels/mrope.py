@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..rotary_embedding import apply_rotary_emb
-from . import tl, triton, triton_jit, use_triton
+from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
 from .rms_norm import kernel_unsupported_reason as _norm_kernel_rejects
 from .rms_norm import rms_norm, rms_norm_torch
 
@@ -121,7 +121,9 @@ def _rope_qk_kernel(
     BLOCK_D: tl.constexpr,
     NORM: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_sync(USE_PDL)
     # grid: (T, 2 [q, k], head blocks)
     t = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
@@ -313,7 +315,7 @@ def rope_qk_(
         HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_HEADS=block_heads,
         HAS_POS=pos is not None, HAS_AXES=axes is not None, HAS_FLAG=error_flag is not None,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), NORM=norm,
-        ZERO_CENTERED=zero_centered,
+        ZERO_CENTERED=zero_centered, **pdl_launch_kwargs(q3.device),
     )  # fmt: skip
     return q, k
 

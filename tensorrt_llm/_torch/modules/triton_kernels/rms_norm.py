@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from . import tl, triton, triton_jit, use_triton
+from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # One program holds a whole row in registers; wider rows take the torch path.
@@ -45,7 +45,9 @@ def _rms_norm_kernel(
     BLOCK_D: tl.constexpr,
     HAS_RES: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_sync(USE_PDL)
     # Rows are (token, head) pairs of a [T, heads, dim] view; outputs are contiguous.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_D)
@@ -176,6 +178,6 @@ def rms_norm(
         0 if res3 is None else res3.stride(0), 0 if res3 is None else res3.stride(1),
         dim, float(eps),
         BLOCK_ROWS=block_rows, BLOCK_D=block_d, HAS_RES=res3 is not None,
-        ZERO_CENTERED=zero_centered, num_warps=num_warps,
+        ZERO_CENTERED=zero_centered, num_warps=num_warps, **pdl_launch_kwargs(x.device),
     )  # fmt: skip
     return out if new_res is None else (out, new_res)

@@ -357,3 +357,20 @@ def test_fused_moe_cuda_graph_capture_gpu() -> None:
         graph.replay()
         expected = fused_moe(x_new, w1, w2, ids_new, weights)
         torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+def test_pdl_is_opt_in_and_cuda_only(monkeypatch) -> None:
+    """Programmatic dependent launch: off unless requested (TRTLLM_PDL=1), never on the CPU
+    (the interpreter has no grid-dependency instructions), where the kernels get USE_PDL=False
+    and no `launch_pdl` option."""
+    monkeypatch.setattr(triton_kernels, "PDL_REQUESTED", False)
+    assert triton_kernels.pdl_launch_kwargs(torch.device("cuda")) == {"USE_PDL": False}
+    monkeypatch.setattr(triton_kernels, "PDL_REQUESTED", True)
+    assert triton_kernels.pdl_launch_kwargs(torch.device("cpu")) == {"USE_PDL": False}
+    if not torch.cuda.is_available():
+        # Requested on the CPU, the kernels still run (and give the same result) under the
+        # interpreter: USE_PDL stays False there.
+        x = torch.randn(3, 16)
+        out = rope_qk_(x.view(3, 2, 8).clone(), x.view(3, 2, 8).clone(), torch.randn(3, 8), 8,
+                       backend="triton")  # fmt: skip
+        assert out[0].shape == (3, 2, 8)
