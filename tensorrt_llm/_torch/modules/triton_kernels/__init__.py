@@ -37,8 +37,10 @@ _warned: set[str] = set()
 # Programmatic dependent launch (Hopper and later) for the kernels of a decode step: each kernel
 # is launched while its predecessor still runs, waits for it at its first instruction
 # (`pdl_sync`) and at once lets its own successor launch, so the launch latency between two
-# kernels of a graph replay overlaps the predecessor's tail. Off unless TRTLLM_PDL=1
-# (benchmarks/results/qwen3_vl_8b_h200.md has the measurement behind the default).
+# kernels of a graph replay overlaps the predecessor's tail. Off unless TRTLLM_PDL=1: on the
+# H200 it shortened decode steps by 2-5% but lengthened prefill (the early successors of kernels
+# with thousands of programs hold SM slots while they wait); run 11 in
+# benchmarks/results/qwen3_vl_8b_h200.md.
 PDL_REQUESTED = os.environ.get("TRTLLM_PDL", "0") == "1"
 _pdl_devices: dict[int, bool] = {}
 
