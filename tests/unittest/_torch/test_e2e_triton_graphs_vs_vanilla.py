@@ -85,7 +85,7 @@ def test_fast_path_with_pdl_matches_reference_path(
     ckpt = write_tiny_checkpoint(family, tmp_path / family)
     reference = _greedy(ckpt, fast=False)
     monkeypatch.setattr(triton_kernels, "PDL_REQUESTED", True)
-    assert triton_kernels.pdl_launch_kwargs(torch.device("cuda"))["USE_PDL"]
+    assert triton_kernels.pdl_launch_kwargs(torch.device("cuda"), 64)["USE_PDL"]
     assert _greedy(ckpt, fast=True) == reference
 
 

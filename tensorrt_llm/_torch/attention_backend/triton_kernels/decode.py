@@ -298,7 +298,7 @@ def paged_decode(
         QK_FP8=tiles.qk_fp8 and kv_buffer.dtype == torch.float8_e4m3fn,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
-        **pdl_launch_kwargs(q.device),
+        **pdl_launch_kwargs(q.device, num_gens * num_kv_heads * num_splits),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_gens, num_heads)](
@@ -311,5 +311,5 @@ def paged_decode(
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             BLOCK_S=_BLOCK_SPLITS,
-            **pdl_launch_kwargs(q.device),
+            **pdl_launch_kwargs(q.device, num_gens * num_heads),
         )

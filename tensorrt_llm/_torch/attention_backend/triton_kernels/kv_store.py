@@ -100,5 +100,5 @@ def store_kv(
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
         SATURATE=kv_buffer.dtype == torch.float8_e4m3fn,
-        **pdl_launch_kwargs(k.device),
+        **pdl_launch_kwargs(k.device, k.shape[0]),
     )

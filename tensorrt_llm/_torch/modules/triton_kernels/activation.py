@@ -120,6 +120,6 @@ def silu_and_mul(
         SCALED=scaled,
         BLOCK=block,
         num_warps=max(1, min(4, block // 256)),
-        **pdl_launch_kwargs(out.device),
+        **pdl_launch_kwargs(out.device, grid[0] * grid[1]),
     )
     return out

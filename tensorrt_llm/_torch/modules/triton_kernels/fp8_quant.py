@@ -81,6 +81,6 @@ def quantize_rows(
         xq.stride(0),
         BLOCK=block,
         num_warps=min(16, max(1, block // 256)),
-        **pdl_launch_kwargs(x.device),
+        **pdl_launch_kwargs(x.device, total),
     )
     return xq, scale

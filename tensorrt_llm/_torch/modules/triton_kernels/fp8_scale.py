@@ -84,6 +84,6 @@ def scale_outer_(
         HAS_BIAS=bias is not None,
         BLOCK_N=block,
         num_warps=max(1, min(4, block // 256)),
-        **pdl_launch_kwargs(out.device),
+        **pdl_launch_kwargs(out.device, rows * triton.cdiv(cols, block)),
     )
     return out

@@ -315,7 +315,7 @@ def rope_qk_(
         HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_HEADS=block_heads,
         HAS_POS=pos is not None, HAS_AXES=axes is not None, HAS_FLAG=error_flag is not None,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), NORM=norm,
-        ZERO_CENTERED=zero_centered, **pdl_launch_kwargs(q3.device),
+        ZERO_CENTERED=zero_centered, **pdl_launch_kwargs(q3.device, num_tokens * 2 * head_blocks),
     )  # fmt: skip
     return q, k
 

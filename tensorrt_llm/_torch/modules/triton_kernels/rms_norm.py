@@ -178,6 +178,7 @@ def rms_norm(
         0 if res3 is None else res3.stride(0), 0 if res3 is None else res3.stride(1),
         dim, float(eps),
         BLOCK_ROWS=block_rows, BLOCK_D=block_d, HAS_RES=res3 is not None,
-        ZERO_CENTERED=zero_centered, num_warps=num_warps, **pdl_launch_kwargs(x.device),
+        ZERO_CENTERED=zero_centered, num_warps=num_warps,
+        **pdl_launch_kwargs(x.device, triton.cdiv(n_rows, block_rows)),
     )  # fmt: skip
     return out if new_res is None else (out, new_res)

@@ -359,14 +359,16 @@ def test_fused_moe_cuda_graph_capture_gpu() -> None:
         torch.testing.assert_close(out, expected, atol=0, rtol=0)
 
 
-def test_pdl_is_opt_in_and_cuda_only(monkeypatch) -> None:
+def test_pdl_is_opt_in_cuda_only_and_decode_sized(monkeypatch) -> None:
     """Programmatic dependent launch: off unless requested (TRTLLM_PDL=1), never on the CPU
     (the interpreter has no grid-dependency instructions), where the kernels get USE_PDL=False
-    and no `launch_pdl` option."""
+    and no `launch_pdl` option, and never for large grids."""
     monkeypatch.setattr(triton_kernels, "PDL_REQUESTED", False)
-    assert triton_kernels.pdl_launch_kwargs(torch.device("cuda")) == {"USE_PDL": False}
+    assert triton_kernels.pdl_launch_kwargs(torch.device("cuda"), 64) == {"USE_PDL": False}
     monkeypatch.setattr(triton_kernels, "PDL_REQUESTED", True)
-    assert triton_kernels.pdl_launch_kwargs(torch.device("cpu")) == {"USE_PDL": False}
+    assert triton_kernels.pdl_launch_kwargs(torch.device("cpu"), 64) == {"USE_PDL": False}
+    # Prefill-sized grids never use it (measured slower), even when requested on a GPU.
+    assert triton_kernels.pdl_launch_kwargs(torch.device("cuda"), 100_000) == {"USE_PDL": False}
     if not torch.cuda.is_available():
         # Requested on the CPU, the kernels still run (and give the same result) under the
         # interpreter: USE_PDL stays False there.
