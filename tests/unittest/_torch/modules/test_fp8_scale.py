@@ -184,3 +184,37 @@ def test_gpu_gated_mlp_fused_scales_match_separate_rescale() -> None:
         separate = mlp.down_proj(silu_and_mul(mlp.gate_up_proj(x)))  # scale_outer_, then SwiGLU
     # The fused kernel rounds the scaled gate/up to bf16 as scale_outer_ stores them.
     torch.testing.assert_close(fused, separate, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"])
+def test_every_family_generates_the_same_with_the_tensorwise_path(
+    family: str, tmp_path, monkeypatch
+) -> None:
+    """`quantization="fp8"` on the CPU, with the tensor-wise path forced on for every FP8
+    linear (dense and shared-expert MLPs, attention, DeltaNet projections): the unscaled GEMM
+    plus the deferred scales must give the greedy tokens of the row-wise path."""
+    from tensorrt_llm import LLM, SamplingParams
+    from tensorrt_llm._torch.modules import fp8_linear as fp8_module
+    from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
+
+    ckpt = str(write_tiny_checkpoint(family, tmp_path / family))
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompts = ["a text-only request", "another, somewhat longer text-only request"]
+
+    def run() -> list[list[int]]:
+        with LLM(model=ckpt, quantization="fp8", max_batch_size=2) as llm:
+            return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    rowwise = run()
+    calls = []
+    real = fp8_module.fp8_gemm_unscaled
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    for module in (fp8_module, linear_module):
+        monkeypatch.setattr(module, "uses_tensorwise_gemm", lambda x: True)
+        monkeypatch.setattr(module, "fp8_gemm_unscaled", counting)
+    assert run() == rowwise
+    assert calls  # the forced path really ran
