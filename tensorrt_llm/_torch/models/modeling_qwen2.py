@@ -240,6 +240,15 @@ class Qwen2TextForCausalLM(nn.Module):
             cos_sin=cos_sin,
             deepstack_embeds=deepstack_embeds,
         )
+        return self.compute_logits(hidden_states, attn_metadata, return_context_logits)
+
+    def compute_logits(
+        self,
+        hidden_states: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        return_context_logits: bool = False,
+    ) -> torch.Tensor:
+        """LM head over each request's last token (`[num_seqs, vocab]`), or every token."""
         if not return_context_logits:
             # Device-side offsets: no host sync on the decode path (index_select takes the
             # int32 offsets as they are, so no cast kernel per step).

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..attention_backend import AttentionMetadata, get_attention_backend
+from ..attention_backend.piecewise import run_attention
 from ..modules.embedding import Embedding, LMHead
 from ..modules.fused_moe import MoE, convert_hf_expert_weights
 from ..modules.gated_delta_net import (
@@ -106,7 +107,8 @@ class GatedAttention(nn.Module):
             q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight,
             norm_eps=self.q_norm.eps, zero_centered=True,
         )  # fmt: skip
-        out = self.attn.forward(
+        out = run_attention(
+            self.attn,
             q.reshape(num_tokens, self.q_size),
             k.reshape(num_tokens, self.kv_size),
             v,  # a strided slice of qkv; the backends read rows by stride

@@ -9,6 +9,7 @@ the device.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -45,6 +46,16 @@ def split_vl_weights(
         else:
             text[name] = tensor
     return text, vision
+
+
+@dataclass
+class StackInputs:
+    """What the text decoder stack takes for one step (`QwenVLModelBase.stack_inputs`)."""
+
+    inputs_embeds: torch.Tensor  # [T, hidden], media embeddings merged in
+    position_ids: torch.Tensor  # [3, 1, T], generation deltas applied
+    cos_sin: torch.Tensor  # [T, rotary_dim]
+    deepstack_embeds: list[torch.Tensor] | None  # Qwen3-VL: per-level [T, hidden], image steps
 
 
 class QwenVLModelBase(nn.Module):
@@ -220,6 +231,25 @@ class QwenVLModelBase(nn.Module):
         multimodal_params: Sequence[MultimodalParams] = (),
         return_context_logits: bool = False,
     ) -> torch.Tensor:
+        inputs = self.stack_inputs(attn_metadata, input_ids, position_ids, multimodal_params)
+        return self.llm(
+            attn_metadata,
+            inputs_embeds=inputs.inputs_embeds,
+            position_ids=inputs.position_ids,
+            cos_sin=inputs.cos_sin,
+            deepstack_embeds=inputs.deepstack_embeds,
+            return_context_logits=return_context_logits,
+        )
+
+    def stack_inputs(
+        self,
+        attn_metadata: AttentionMetadata,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        multimodal_params: Sequence[MultimodalParams] = (),
+    ) -> StackInputs:
+        """Everything before the decoder stack: token and media embeddings (the vision tower
+        runs here), the mRoPE delta bookkeeping and the rotary table rows of the step."""
         # Imported here: modeling_qwen2vl defines its model classes on top of this base.
         from .modeling_qwen2vl import _prepare_qwen_vl_mrope_config, apply_generation_deltas
 
@@ -250,14 +280,7 @@ class QwenVLModelBase(nn.Module):
             cos_sin = torch.cat([ctx_cos_sin, gen_cos_sin])
         else:
             cos_sin = ctx_cos_sin
-        return self.llm(
-            attn_metadata,
-            inputs_embeds=inputs_embeds,
-            position_ids=positions,
-            cos_sin=cos_sin,
-            deepstack_embeds=deepstack,
-            return_context_logits=return_context_logits,
-        )
+        return StackInputs(inputs_embeds, positions, cos_sin, deepstack)
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..attention_backend import AttentionMetadata, get_attention_backend
+from ..attention_backend.piecewise import run_attention
 from .linear import Linear
 from .rms_norm import RMSNorm
 from .triton_kernels.mrope import rope_qk_
@@ -84,7 +85,8 @@ class Attention(nn.Module):
         else:
             q, k = rope_qk_(q, k, cos_sin, self.head_dim)
         # v stays a strided slice of qkv: the backends read rows by stride (no copy kernel).
-        out = self.attn.forward(
+        out = run_attention(
+            self.attn,
             q.reshape(num_tokens, self.q_size),
             k.reshape(num_tokens, self.kv_size),
             v,
