@@ -62,11 +62,17 @@ class CudaGraphConfig:
     the smallest captured graph that holds it, its extra rows padded; False replays only
     exact sizes and runs other batches eagerly. `LlmArgs.cuda_graph_config=None` turns graphs
     off.
+
+    `piecewise_max_tokens` (0 = off; experimental): also capture steps with context chunks
+    (prefill and mixed) of up to this many tokens, as piecewise graphs per token bucket with
+    the attention run eagerly between them (`pyexecutor/piecewise_graph_runner.py`). Dense
+    Qwen-VL models only; their pools take memory beside the KV cache.
     """
 
     batch_sizes: list[int] | None = None
     max_batch_size: int | None = None
     enable_padding: bool = True
+    piecewise_max_tokens: int = 0
 
     def __post_init__(self) -> None:
         sizes = self.batch_sizes
@@ -82,6 +88,7 @@ class CudaGraphConfig:
             raise ValueError(
                 f"cuda_graph_config.enable_padding must be a bool, got {self.enable_padding!r}"
             )
+        _check_int("cuda_graph_config.piecewise_max_tokens", self.piecewise_max_tokens, 0)
 
     def largest(self, engine_max_batch_size: int) -> int:
         """The biggest batch a graph is captured for."""
@@ -136,8 +143,8 @@ class LlmArgs:
         _check_choice("quantization", self.quantization, [None, "fp8"])
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, list(KV_CACHE_DTYPES))
         _check_int("max_batch_size", self.max_batch_size, 1)
-        self._normalize_cuda_graph_config()
         _check_int("max_num_tokens", self.max_num_tokens, 1)
+        self._normalize_cuda_graph_config()
         _check_int("max_seq_len", self.max_seq_len, 1, allow_none=True)
         _check_int("kv_cache_max_tokens", self.kv_cache_max_tokens, 1, allow_none=True)
         _check_int("tokens_per_block", self.tokens_per_block, 1)
@@ -198,7 +205,8 @@ class LlmArgs:
     def _normalize_cuda_graph_config(self) -> None:
         config = self.cuda_graph_config
         if isinstance(config, dict):
-            unknown = sorted(set(config) - {"batch_sizes", "max_batch_size", "enable_padding"})
+            known = {"batch_sizes", "max_batch_size", "enable_padding", "piecewise_max_tokens"}
+            unknown = sorted(set(config) - known)
             if unknown:
                 raise ValueError(f"unknown cuda_graph_config field(s) {unknown}")
             config = CudaGraphConfig(**config)
@@ -208,6 +216,11 @@ class LlmArgs:
         if not isinstance(config, CudaGraphConfig):
             raise ValueError(
                 f"cuda_graph_config must be a CudaGraphConfig, a dict or None, got {config!r}"
+            )
+        if config.piecewise_max_tokens > self.max_num_tokens:
+            raise ValueError(
+                f"cuda_graph_config.piecewise_max_tokens {config.piecewise_max_tokens} exceeds "
+                f"max_num_tokens {self.max_num_tokens}"
             )
         if config.largest(self.max_batch_size) > self.max_batch_size:
             raise ValueError(

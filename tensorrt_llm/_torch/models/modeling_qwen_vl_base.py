@@ -232,6 +232,15 @@ class QwenVLModelBase(nn.Module):
         return_context_logits: bool = False,
     ) -> torch.Tensor:
         inputs = self.stack_inputs(attn_metadata, input_ids, position_ids, multimodal_params)
+        return self.forward_stack(attn_metadata, inputs, return_context_logits)
+
+    def forward_stack(
+        self,
+        attn_metadata: AttentionMetadata,
+        inputs: StackInputs,
+        return_context_logits: bool = False,
+    ) -> torch.Tensor:
+        """The decoder stack and the LM head over `stack_inputs`' output."""
         return self.llm(
             attn_metadata,
             inputs_embeds=inputs.inputs_embeds,

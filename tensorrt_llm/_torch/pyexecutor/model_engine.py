@@ -23,6 +23,7 @@ from .scheduler import ScheduledRequests
 
 if TYPE_CHECKING:
     from .cuda_graph_runner import CUDAGraphRunner
+    from .piecewise_graph_runner import PiecewiseCUDAGraphRunner
     from .resource_manager import KVCacheManager
 
 
@@ -59,6 +60,8 @@ class PyTorchModelEngine:
         self.vocab_size: int = int(getattr(model, "vocab_size", 0))
         self.kv_cache_manager: KVCacheManager | None = None
         self.cuda_graph_runner: CUDAGraphRunner | None = None  # set by create_py_executor
+        # Prefill/mixed steps of VL models (opt-in, `cuda_graph_config.piecewise_max_tokens`).
+        self.piecewise_graph_runner: PiecewiseCUDAGraphRunner | None = None
         self.buffers = InputBuffers.allocate(
             max_num_tokens, max_batch_size, self.max_blocks_per_seq, self.use_mrope, self.device
         )
@@ -237,7 +240,15 @@ class PyTorchModelEngine:
         if runner is not None and not return_context_logits and runner.can_run(scheduled):
             return runner.run(scheduled, token_source)
         metadata, input_ids, position_ids, mm_params = self.prepare(scheduled, token_source)
-        if self.use_mrope:
+        piecewise = self.piecewise_graph_runner
+        if self.use_mrope and piecewise is not None and not return_context_logits:
+            inputs = self.model.stack_inputs(metadata, input_ids, position_ids, mm_params)
+            if piecewise.can_run(metadata, inputs):
+                hidden = piecewise.run(metadata, inputs)
+                logits = self.model.llm.compute_logits(hidden, metadata)
+            else:
+                logits = self.model.forward_stack(metadata, inputs)
+        elif self.use_mrope:
             logits = self.model(
                 metadata,
                 input_ids,

@@ -21,6 +21,7 @@ from .config_utils import load_pretrained_config, resolve_architecture
 from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
 from .kv_cache_creator import KVCacheSpec, choose_num_blocks, run_capacity_probe
 from .model_engine import PyTorchModelEngine
+from .piecewise_graph_runner import PiecewiseCUDAGraphRunner, piecewise_token_buckets
 from .py_executor import PyExecutor
 from .py_executor_overlap import OverlapPyExecutor
 from .resource_manager import SeqSlotManager
@@ -171,6 +172,12 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
             engine, graph_batch_sizes(graphs, args.max_batch_size), graphs.enable_padding
         )
         engine.cuda_graph_runner.capture_all()
+        if graphs.piecewise_max_tokens:
+            # Explicitly asked for: an ineligible model is an error, not a silent eager path.
+            engine.piecewise_graph_runner = PiecewiseCUDAGraphRunner(
+                engine, piecewise_token_buckets(graphs.piecewise_max_tokens)
+            )
+            engine.piecewise_graph_runner.capture_all()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     executor_cls = PyExecutor if args.disable_overlap_scheduler else OverlapPyExecutor

@@ -109,3 +109,44 @@ def test_fp8_bf16_with_pdl_generates_the_same_tokens(tmp_path: Path, monkeypatch
     without = run()
     monkeypatch.setattr(triton_kernels, "PDL_REQUESTED", True)
     assert run() == without
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_piecewise_prefill_graphs_match_reference_path(family: str, tmp_path: Path) -> None:
+    """`cuda_graph_config.piecewise_max_tokens`: prefill and mixed steps (the third request's
+    prefill joins the second's decode once the first stops) replay piecewise graphs, twice
+    over with other inputs; greedy tokens equal the eager vanilla path. Qwen3-VL image and
+    video steps carry deepstack inputs and stay eager."""
+    ckpt = write_tiny_checkpoint(family, tmp_path / family)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (4, 16, 16)]
+
+    def run(**kwargs) -> tuple[list[list[int]], int]:
+        with LLM(
+            model=str(ckpt), device="cuda", dtype="float32", max_batch_size=2, **kwargs
+        ) as llm:
+            runner = llm._executor.model_engine.piecewise_graph_runner
+            replays = []
+            if runner is not None:
+                real_run = runner.run
+                runner.run = lambda *a: replays.append(1) or real_run(*a)
+            outs = [
+                [o.outputs[0].token_ids for o in llm.generate(_inputs(), params, use_tqdm=False)]
+                for _ in range(2)
+            ]
+        assert outs[0] == outs[1]
+        return outs[0], len(replays)
+
+    reference, _ = run(
+        attn_backend="vanilla", cuda_graph_config=None, disable_overlap_scheduler=True
+    )
+    got, replays = run(attn_backend="triton", cuda_graph_config={"piecewise_max_tokens": 256})
+    assert got == reference
+    assert replays >= 2
+
+
+@pytest.mark.gpu
+def test_piecewise_graphs_reject_an_ineligible_model(tmp_path: Path) -> None:
+    ckpt = write_tiny_checkpoint("qwen3_vl_moe", tmp_path / "moe")
+    with pytest.raises(ValueError, match="piecewise CUDA graphs: layer 0"):
+        LLM(model=str(ckpt), device="cuda", cuda_graph_config={"piecewise_max_tokens": 128})

@@ -1,0 +1,191 @@
+"""Piecewise CUDA graphs for steps with context chunks (prefill and mixed), per token bucket.
+
+An eager step of Qwen3-VL-8B costs ~40 ms of host time whatever its size (36 layers x ~20 kernel
+launches from Python), against 5-20 ms of GPU work for chunks of 64-1024 tokens
+(benchmarks/results/qwen3_vl_8b_h200.md, run 10). Such steps cannot be captured whole: the
+prefill attention's grid and host metadata depend on the step's sequences. So the text decoder
+stack is captured in pieces over a bucket of padded tokens, cut at every attention call
+(`attention_backend/piecewise.py`): piece i runs what lies between attention calls i-1 and i
+(norms, projections, rope, MLP), and at replay the attention runs eagerly between the pieces,
+on the step's real metadata, reading the pieces' q/k/v and writing one static output buffer.
+What comes before the stack (embeddings, the vision tower, mRoPE bookkeeping) and after it (the
+LM head over each request's last token) stays eager.
+
+Padded rows (the bucket past the step's tokens) carry stale but finite values through row-wise
+kernels only; the attention gives them zeros and no KV slot. Stacks with host syncs or
+sequence-dependent work outside attention (MoE routing, Gated DeltaNet) and steps with
+deepstack inputs are not eligible (`why_not_piecewise`, `PiecewiseCUDAGraphRunner.can_run`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..attention_backend.interface import AttentionMetadata
+from ..attention_backend.piecewise import attention_handler
+
+if TYPE_CHECKING:
+    from ..models.modeling_qwen_vl_base import StackInputs
+    from .model_engine import PyTorchModelEngine
+
+logger = logging.getLogger(__name__)
+
+# Token buckets up to the configured maximum: small chunks are where eager host time dominates.
+DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def piecewise_token_buckets(max_tokens: int) -> list[int]:
+    """The buckets captured for `cuda_graph_config.piecewise_max_tokens=max_tokens`."""
+    return sorted({b for b in DEFAULT_TOKEN_BUCKETS if b < max_tokens} | {max_tokens})
+
+
+def why_not_piecewise(model: Any) -> str:
+    """Why `model` cannot run piecewise graphs ("" when it can)."""
+    from ..models.modeling_qwen2 import Qwen2DecoderLayer, Qwen2Model
+    from ..modules.gated_mlp import GatedMLP
+
+    if not hasattr(model, "stack_inputs"):
+        return f"{type(model).__name__} is not a Qwen-VL model (no stack_inputs)"
+    stack = getattr(getattr(model, "llm", None), "model", None)
+    if not isinstance(stack, Qwen2Model):
+        return f"its text stack {type(stack).__name__} is not a Qwen2Model"
+    for i, layer in enumerate(stack.layers):
+        # MoE routing syncs with the host; DeltaNet layers prepare per-sequence state.
+        if not isinstance(layer, Qwen2DecoderLayer) or type(layer.mlp) is not GatedMLP:
+            return f"layer {i} ({type(layer).__name__}) is not a dense full-attention layer"
+    return ""
+
+
+@dataclass
+class _Pieces:
+    graphs: list[torch.cuda.CUDAGraph]
+    # (backend, q, k, v) of each attention call, in order; call i runs after graph i.
+    calls: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]]
+    hidden: torch.Tensor  # the stack's final-normed output, [bucket, hidden]
+
+
+class PiecewiseCUDAGraphRunner:
+    """Captures (lazily, on a bucket's first step) and replays the pieces of each bucket."""
+
+    def __init__(self, engine: PyTorchModelEngine, token_buckets: list[int]) -> None:
+        reason = why_not_piecewise(engine.model)
+        if reason:
+            raise ValueError(f"piecewise CUDA graphs: {reason}")
+        if (
+            not token_buckets
+            or min(token_buckets) < 1
+            or max(token_buckets) > engine.max_num_tokens
+        ):
+            raise ValueError(
+                f"piecewise token buckets {token_buckets} outside [1, max_num_tokens="
+                f"{engine.max_num_tokens}]"
+            )
+        self.engine = engine
+        self.stack = engine.model.llm.model
+        self.buckets = sorted(set(token_buckets))
+        largest = self.buckets[-1]
+        embed = self.stack.embed_tokens.weight
+        attn = self.stack.layers[0].self_attn
+        device = engine.device
+        # Static inputs of every piece and the one attention output buffer they share (the
+        # attention of layer i writes it, piece i+1 reads it before attention i+1 writes again).
+        self._embeds = torch.zeros(largest, embed.shape[1], dtype=embed.dtype, device=device)
+        self._attn_out = torch.zeros(largest, attn.q_size, dtype=embed.dtype, device=device)
+        # One row of the model's own table gives the cos/sin width and dtype.
+        row = engine.model.rotary_emb.get_cos_sin(
+            torch.zeros(3, 1, dtype=torch.int32, device=device)
+        )
+        self._cos_sin = torch.zeros(largest, row.shape[-1], dtype=row.dtype, device=device)
+        self._pieces: dict[int, _Pieces] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+
+    def bucket(self, num_tokens: int) -> int | None:
+        i = bisect.bisect_left(self.buckets, num_tokens)
+        return self.buckets[i] if i < len(self.buckets) else None
+
+    def can_run(self, attn_metadata: AttentionMetadata, inputs: StackInputs) -> bool:
+        return (
+            attn_metadata.num_contexts > 0
+            and inputs.deepstack_embeds is None
+            and self.bucket(attn_metadata.num_tokens) is not None
+        )
+
+    # ------------------------------------------------------------------ capture
+    def _stack_call(self, bucket: int) -> torch.Tensor:
+        # The metadata only reaches the attention calls, which the handler takes over.
+        return self.stack(None, inputs_embeds=self._embeds[:bucket], cos_sin=self._cos_sin[:bucket])
+
+    @torch.inference_mode()
+    def capture(self, bucket: int) -> None:
+        """Capture the pieces of one bucket (needs no KV cache: no attention runs)."""
+        self._pieces[bucket] = self._capture(bucket)
+
+    def capture_all(self) -> None:
+        # Largest first, so the smaller buckets' pieces reuse its pool memory.
+        for bucket in sorted(self.buckets, reverse=True):
+            self.capture(bucket)
+        logger.info("captured piecewise CUDA graphs for token buckets %s", self.buckets)
+
+    def _capture(self, bucket: int) -> _Pieces:
+        out = self._attn_out[:bucket]
+
+        def skip(backend: Any, q: Any, k: Any, v: Any, md: AttentionMetadata) -> torch.Tensor:
+            return out  # warm-up: every kernel but the attention, at the bucket's shapes
+
+        graphs = [torch.cuda.CUDAGraph()]
+        calls: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+        def cut(backend: Any, q: Any, k: Any, v: Any, md: AttentionMetadata) -> torch.Tensor:
+            graphs[-1].capture_end()
+            calls.append((backend, q, k, v))
+            graphs.append(torch.cuda.CUDAGraph())
+            graphs[-1].capture_begin(pool=self._pool)
+            return out
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            with attention_handler(skip):
+                for _ in range(2):  # compiles, autotuning and allocations outside the graphs
+                    self._stack_call(bucket)
+            torch.cuda.synchronize()
+            graphs[0].capture_begin(pool=self._pool)
+            try:
+                with attention_handler(cut):
+                    hidden = self._stack_call(bucket)
+            finally:
+                graphs[-1].capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
+        if len(calls) != len(self.stack.layers):
+            raise RuntimeError(
+                f"piecewise capture saw {len(calls)} attention calls for "
+                f"{len(self.stack.layers)} layers"
+            )
+        return _Pieces(graphs, calls, hidden)
+
+    # ------------------------------------------------------------------ replay
+    @torch.inference_mode()
+    def run(self, attn_metadata: AttentionMetadata, inputs: StackInputs) -> torch.Tensor:
+        """The stack's final-normed hidden states `[num_tokens, hidden]` for this step."""
+        num_tokens = attn_metadata.num_tokens
+        bucket = self.bucket(num_tokens)
+        assert bucket is not None
+        self._embeds[:num_tokens].copy_(inputs.inputs_embeds)
+        self._cos_sin[:num_tokens].copy_(inputs.cos_sin)
+        pieces = self._pieces.get(bucket)
+        if pieces is None:
+            self.capture(bucket)
+            pieces = self._pieces[bucket]
+        out = self._attn_out[:bucket]
+        for i, graph in enumerate(pieces.graphs):
+            graph.replay()
+            if i < len(pieces.calls):
+                backend, q, k, v = pieces.calls[i]
+                out.copy_(backend.forward(q, k, v, attn_metadata))
+        # NOTE: graph memory the next replay overwrites; the LM head reads it right away.
+        return pieces.hidden[:num_tokens]

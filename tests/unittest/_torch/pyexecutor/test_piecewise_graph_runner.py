@@ -1,0 +1,134 @@
+"""Piecewise graphs for prefill/mixed steps: the split points, the eligibility rule, the engine
+wiring and the replay semantics (padded pieces, attention on the live metadata).
+
+The CUDA graphs themselves need a GPU (`gpu` tests, which compare greedy tokens against eager
+vanilla). On the CPU, `_EagerPieces` stands in for the runner: it does what a replay does
+(static padded inputs, every attention call run by the runner on padded q/k/v with the step's
+real metadata) without graphs, so the assumptions the replay rests on are checked here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm._torch.attention_backend.piecewise import attention_handler, run_attention
+from tensorrt_llm._torch.pyexecutor.piecewise_graph_runner import (
+    piecewise_token_buckets,
+    why_not_piecewise,
+)
+from tensorrt_llm.llmapi.llm_args import CudaGraphConfig, LlmArgs
+from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
+
+PROMPTS = ["a short prompt", "a somewhat longer text-only prompt about the weather today"]
+
+
+class _Backend:
+    def forward(self, q, k, v, md):
+        return q + 1
+
+
+def test_run_attention_goes_to_the_handler_only_inside_it() -> None:
+    q = torch.zeros(2, 4)
+    assert torch.equal(run_attention(_Backend(), q, q, q, None), q + 1)
+    seen = []
+    with attention_handler(lambda b, q, k, v, md: seen.append(md) or q - 1):
+        assert torch.equal(run_attention(_Backend(), q, q, q, "md"), q - 1)
+        with pytest.raises(RuntimeError, match="already active"):
+            with attention_handler(lambda *a: q):
+                pass
+    assert seen == ["md"]
+    with pytest.raises(ValueError):
+        with attention_handler(lambda *a: q):
+            raise ValueError("boom")
+    assert torch.equal(run_attention(_Backend(), q, q, q, None), q + 1)  # handler cleared
+
+
+def test_token_buckets() -> None:
+    assert piecewise_token_buckets(3000) == [16, 32, 64, 128, 256, 512, 1024, 2048, 3000]
+    assert piecewise_token_buckets(64) == [16, 32, 64]
+
+
+def test_config_validation(tmp_path: Path) -> None:
+    assert CudaGraphConfig().piecewise_max_tokens == 0  # off unless asked for
+    with pytest.raises(ValueError, match="piecewise_max_tokens"):
+        CudaGraphConfig(piecewise_max_tokens=-1)
+    with pytest.raises(ValueError, match="exceeds max_num_tokens"):
+        LlmArgs(
+            model=str(tmp_path), max_num_tokens=128, cuda_graph_config={"piecewise_max_tokens": 256}
+        )
+    args = LlmArgs(model=str(tmp_path), cuda_graph_config={"piecewise_max_tokens": 128})
+    assert args.cuda_graph_config.piecewise_max_tokens == 128
+
+
+def _model(family: str, root: Path):
+    ckpt = str(write_tiny_checkpoint(family, root / family))
+    with LLM(model=ckpt, max_batch_size=2) as llm:
+        return llm._executor.model_engine.model
+
+
+@pytest.mark.parametrize(
+    "family, reason",
+    [
+        ("qwen3_vl", ""),
+        ("qwen2_5_vl", ""),
+        ("qwen3_vl_moe", "layer 0"),
+        ("qwen3_5", "not a Qwen2Model"),
+        ("qwen3", "not a Qwen-VL model"),
+    ],
+)
+def test_eligible_models(family: str, reason: str, tmp_path: Path) -> None:
+    got = why_not_piecewise(_model(family, tmp_path))
+    assert (got == "") if not reason else (reason in got)
+
+
+class _EagerPieces:
+    """A replay without graphs: static inputs padded to a bucket (the stale rows filled with
+    NaN: any kernel that mixed rows would poison the real ones), the stack run with every
+    attention call answered by the backend on the padded q/k/v and the live metadata, as
+    `PiecewiseCUDAGraphRunner.run` does between pieces."""
+
+    def __init__(self, model, bucket: int) -> None:
+        self.stack = model.llm.model
+        self.bucket = bucket
+        self.runs = 0
+        self.attention_calls = 0
+
+    def can_run(self, md, inputs) -> bool:
+        return md.num_contexts > 0 and inputs.deepstack_embeds is None
+
+    def run(self, md, inputs) -> torch.Tensor:
+        n = md.num_tokens
+        embeds = torch.full((self.bucket, inputs.inputs_embeds.shape[1]), float("nan"))
+        cos_sin = torch.full((self.bucket, inputs.cos_sin.shape[1]), float("nan"))
+        embeds[:n], cos_sin[:n] = inputs.inputs_embeds, inputs.cos_sin
+
+        def attend(backend, q, k, v, _capture_md):
+            assert q.shape[0] == self.bucket  # the pieces hand over padded q/k/v
+            self.attention_calls += 1
+            return backend.forward(q, k, v, md)
+
+        with attention_handler(attend):
+            hidden = self.stack(None, inputs_embeds=embeds, cos_sin=cos_sin)
+        self.runs += 1
+        return hidden[:n]
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen2_5_vl"])
+def test_padded_pieces_give_the_eager_tokens(family: str, tmp_path: Path) -> None:
+    """Prefill steps through the engine's piecewise path (stand-in runner, bucket 96) give
+    the tokens of the plain eager path; decode steps keep the plain path."""
+    ckpt = str(write_tiny_checkpoint(family, tmp_path / family))
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    with LLM(model=ckpt, max_batch_size=2) as llm:
+        eager = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+        engine = llm._executor.model_engine
+        pieces = _EagerPieces(engine.model, bucket=96)
+        engine.piecewise_graph_runner = pieces
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    assert got == eager
+    layers = len(engine.model.llm.model.layers)
+    assert pieces.runs >= 1 and pieces.attention_calls == pieces.runs * layers
