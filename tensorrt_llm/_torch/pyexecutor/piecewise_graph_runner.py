@@ -70,7 +70,8 @@ class _Pieces:
 
 
 class PiecewiseCUDAGraphRunner:
-    """Captures (lazily, on a bucket's first step) and replays the pieces of each bucket."""
+    """Captures the pieces of each token bucket (`capture_all` at startup; a bucket missing
+    then is captured on its first step) and replays them around the eager attention calls."""
 
     def __init__(self, engine: PyTorchModelEngine, token_buckets: list[int]) -> None:
         reason = why_not_piecewise(engine.model)
