@@ -9,7 +9,8 @@ of the replay alone (CUDA events), and the top kernels of one replay from the to
 `--mixed_chunks 64 256 1024` also times eager mixed steps (the decode batch plus one text
 prefill chunk of that many tokens): wall time per step against the GPU's busy time in it. A
 large idle share at small chunks is what prefill/mixed CUDA graphs would recover; a small one
-says they would not pay.
+says they would not pay. `--piecewise_max_tokens 2048` runs those mixed steps through the
+piecewise graphs instead (compare the two).
 """
 
 from __future__ import annotations
@@ -164,6 +165,9 @@ def main() -> None:
     p.add_argument("--context", type=int, default=1000)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--no_cuda_graph", action="store_true")
+    p.add_argument(
+        "--piecewise_max_tokens", type=int, default=0, help="piecewise prefill/mixed graphs"
+    )
     p.add_argument("--prefill_batch", type=int, default=0, help="also profile a prefill step")
     p.add_argument("--mixed_chunks", type=int, nargs="*", default=[], help="prefill chunk sizes")
     p.add_argument("--quantization", choices=["fp8"], default=None)
@@ -179,7 +183,9 @@ def main() -> None:
         max_num_tokens=8192,
         max_seq_len=args.context + 128,
         kv_cache_free_gpu_memory_fraction=0.5,
-        cuda_graph_config=None if args.no_cuda_graph else {},
+        cuda_graph_config=None
+        if args.no_cuda_graph
+        else {"piecewise_max_tokens": args.piecewise_max_tokens},
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
     )

@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max_num_tokens", type=int, default=8192)
     p.add_argument("--attn_backend", default="auto")
     p.add_argument("--no_cuda_graph", action="store_true")
+    p.add_argument(
+        "--piecewise_max_tokens",
+        type=int,
+        default=0,
+        help="also capture prefill/mixed steps up to this many tokens (experimental)",
+    )
     p.add_argument("--hf_baseline", action="store_true", help="also run HF transformers")
     p.add_argument("--hf_max_osl", type=int, default=32, help="HF decode steps to time")
     p.add_argument(
@@ -90,6 +96,14 @@ def _table(rows: list[dict[str, float]], columns: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def _graph_config(args: argparse.Namespace) -> dict[str, int] | None:
+    if args.no_cuda_graph:
+        if args.piecewise_max_tokens:
+            raise SystemExit("--piecewise_max_tokens needs CUDA graphs (drop --no_cuda_graph)")
+        return None
+    return {"piecewise_max_tokens": args.piecewise_max_tokens} if args.piecewise_max_tokens else {}
+
+
 def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[str, float]]:
     from ..llmapi.llm import LLM
 
@@ -103,7 +117,7 @@ def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[
         max_num_tokens=args.max_num_tokens,
         max_seq_len=args.isl + args.osl + 8,
         attn_backend=args.attn_backend,
-        cuda_graph_config=None if args.no_cuda_graph else {},
+        cuda_graph_config=_graph_config(args),
         kv_cache_free_gpu_memory_fraction=args.kv_cache_fraction,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,

@@ -88,3 +88,9 @@ def test_end_to_end_on_cpu(tiny_config: Path, tmp_path: Path) -> None:
     row = result["ours"][0]
     assert row["concurrency"] == 2 and row["requests"] == 2
     assert row["output_tok_s"] > 0 and row["ttft_ms_p50"] > 0
+
+
+def test_piecewise_graphs_flag_needs_cuda_graphs(tiny_config: Path) -> None:
+    with pytest.raises(SystemExit, match="needs CUDA graphs"):
+        main(["--config", str(tiny_config), "--no_cuda_graph", "--piecewise_max_tokens", "256",
+              "--device", "cpu"])  # fmt: skip
