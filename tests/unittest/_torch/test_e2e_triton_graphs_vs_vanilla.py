@@ -115,13 +115,15 @@ def test_fp8_bf16_with_pdl_generates_the_same_tokens(tmp_path: Path, monkeypatch
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
 def test_piecewise_prefill_graphs_match_reference_path(family: str, tmp_path: Path) -> None:
     """`cuda_graph_config.piecewise_max_tokens`: prefill and mixed steps (the third request's
-    prefill joins the second's decode once the first stops) replay piecewise graphs, twice
-    over with other inputs; greedy tokens equal the eager vanilla path. Qwen3-VL image and
-    video steps carry deepstack inputs and stay eager."""
+    prefill joins the second's decode once the first stops) replay piecewise graphs; a second
+    round with other prompts replays the same buckets with changed inputs. Greedy tokens equal
+    the eager vanilla path. Qwen3-VL image and video steps carry deepstack inputs and stay
+    eager."""
     ckpt = write_tiny_checkpoint(family, tmp_path / family)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (4, 16, 16)]
+    rounds = [_inputs(), ["the weather again, in other words", "hello", "a third text prompt"]]
 
-    def run(**kwargs) -> tuple[list[list[int]], int]:
+    def run(**kwargs) -> tuple[list[list[list[int]]], int]:
         with LLM(
             model=str(ckpt), device="cuda", dtype="float32", max_batch_size=2, **kwargs
         ) as llm:
@@ -131,18 +133,17 @@ def test_piecewise_prefill_graphs_match_reference_path(family: str, tmp_path: Pa
                 real_run = runner.run
                 runner.run = lambda *a: replays.append(1) or real_run(*a)
             outs = [
-                [o.outputs[0].token_ids for o in llm.generate(_inputs(), params, use_tqdm=False)]
-                for _ in range(2)
+                [o.outputs[0].token_ids for o in llm.generate(inputs, params, use_tqdm=False)]
+                for inputs in rounds
             ]
-        assert outs[0] == outs[1]
-        return outs[0], len(replays)
+        return outs, len(replays)
 
     reference, _ = run(
         attn_backend="vanilla", cuda_graph_config=None, disable_overlap_scheduler=True
     )
     got, replays = run(attn_backend="triton", cuda_graph_config={"piecewise_max_tokens": 256})
     assert got == reference
-    assert replays >= 2
+    assert replays >= 4  # at least two piecewise steps per round
 
 
 @pytest.mark.gpu
