@@ -109,13 +109,15 @@ class Qwen2DecoderLayer(nn.Module):
         attn_metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns `(mlp_out, residual)`; the layer's full output is their sum."""
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        # Each norm hands its reader FP8 rows directly when that Linear is FP8 (decode sizes).
+        hidden_states, residual = self.input_layernorm.forward_for(
+            self.self_attn.qkv_proj, hidden_states, residual
+        )
         hidden_states = self.self_attn(hidden_states, cos_sin, attn_metadata)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        mlp_reader = self.mlp.gate_up_proj if isinstance(self.mlp, GatedMLP) else None
+        hidden_states, residual = self.post_attention_layernorm.forward_for(
+            mlp_reader, hidden_states, residual
+        )
         return self.mlp(hidden_states), residual
 
 

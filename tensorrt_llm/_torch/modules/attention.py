@@ -7,6 +7,7 @@ from torch import nn
 
 from ..attention_backend import AttentionMetadata, get_attention_backend
 from ..attention_backend.piecewise import run_attention
+from .fp8_linear import Fp8Activation
 from .linear import Linear
 from .rms_norm import RMSNorm
 from .triton_kernels.mrope import rope_qk_
@@ -60,11 +61,12 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        hidden_states: torch.Tensor,
+        hidden_states: torch.Tensor | Fp8Activation,
         cos_sin: torch.Tensor,
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        """`hidden_states: [T, hidden]`, `cos_sin: [T, rotary_dim]` -> `[T, hidden]`."""
+        """`hidden_states: [T, hidden]` (or its FP8 rows), `cos_sin: [T, rotary_dim]` ->
+        `[T, hidden]`."""
         num_tokens = hidden_states.shape[0]
         if cos_sin.shape[0] != num_tokens:
             raise ValueError(f"cos_sin has {cos_sin.shape[0]} rows for {num_tokens} tokens")

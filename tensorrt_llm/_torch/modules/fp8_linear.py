@@ -12,6 +12,8 @@ are compute-bound and take the row-wise-scaled GEMM directly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -40,6 +42,28 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return xq, scale
 
 
+@dataclass
+class Fp8Activation:
+    """Activations already quantised per row for an FP8 linear (`rms_norm_quant_fp8` writes
+    them in the norm's own launch): e4m3 rows padded to a multiple of 16 and their fp32
+    scales; the first `rows` are real. `dtype` is what the linear returns."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    rows: int
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """`[rows, K]`, like the tensor it replaces (the attention module reads row counts)."""
+        return (self.rows, self.q.shape[1])
+
+
+def padded_rows(rows: int) -> int:
+    """cuBLASLt's FP8 GEMMs want a multiple of 16 rows."""
+    return rows + (-rows) % 16
+
+
 def uses_tensorwise_gemm(x: torch.Tensor) -> bool:
     """Whether `fp8_linear(x, ...)` runs the unit-scale GEMM and rescales afterwards.
 
@@ -49,29 +73,43 @@ def uses_tensorwise_gemm(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype == torch.bfloat16 and rows <= _TENSORWISE_MAX_ROWS
 
 
-def fp8_gemm_unscaled(x2: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x2: [M, K]` quantised per row, times the e4m3 `weight: [N, K]`, with no scale applied.
+def fp8_gemm_unscaled(
+    x2: torch.Tensor | Fp8Activation, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x2: [M, K]` quantised per row (or already, as an `Fp8Activation`), times the e4m3
+    `weight: [N, K]`, with no scale applied.
 
-    Returns (the product in `x2`'s dtype `[M, N]`, the fp32 row scales `[>= M, 1]`); the
-    caller applies `row scale * weight_scale` (`scale_outer_`, or a consumer kernel that does).
+    Returns (the product in the activation dtype `[M, N]`, the fp32 row scales `[>= M, 1]`);
+    the caller applies `row scale * weight_scale` (`scale_outer_`, or a consumer kernel).
     """
-    rows = x2.shape[0]
-    if x2.is_cuda:
-        # Row count padded to 16 for cuBLASLt; one fused Triton kernel quantises and pads.
-        xq, x_scale = quantize_rows(x2, rows_out=rows + (-rows) % 16)
-        one = _unit_scale(x2.device)
-        out = torch._scaled_mm(
-            xq, weight.t(), scale_a=one, scale_b=one, out_dtype=x2.dtype, use_fast_accum=True
-        )
-        return out[:rows], x_scale
-    xq, x_scale = quantize_fp8_rows(x2)  # CPU: the same arithmetic, for tests of the wiring
-    return (xq.float() @ weight.float().t()).to(x2.dtype), x_scale
+    if isinstance(x2, Fp8Activation):
+        xq, x_scale, rows, dtype = x2.q, x2.scale, x2.rows, x2.dtype
+    elif x2.is_cuda:
+        # One fused Triton kernel quantises and pads.
+        rows, dtype = x2.shape[0], x2.dtype
+        xq, x_scale = quantize_rows(x2, rows_out=padded_rows(rows))
+    else:  # CPU: the same arithmetic, for tests of the wiring
+        xq, x_scale = quantize_fp8_rows(x2)
+        return (xq.float() @ weight.float().t()).to(x2.dtype), x_scale
+    if not xq.is_cuda:
+        return (xq[:rows].float() @ weight.float().t()).to(dtype), x_scale
+    one = _unit_scale(xq.device)
+    out = torch._scaled_mm(
+        xq, weight.t(), scale_a=one, scale_b=one, out_dtype=dtype, use_fast_accum=True
+    )
+    return out[:rows], x_scale
 
 
 def fp8_linear(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor | Fp8Activation,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """`x @ dequant(weight)^T + bias` with `weight: [N, K]` e4m3 and `weight_scale: [N]` fp32."""
+    if isinstance(x, Fp8Activation):
+        out, x_scale = fp8_gemm_unscaled(x, weight)
+        return scale_outer_(out, x_scale, weight_scale, bias)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     rows = x2.shape[0]
@@ -80,7 +118,7 @@ def fp8_linear(
         out = scale_outer_(out, x_scale, weight_scale, bias)
         return out.reshape(*shape[:-1], weight.shape[0])
     if x.is_cuda:
-        xq, x_scale = quantize_rows(x2, rows_out=rows + (-rows) % 16)
+        xq, x_scale = quantize_rows(x2, rows_out=padded_rows(rows))
         out = torch._scaled_mm(
             xq,
             weight.t(),

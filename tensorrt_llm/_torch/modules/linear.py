@@ -8,7 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fp8_linear import FP8_DTYPE, fp8_gemm_unscaled, fp8_linear, uses_tensorwise_gemm
+from .fp8_linear import (
+    FP8_DTYPE,
+    Fp8Activation,
+    fp8_gemm_unscaled,
+    fp8_linear,
+    uses_tensorwise_gemm,
+)
 
 
 class Linear(nn.Module):
@@ -39,19 +45,32 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
         if self.weight.dtype == FP8_DTYPE:  # converted by quantize_model_fp8_
             return fp8_linear(x, self.weight, self.weight_scale, self.bias)
+        if isinstance(x, Fp8Activation):
+            raise TypeError("FP8 activation rows given to a 16-bit Linear")
         return F.linear(x, self.weight, self.bias)
 
+    def takes_fp8_rows(self, x: torch.Tensor) -> bool:
+        """Whether a producer should hand this layer `x` as e4m3 rows (`Fp8Activation`):
+        an FP8 layer at the sizes where it runs the tensor-wise GEMM on them."""
+        return self.weight.dtype == FP8_DTYPE and x.dim() == 2 and uses_tensorwise_gemm(x)
+
     def forward_unscaled(
-        self, x: torch.Tensor
+        self, x: torch.Tensor | Fp8Activation
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """For a consumer kernel that applies FP8 scales itself (saving a rescale pass):
         (output before scaling, row scales, column scales) when this layer is FP8 without a
-        bias and `x` takes the tensor-wise GEMM; None otherwise (call `forward`).
+        bias and `x` takes the tensor-wise GEMM (always, for `Fp8Activation` rows); None
+        otherwise (call `forward`).
         """
-        if self.weight.dtype != FP8_DTYPE or self.bias is not None or not uses_tensorwise_gemm(x):
+        if self.weight.dtype != FP8_DTYPE or self.bias is not None:
+            return None
+        if isinstance(x, Fp8Activation):
+            out, row_scale = fp8_gemm_unscaled(x, self.weight)
+            return out, row_scale, self.weight_scale
+        if not uses_tensorwise_gemm(x):
             return None
         out, row_scale = fp8_gemm_unscaled(x.reshape(-1, x.shape[-1]), self.weight)
         return out.reshape(*x.shape[:-1], self.out_features), row_scale, self.weight_scale

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from .triton_kernels.rms_norm import rms_norm
+from .fp8_linear import Fp8Activation, padded_rows
+from .triton_kernels.rms_norm import rms_norm, rms_norm_quant_fp8
+
+if TYPE_CHECKING:
+    from .linear import Linear
 
 
 class RMSNorm(nn.Module):
@@ -33,6 +39,26 @@ class RMSNorm(nn.Module):
             raise ValueError(f"RMSNorm expects last dim {self.hidden_size}, got {x.shape[-1]}")
         # The torch path casts back before the weight multiply (HF rounding in bf16).
         return rms_norm(x, self.weight, self.eps, residual)
+
+    def forward_for(
+        self, consumer: Linear | None, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | Fp8Activation, torch.Tensor]:
+        """The pre-norm step of a decoder layer: `(norm(x [+ residual]), new residual)`, the
+        residual being `x` itself when none is given.
+
+        When `consumer`, the Linear that reads the output, takes FP8 rows at this size, the
+        output comes as e4m3 rows from the norm's own launch (`rms_norm_quant_fp8`) instead
+        of a 16-bit tensor that the linear would quantise in a second launch.
+        """
+        if consumer is not None and consumer.takes_fp8_rows(x):
+            rows = x.shape[0]
+            q, scale, new_res = rms_norm_quant_fp8(
+                x, self.weight, self.eps, residual, rows_out=padded_rows(rows)
+            )
+            return Fp8Activation(q, scale, rows, x.dtype), x if new_res is None else new_res
+        if residual is None:
+            return self(x), x
+        return self(x, residual)
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}"

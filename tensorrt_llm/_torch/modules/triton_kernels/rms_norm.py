@@ -26,14 +26,17 @@ _MAX_BLOCK_D = 32768
 _ROW_PACK_ELEMS = 4096
 
 
-@triton_jit(do_not_specialize=("n_rows",))
+@triton_jit(do_not_specialize=("n_rows", "rows_out"))
 def _rms_norm_kernel(
     x_ptr,
     res_ptr,
     w_ptr,
     out_ptr,
     new_res_ptr,
+    q_ptr,
+    scale_ptr,
     n_rows,
+    rows_out,
     heads,
     x_stride_t,
     x_stride_h,
@@ -45,6 +48,7 @@ def _rms_norm_kernel(
     BLOCK_D: tl.constexpr,
     HAS_RES: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
+    QUANT: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_sync(USE_PDL)
@@ -72,7 +76,20 @@ def _rms_norm_kernel(
         y = normed * (1.0 + w)[None, :]
     else:
         y = normed.to(x_ptr.dtype.element_ty).to(tl.float32) * w[None, :]
-    tl.store(out_ptr + out_offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if QUANT:
+        # e4m3 rows for an FP8 linear instead of the 16-bit output: the rounded output
+        # quantised as `quantize_rows` would quantise it, padding rows (up to rows_out)
+        # written as zeros with scale 1.
+        y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
+        valid = rows < n_rows
+        amax = tl.max(tl.abs(y), axis=1)
+        scale = tl.where(valid, tl.maximum(amax / 448.0, 1e-12), 1.0)
+        q = tl.minimum(tl.maximum(y / scale[:, None], -448.0), 448.0)
+        q_mask = (rows < rows_out)[:, None] & col_mask[None, :]
+        tl.store(q_ptr + out_offs, q.to(q_ptr.dtype.element_ty), mask=q_mask)
+        tl.store(scale_ptr + rows, scale, mask=rows < rows_out)
+    else:
+        tl.store(out_ptr + out_offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rms_norm_torch(
@@ -158,27 +175,87 @@ def rms_norm(
             raise ValueError(f"rms_norm: backend='triton' cannot run this input: {reason}")
         return rms_norm_torch(x, weight, eps, residual, zero_centered)
     x3 = _as_rows(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    new_res = None if residual is None else torch.empty_like(out)
+    _launch(x3, residual, weight, eps, zero_centered, out, new_res, None, None)
+    return out if new_res is None else (out, new_res)
+
+
+def _launch(
+    x3: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    zero_centered: bool,
+    out: torch.Tensor,
+    new_res: torch.Tensor | None,
+    q: torch.Tensor | None,
+    scale: torch.Tensor | None,
+) -> None:
+    """One kernel launch over the `[T, heads, D]` view `x3`: the 16-bit output into `out`, or
+    with `q`/`scale` the e4m3 rows (`q.shape[0]` rows, padding included) and their scales."""
     res3 = None if residual is None else _as_rows(residual)
     num_tokens, heads, dim = x3.shape
     n_rows = num_tokens * heads
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    new_res = None if residual is None else torch.empty_like(out)
-    if n_rows == 0:
-        return out if new_res is None else (out, new_res)
+    rows_out = n_rows if q is None else q.shape[0]
+    if rows_out == 0:
+        return
     w = weight if weight.stride(0) == 1 else weight.contiguous()
     block_d = triton.next_power_of_2(dim)
     # Depends on the row width only, never the row count: one compiled variant serves every
     # batch (masked rows of a short batch cost next to nothing).
     block_rows = max(1, _ROW_PACK_ELEMS // block_d)
     num_warps = max(1, min(16, block_rows * block_d // 512))
-    dummy = x3  # Stands in for absent residual pointers; never dereferenced (constexpr-gated).
-    _rms_norm_kernel[(triton.cdiv(n_rows, block_rows),)](
+    programs = triton.cdiv(rows_out, block_rows)
+    dummy = x3  # Stands in for absent pointers; never dereferenced (constexpr-gated).
+    _rms_norm_kernel[(programs,)](
         x3, dummy if res3 is None else res3, w, out, out if new_res is None else new_res,
-        n_rows, heads, x3.stride(0), x3.stride(1),
+        dummy if q is None else q, dummy if scale is None else scale,
+        n_rows, rows_out, heads, x3.stride(0), x3.stride(1),
         0 if res3 is None else res3.stride(0), 0 if res3 is None else res3.stride(1),
         dim, float(eps),
         BLOCK_ROWS=block_rows, BLOCK_D=block_d, HAS_RES=res3 is not None,
-        ZERO_CENTERED=zero_centered, num_warps=num_warps,
-        **pdl_launch_kwargs(x.device, triton.cdiv(n_rows, block_rows)),
+        ZERO_CENTERED=zero_centered, QUANT=q is not None, num_warps=num_warps,
+        **pdl_launch_kwargs(x3.device, programs),
     )  # fmt: skip
-    return out if new_res is None else (out, new_res)
+
+
+def rms_norm_quant_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    zero_centered: bool = False,
+    rows_out: int | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """RMSNorm of `x: [M, D]` straight into per-row e4m3 for an FP8 linear, in one launch.
+
+    Returns (e4m3 `[rows_out or M, D]`, fp32 scales `[rows_out or M, 1]`, the new residual
+    `x + residual` or None): the numbers of `quantize_rows(rms_norm(x, ...), rows_out)`
+    without the 16-bit round trip through memory (rows past M: zeros with scale 1).
+    """
+    from .fp8_quant import quantize_rows
+
+    _check_args(x, weight, residual)
+    if x.dim() != 2:
+        raise ValueError(f"rms_norm_quant_fp8: x must be [M, D], got {tuple(x.shape)}")
+    rows = x.shape[0] if rows_out is None else rows_out
+    if rows < x.shape[0]:
+        raise ValueError(f"rms_norm_quant_fp8: rows_out {rows} < rows {x.shape[0]}")
+    use_kernel = use_triton("rms_norm", x.device, backend)
+    if use_kernel:
+        reason = kernel_unsupported_reason(x, weight, residual)
+        if reason and backend == "triton":
+            raise ValueError(f"rms_norm_quant_fp8: backend='triton' cannot run this: {reason}")
+        use_kernel = not reason
+    if not use_kernel:
+        normed = rms_norm_torch(x, weight, eps, residual, zero_centered)
+        out, new_res = normed if residual is not None else (normed, None)
+        q, scale = quantize_rows(out, rows_out=rows, backend="torch")
+        return q, scale, new_res
+    new_res = None if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    q = torch.empty(rows, x.shape[1], dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    _launch(_as_rows(x), residual, weight, eps, zero_centered, x, new_res, q, scale)
+    return q, scale, new_res

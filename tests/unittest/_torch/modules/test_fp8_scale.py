@@ -31,9 +31,14 @@ from tensorrt_llm._torch.modules.triton_kernels.activation import (  # noqa: E40
     silu_and_mul,
     silu_and_mul_torch,
 )
+from tensorrt_llm._torch.modules.triton_kernels.fp8_quant import quantize_rows  # noqa: E402
 from tensorrt_llm._torch.modules.triton_kernels.fp8_scale import (  # noqa: E402
     scale_outer_,
     scale_outer_torch,
+)
+from tensorrt_llm._torch.modules.triton_kernels.rms_norm import (  # noqa: E402
+    rms_norm,
+    rms_norm_quant_fp8,
 )
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -98,6 +103,48 @@ def test_scaled_silu_and_mul_rejects_half_the_scales() -> None:
         silu_and_mul(gate_up, row_scale=torch.ones(4))
     with pytest.raises(ValueError, match="column scales"):
         silu_and_mul(gate_up, row_scale=torch.ones(4), col_scale=torch.ones(4))
+
+
+@needs_triton
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_norm_quant_kernel_matches_norm_then_quantise(
+    with_residual: bool, zero_centered: bool
+) -> None:
+    """One launch (interpreter on CPU) gives the scales of `quantize_rows(rms_norm(...))`
+    exactly, e4m3 values that dequantise to the norm output, the new residual, and zeroed
+    padding rows. The e4m3 bits are compared on the GPU only (the interpreter rounds e4m3
+    differently)."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 48, device=DEVICE) * torch.tensor([0.01, 1, 10, 100, 3.0]).view(5, 1)
+    w = torch.randn(48, device=DEVICE)
+    res = torch.randn(5, 48, device=DEVICE) if with_residual else None
+    q, scale, new_res = rms_norm_quant_fp8(
+        x, w, 1e-6, res, zero_centered=zero_centered, rows_out=16, backend="triton"
+    )
+    normed = rms_norm(x, w, 1e-6, res, zero_centered=zero_centered, backend="torch")
+    ref_out, ref_res = normed if with_residual else (normed, None)
+    ref_q, ref_scale = quantize_rows(ref_out, rows_out=16, backend="torch")
+    assert q.shape == (16, 48) and q.dtype == FP8_DTYPE and scale.shape == (16, 1)
+    torch.testing.assert_close(scale, ref_scale, rtol=1e-6, atol=0)
+    back = q[:5].float() * scale[:5]
+    assert _relative_error(back, ref_out) < 0.07  # e4m3: 3 mantissa bits
+    assert torch.all(q[5:].float() == 0) and torch.all(scale[5:] == 1)
+    if with_residual:
+        torch.testing.assert_close(new_res, ref_res)
+    else:
+        assert new_res is None
+    # The torch path gives the reference itself.
+    q_t, s_t, _ = rms_norm_quant_fp8(x, w, 1e-6, res, zero_centered, 16, backend="torch")
+    assert torch.equal(q_t.float(), ref_q.float()) and torch.equal(s_t, ref_scale)
+
+
+def test_norm_quant_rejects_bad_rows() -> None:
+    x, w = torch.randn(4, 8), torch.ones(8)
+    with pytest.raises(ValueError, match="rows_out 2 < rows 4"):
+        rms_norm_quant_fp8(x, w, 1e-6, rows_out=2)
+    with pytest.raises(ValueError, match=r"\[M, D\]"):
+        rms_norm_quant_fp8(x.view(2, 2, 8), w, 1e-6)
 
 
 def _fp8_mlp(dtype: torch.dtype, device: torch.device, bias: bool = False) -> GatedMLP:
@@ -186,13 +233,18 @@ def test_gpu_gated_mlp_fused_scales_match_separate_rescale() -> None:
     torch.testing.assert_close(fused, separate, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize(
+    "family, fused_norms",
+    # The Qwen3.5 layers keep their own norms (zero-centered, DeltaNet): no e4m3 hand-over.
+    [("qwen3_vl", True), ("qwen3_vl_moe", True), ("qwen3_5", False), ("qwen3_5_moe", False)],
+)
 def test_every_family_generates_the_same_with_the_tensorwise_path(
-    family: str, tmp_path, monkeypatch
+    family: str, fused_norms: bool, tmp_path, monkeypatch
 ) -> None:
     """`quantization="fp8"` on the CPU, with the tensor-wise path forced on for every FP8
     linear (dense and shared-expert MLPs, attention, DeltaNet projections): the unscaled GEMM
-    plus the deferred scales must give the greedy tokens of the row-wise path."""
+    plus the deferred scales, and the norms that write e4m3 rows for their readers, must give
+    the greedy tokens of the row-wise path."""
     from tensorrt_llm import LLM, SamplingParams
     from tensorrt_llm._torch.modules import fp8_linear as fp8_module
     from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
@@ -216,5 +268,37 @@ def test_every_family_generates_the_same_with_the_tensorwise_path(
     for module in (fp8_module, linear_module):
         monkeypatch.setattr(module, "uses_tensorwise_gemm", lambda x: True)
         monkeypatch.setattr(module, "fp8_gemm_unscaled", counting)
+    from tensorrt_llm._torch.modules import rms_norm as norm_module
+
+    fused = []
+    real_norm_quant = norm_module.rms_norm_quant_fp8
+
+    def counting_norm(*args, **kwargs):
+        fused.append(1)
+        return real_norm_quant(*args, **kwargs)
+
+    monkeypatch.setattr(norm_module, "rms_norm_quant_fp8", counting_norm)
     assert run() == rowwise
     assert calls  # the forced path really ran
+    assert bool(fused) == fused_norms  # the decoder norms handed their readers e4m3 rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_gpu_norm_quant_is_bit_exact_to_norm_then_quantise(with_residual: bool) -> None:
+    """At Qwen3-VL-8B width in bf16: the fused launch writes the same e4m3 bytes and scales as
+    the RMSNorm kernel followed by the row-quantisation kernel."""
+    torch.manual_seed(0)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    for rows in (1, 7, 32, 128):
+        x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+        res = torch.randn_like(x) if with_residual else None
+        padded = rows + (-rows) % 16
+        q, scale, new_res = rms_norm_quant_fp8(x, w, 1e-6, res, rows_out=padded)
+        normed = rms_norm(x, w, 1e-6, res)
+        out, ref_res = normed if with_residual else (normed, None)
+        ref_q, ref_scale = quantize_rows(out, rows_out=padded)
+        assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+        assert torch.equal(scale, ref_scale)
+        if with_residual:
+            assert torch.equal(new_res, ref_res)
