@@ -17,6 +17,7 @@ from torch import nn
 from ..attention_backend import AttentionMetadata
 from ..modules.attention import Attention
 from ..modules.embedding import Embedding, LMHead
+from ..modules.fp8_linear import UnscaledOutput
 from ..modules.gated_mlp import GatedMLP
 from ..modules.rms_norm import RMSNorm
 from ..modules.rotary_embedding import MRotaryEmbedding, RotaryEmbedding
@@ -103,21 +104,27 @@ class Qwen2DecoderLayer(nn.Module):
 
     def forward(
         self,
-        hidden_states: torch.Tensor,
+        hidden_states: torch.Tensor | UnscaledOutput,
         residual: torch.Tensor | None,
         cos_sin: torch.Tensor,
         attn_metadata: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns `(mlp_out, residual)`; the layer's full output is their sum."""
+    ) -> tuple[torch.Tensor | UnscaledOutput, torch.Tensor]:
+        """Returns `(mlp_out, residual)`; the layer's full output is their sum (`mlp_out`
+        may be an FP8 GEMM output still to be scaled, which the next norm does on load)."""
         # Each norm hands its reader FP8 rows directly when that Linear is FP8 (decode sizes).
         hidden_states, residual = self.input_layernorm.forward_for(
             self.self_attn.qkv_proj, hidden_states, residual
         )
-        hidden_states = self.self_attn(hidden_states, cos_sin, attn_metadata)
-        mlp_reader = self.mlp.gate_up_proj if isinstance(self.mlp, GatedMLP) else None
-        hidden_states, residual = self.post_attention_layernorm.forward_for(
-            mlp_reader, hidden_states, residual
+        # FP8 o_proj/down_proj outputs may stay unscaled: the next norm scales them on load.
+        hidden_states = self.self_attn(
+            hidden_states, cos_sin, attn_metadata, defer_output_scale=True
         )
+        dense = isinstance(self.mlp, GatedMLP)
+        hidden_states, residual = self.post_attention_layernorm.forward_for(
+            self.mlp.gate_up_proj if dense else None, hidden_states, residual
+        )
+        if dense:
+            return self.mlp(hidden_states, defer_output_scale=True), residual
         return self.mlp(hidden_states), residual
 
 
@@ -195,7 +202,7 @@ class Qwen2Model(nn.Module):
             if deepstack_embeds is not None and i < len(deepstack_embeds):
                 # Folded into the residual stream, so it joins the layer output's sum.
                 residual = residual + deepstack_embeds[i].to(residual.dtype)
-        hidden_states, _ = self.norm(hidden_states, residual)
+        hidden_states, _ = self.norm.forward_for(None, hidden_states, residual)
         return hidden_states
 
 

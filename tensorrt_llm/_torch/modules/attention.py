@@ -7,7 +7,7 @@ from torch import nn
 
 from ..attention_backend import AttentionMetadata, get_attention_backend
 from ..attention_backend.piecewise import run_attention
-from .fp8_linear import Fp8Activation
+from .fp8_linear import Fp8Activation, UnscaledOutput
 from .linear import Linear
 from .rms_norm import RMSNorm
 from .triton_kernels.mrope import rope_qk_
@@ -64,9 +64,11 @@ class Attention(nn.Module):
         hidden_states: torch.Tensor | Fp8Activation,
         cos_sin: torch.Tensor,
         attn_metadata: AttentionMetadata,
-    ) -> torch.Tensor:
+        defer_output_scale: bool = False,
+    ) -> torch.Tensor | UnscaledOutput:
         """`hidden_states: [T, hidden]` (or its FP8 rows), `cos_sin: [T, rotary_dim]` ->
-        `[T, hidden]`."""
+        `[T, hidden]`; with `defer_output_scale`, an FP8 o_proj may return its output
+        unscaled (`Linear.forward_deferred`) for the next norm to scale on load."""
         num_tokens = hidden_states.shape[0]
         if cos_sin.shape[0] != num_tokens:
             raise ValueError(f"cos_sin has {cos_sin.shape[0]} rows for {num_tokens} tokens")
@@ -94,4 +96,4 @@ class Attention(nn.Module):
             v,
             attn_metadata,
         )
-        return self.o_proj(out)
+        return self.o_proj.forward_deferred(out) if defer_output_scale else self.o_proj(out)

@@ -59,6 +59,21 @@ class Fp8Activation:
         return (self.rows, self.q.shape[1])
 
 
+@dataclass
+class UnscaledOutput:
+    """An FP8 GEMM output before its scales: the layer's output is
+    `value[m, n] * row_scale[m] * col_scale[n]`. A reader that scales on load (the next
+    residual add + RMSNorm, `RMSNorm.forward_for`) saves the separate rescale launch."""
+
+    value: torch.Tensor  # [M, N], the activation dtype
+    row_scale: torch.Tensor  # fp32 [>= M, 1]
+    col_scale: torch.Tensor  # fp32 [N]
+
+    def scaled(self) -> torch.Tensor:
+        """The output itself (`scale_outer_` in place on `value`)."""
+        return scale_outer_(self.value, self.row_scale, self.col_scale)
+
+
 def padded_rows(rows: int) -> int:
     """cuBLASLt's FP8 GEMMs want a multiple of 16 rows."""
     return rows + (-rows) % 16

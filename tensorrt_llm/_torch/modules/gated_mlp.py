@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .fp8_linear import Fp8Activation, UnscaledOutput
 from .linear import Linear
 from .triton_kernels.activation import silu_and_mul
 
@@ -36,9 +37,15 @@ class GatedMLP(nn.Module):
         )
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor | Fp8Activation, defer_output_scale: bool = False
+    ) -> torch.Tensor | UnscaledOutput:
+        """With `defer_output_scale`, an FP8 down_proj may return its output unscaled
+        (`Linear.forward_deferred`) for the next norm to scale on load."""
         unscaled = self.gate_up_proj.forward_unscaled(x)  # FP8 at decode sizes only
         if unscaled is None:
-            return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
-        gate_up, row_scale, col_scale = unscaled
-        return self.down_proj(silu_and_mul(gate_up, row_scale=row_scale, col_scale=col_scale))
+            act = silu_and_mul(self.gate_up_proj(x))
+        else:
+            gate_up, row_scale, col_scale = unscaled
+            act = silu_and_mul(gate_up, row_scale=row_scale, col_scale=col_scale)
+        return self.down_proj.forward_deferred(act) if defer_output_scale else self.down_proj(act)

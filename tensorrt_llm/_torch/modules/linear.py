@@ -11,6 +11,7 @@ from torch import nn
 from .fp8_linear import (
     FP8_DTYPE,
     Fp8Activation,
+    UnscaledOutput,
     fp8_gemm_unscaled,
     fp8_linear,
     uses_tensorwise_gemm,
@@ -74,6 +75,12 @@ class Linear(nn.Module):
             return None
         out, row_scale = fp8_gemm_unscaled(x.reshape(-1, x.shape[-1]), self.weight)
         return out.reshape(*x.shape[:-1], self.out_features), row_scale, self.weight_scale
+
+    def forward_deferred(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor | UnscaledOutput:
+        """`forward`, but an FP8 layer on the tensor-wise path (no bias) returns its output
+        unscaled, for a reader that applies the scales on load (`RMSNorm.forward_for`)."""
+        unscaled = self.forward_unscaled(x)
+        return self(x) if unscaled is None else UnscaledOutput(*unscaled)
 
     def extra_repr(self) -> str:
         return (

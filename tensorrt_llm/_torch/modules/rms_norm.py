@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .fp8_linear import Fp8Activation, padded_rows
+from .fp8_linear import Fp8Activation, UnscaledOutput, padded_rows
 from .triton_kernels.rms_norm import rms_norm, rms_norm_quant_fp8
 
 if TYPE_CHECKING:
@@ -41,24 +41,34 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, residual)
 
     def forward_for(
-        self, consumer: Linear | None, x: torch.Tensor, residual: torch.Tensor | None = None
+        self,
+        reader: Linear | None,
+        x: torch.Tensor | UnscaledOutput,
+        residual: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor | Fp8Activation, torch.Tensor]:
         """The pre-norm step of a decoder layer: `(norm(x [+ residual]), new residual)`, the
         residual being `x` itself when none is given.
 
-        When `consumer`, the Linear that reads the output, takes FP8 rows at this size, the
-        output comes as e4m3 rows from the norm's own launch (`rms_norm_quant_fp8`) instead
-        of a 16-bit tensor that the linear would quantise in a second launch.
+        `x` may be an FP8 GEMM output still to be scaled (`UnscaledOutput`): the kernel scales
+        it on load. When `reader`, the Linear that reads the output, takes FP8 rows at this
+        size, the output comes as e4m3 rows from the same launch (`rms_norm_quant_fp8`)
+        instead of a 16-bit tensor that the linear would quantise in a second launch.
         """
-        if consumer is not None and consumer.takes_fp8_rows(x):
+        x_scales = None
+        if isinstance(x, UnscaledOutput):
+            if residual is None:  # the residual must be the scaled output itself
+                x = x.scaled()
+            else:
+                x, x_scales = x.value, (x.row_scale, x.col_scale)
+        if reader is not None and reader.takes_fp8_rows(x):
             rows = x.shape[0]
             q, scale, new_res = rms_norm_quant_fp8(
-                x, self.weight, self.eps, residual, rows_out=padded_rows(rows)
+                x, self.weight, self.eps, residual, rows_out=padded_rows(rows), x_scales=x_scales
             )
             return Fp8Activation(q, scale, rows, x.dtype), x if new_res is None else new_res
         if residual is None:
             return self(x), x
-        return self(x, residual)
+        return rms_norm(x, self.weight, self.eps, residual, x_scales=x_scales)
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}"

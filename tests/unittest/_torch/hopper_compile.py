@@ -102,23 +102,28 @@ def _variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict
 
 
 def _more_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict[str, Any]]]:
-    """Kernels that ran on the GPU already (the RMSNorm's e4m3-output variants have not):
-    kept here so a later change cannot break their GPU compile unnoticed."""
+    """Kernels that ran on the GPU already (the RMSNorm's e4m3-output and scaled-input
+    variants have not): kept here so a later change cannot break their GPU compile
+    unnoticed."""
     norm_types = {n: "*bf16" for n in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "new_res_ptr")}
     norm_types.update(eps="fp32", q_ptr="*fp8e4nv", scale_ptr="*fp32")
-    # (residual, zero-centered, rows per program, width, e4m3 output for an FP8 linear)
-    for has_res, zero_centered, block_rows, width, quant in (
-        (True, False, 1, 4096, False),
-        (False, True, 16, 256, False),
-        (True, False, 1, 4096, True),
-        (False, False, 1, 4096, True),
+    norm_types.update(x_row_scale_ptr="*fp32", x_col_scale_ptr="*fp32")
+    # (residual, zero-centered, rows per program, width, e4m3 output for an FP8 linear,
+    #  input scaled on load)
+    for has_res, zero_centered, block_rows, width, quant, scaled in (
+        (True, False, 1, 4096, False, False),
+        (False, True, 16, 256, False, False),
+        (True, False, 1, 4096, True, False),
+        (False, False, 1, 4096, True, False),
+        (True, False, 1, 4096, True, True),
+        (True, False, 1, 4096, False, True),
     ):
         cx = dict(
             BLOCK_ROWS=block_rows, BLOCK_D=width, HAS_RES=has_res, ZERO_CENTERED=zero_centered,
-            QUANT=quant,
+            QUANT=quant, X_SCALED=scaled,
         )  # fmt: skip
         yield (
-            f"rms_norm res={has_res} zc={zero_centered} quant={quant}",
+            f"rms_norm res={has_res} zc={zero_centered} quant={quant} scaled={scaled}",
             rms_norm._rms_norm_kernel,
             norm_types,
             cx,

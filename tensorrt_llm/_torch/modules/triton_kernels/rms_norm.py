@@ -35,6 +35,8 @@ def _rms_norm_kernel(
     new_res_ptr,
     q_ptr,
     scale_ptr,
+    x_row_scale_ptr,
+    x_col_scale_ptr,
     n_rows,
     rows_out,
     heads,
@@ -49,6 +51,7 @@ def _rms_norm_kernel(
     HAS_RES: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
     QUANT: tl.constexpr,
+    X_SCALED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_sync(USE_PDL)
@@ -62,6 +65,12 @@ def _rms_norm_kernel(
     x_offs = (tok * x_stride_t + head * x_stride_h)[:, None] + cols[None, :]
     out_offs = rows[:, None] * dim + cols[None, :]
     x = tl.load(x_ptr + x_offs, mask=mask, other=0.0)
+    if X_SCALED:
+        # x is an unscaled FP8 GEMM output (one head per row): apply its row x column scales
+        # and round as `scale_outer_` would have stored them.
+        a = tl.load(x_row_scale_ptr + rows, mask=rows < n_rows, other=0.0)
+        b = tl.load(x_col_scale_ptr + cols, mask=col_mask, other=0.0)
+        x = (x.to(tl.float32) * (a[:, None] * b[None, :])).to(x_ptr.dtype.element_ty)
     if HAS_RES:
         r_offs = (tok * r_stride_t + head * r_stride_h)[:, None] + cols[None, :]
         r = tl.load(res_ptr + r_offs, mask=mask, other=0.0)
@@ -159,26 +168,52 @@ def rms_norm(
     residual: torch.Tensor | None = None,
     zero_centered: bool = False,
     backend: str = "auto",
+    x_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm of `x: [..., D]` over its last dim with `weight: [D]`; float32 statistics.
 
     Returns `out` (x's shape and dtype), or `(out, x + residual)` when `residual` is given.
     `zero_centered` scales by `1 + weight` (Qwen3.5). Inputs the kernel does not cover (mixed
     dtypes, D > 32768) take the torch path under "auto" and raise under "triton".
+    `x_scales = (row_scale, col_scale)`: `x: [M, D]` is an unscaled FP8 GEMM output, scaled
+    on load by `row_scale[m] * col_scale[d]` (fp32, `[>= M]` and `[D]`) as `scale_outer_` would.
     """
     _check_args(x, weight, residual)
+    _check_x_scales(x, x_scales)
     if not use_triton("rms_norm", x.device, backend):
-        return rms_norm_torch(x, weight, eps, residual, zero_centered)
+        return rms_norm_torch(_scaled(x, x_scales), weight, eps, residual, zero_centered)
     reason = kernel_unsupported_reason(x, weight, residual)
     if reason:
         if backend == "triton":
             raise ValueError(f"rms_norm: backend='triton' cannot run this input: {reason}")
-        return rms_norm_torch(x, weight, eps, residual, zero_centered)
+        return rms_norm_torch(_scaled(x, x_scales), weight, eps, residual, zero_centered)
     x3 = _as_rows(x)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     new_res = None if residual is None else torch.empty_like(out)
-    _launch(x3, residual, weight, eps, zero_centered, out, new_res, None, None)
+    _launch(x3, residual, weight, eps, zero_centered, out, new_res, None, None, x_scales)
     return out if new_res is None else (out, new_res)
+
+
+def _check_x_scales(x: torch.Tensor, x_scales: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+    if x_scales is None:
+        return
+    row_scale, col_scale = x_scales
+    if x.dim() != 2 or row_scale.numel() < x.shape[0] or col_scale.numel() != x.shape[1]:
+        raise ValueError(
+            f"rms_norm: x_scales for x {tuple(x.shape)} must be [>= {x.shape[0]}] row and "
+            f"[{x.shape[-1]}] column scales of a 2-D x, got {row_scale.numel()} and "
+            f"{col_scale.numel()}"
+        )
+
+
+def _scaled(x: torch.Tensor, x_scales: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The torch path's view of a scaled-on-load input: `scale_outer_`'s result."""
+    if x_scales is None:
+        return x
+    from .fp8_scale import scale_outer_torch
+
+    row_scale, col_scale = x_scales
+    return scale_outer_torch(x.clone(), row_scale.reshape(-1)[: x.shape[0]], col_scale, None)
 
 
 def _launch(
@@ -191,9 +226,11 @@ def _launch(
     new_res: torch.Tensor | None,
     q: torch.Tensor | None,
     scale: torch.Tensor | None,
+    x_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """One kernel launch over the `[T, heads, D]` view `x3`: the 16-bit output into `out`, or
-    with `q`/`scale` the e4m3 rows (`q.shape[0]` rows, padding included) and their scales."""
+    with `q`/`scale` the e4m3 rows (`q.shape[0]` rows, padding included) and their scales.
+    `x_scales` (row, column) scale an unscaled FP8 GEMM output on load."""
     res3 = None if residual is None else _as_rows(residual)
     num_tokens, heads, dim = x3.shape
     n_rows = num_tokens * heads
@@ -211,11 +248,13 @@ def _launch(
     _rms_norm_kernel[(programs,)](
         x3, dummy if res3 is None else res3, w, out, out if new_res is None else new_res,
         dummy if q is None else q, dummy if scale is None else scale,
+        dummy if x_scales is None else x_scales[0], dummy if x_scales is None else x_scales[1],
         n_rows, rows_out, heads, x3.stride(0), x3.stride(1),
         0 if res3 is None else res3.stride(0), 0 if res3 is None else res3.stride(1),
         dim, float(eps),
         BLOCK_ROWS=block_rows, BLOCK_D=block_d, HAS_RES=res3 is not None,
-        ZERO_CENTERED=zero_centered, QUANT=q is not None, num_warps=num_warps,
+        ZERO_CENTERED=zero_centered, QUANT=q is not None, X_SCALED=x_scales is not None,
+        num_warps=num_warps,
         **pdl_launch_kwargs(x3.device, programs),
     )  # fmt: skip
 
@@ -228,18 +267,21 @@ def rms_norm_quant_fp8(
     zero_centered: bool = False,
     rows_out: int | None = None,
     backend: str = "auto",
+    x_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """RMSNorm of `x: [M, D]` straight into per-row e4m3 for an FP8 linear, in one launch.
 
     Returns (e4m3 `[rows_out or M, D]`, fp32 scales `[rows_out or M, 1]`, the new residual
     `x + residual` or None): the numbers of `quantize_rows(rms_norm(x, ...), rows_out)`
     without the 16-bit round trip through memory (rows past M: zeros with scale 1).
+    `x_scales` as in `rms_norm`.
     """
     from .fp8_quant import quantize_rows
 
     _check_args(x, weight, residual)
     if x.dim() != 2:
         raise ValueError(f"rms_norm_quant_fp8: x must be [M, D], got {tuple(x.shape)}")
+    _check_x_scales(x, x_scales)
     rows = x.shape[0] if rows_out is None else rows_out
     if rows < x.shape[0]:
         raise ValueError(f"rms_norm_quant_fp8: rows_out {rows} < rows {x.shape[0]}")
@@ -250,12 +292,12 @@ def rms_norm_quant_fp8(
             raise ValueError(f"rms_norm_quant_fp8: backend='triton' cannot run this: {reason}")
         use_kernel = not reason
     if not use_kernel:
-        normed = rms_norm_torch(x, weight, eps, residual, zero_centered)
+        normed = rms_norm_torch(_scaled(x, x_scales), weight, eps, residual, zero_centered)
         out, new_res = normed if residual is not None else (normed, None)
         q, scale = quantize_rows(out, rows_out=rows, backend="torch")
         return q, scale, new_res
     new_res = None if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     q = torch.empty(rows, x.shape[1], dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
-    _launch(_as_rows(x), residual, weight, eps, zero_centered, x, new_res, q, scale)
+    _launch(_as_rows(x), residual, weight, eps, zero_centered, x, new_res, q, scale, x_scales)
     return q, scale, new_res

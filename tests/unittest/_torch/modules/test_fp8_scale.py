@@ -139,6 +139,35 @@ def test_norm_quant_kernel_matches_norm_then_quantise(
     assert torch.equal(q_t.float(), ref_q.float()) and torch.equal(s_t, ref_scale)
 
 
+@needs_triton
+@pytest.mark.parametrize("quant", [False, True])
+def test_norm_scales_an_unscaled_gemm_output_on_load(quant: bool) -> None:
+    """`x_scales`: the kernel (interpreter on CPU) reads an unscaled FP8 GEMM output and its
+    row/column scales and gives what `scale_outer_` then the norm give: the same new residual
+    and output (or e4m3 rows and scales)."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 40, device=DEVICE)
+    res = torch.randn(6, 40, device=DEVICE)
+    w = torch.randn(40, device=DEVICE)
+    row_scale = torch.rand(16, 1, device=DEVICE) + 0.5  # padded like fp8_gemm_unscaled's
+    col_scale = torch.rand(40, device=DEVICE) + 0.5
+    scaled = scale_outer_torch(x.clone(), row_scale[:6], col_scale, None)
+    ref_out, ref_res = rms_norm(scaled, w, 1e-6, res, backend="torch")
+    if quant:
+        q, s, new_res = rms_norm_quant_fp8(
+            x, w, 1e-6, res, rows_out=16, backend="triton", x_scales=(row_scale, col_scale)
+        )
+        ref_q, ref_s = quantize_rows(ref_out, rows_out=16, backend="torch")
+        torch.testing.assert_close(s, ref_s, rtol=1e-5, atol=0)
+        assert _relative_error(q[:6].float() * s[:6], ref_out) < 0.07
+    else:
+        out, new_res = rms_norm(x, w, 1e-6, res, backend="triton", x_scales=(row_scale, col_scale))
+        torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(new_res, ref_res, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="x_scales"):
+        rms_norm(x, w, 1e-6, res, x_scales=(row_scale[:3], col_scale))
+
+
 def test_norm_quant_rejects_bad_rows() -> None:
     x, w = torch.randn(4, 8), torch.ones(8)
     with pytest.raises(ValueError, match="rows_out 2 < rows 4"):
@@ -281,6 +310,23 @@ def test_every_family_generates_the_same_with_the_tensorwise_path(
     assert run() == rowwise
     assert calls  # the forced path really ran
     assert bool(fused) == fused_norms  # the decoder norms handed their readers e4m3 rows
+
+
+@pytest.mark.gpu
+def test_gpu_norm_scaling_on_load_is_bit_exact_to_rescale_then_norm() -> None:
+    """At Qwen3-VL-8B sizes in bf16, an unscaled down_proj output scaled inside the add+norm
+    kernel gives the bytes of `scale_outer_` followed by the add+norm kernel."""
+    torch.manual_seed(0)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    col_scale = torch.rand(4096, device="cuda") * 1e-3
+    for rows in (1, 7, 32, 128):
+        x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16) * 100
+        res = torch.randn_like(x)
+        row_scale = torch.rand(rows + (-rows) % 16, 1, device="cuda")
+        out, new_res = rms_norm(x, w, 1e-6, res, x_scales=(row_scale, col_scale))
+        scaled = scale_outer_(x.clone(), row_scale, col_scale)
+        ref_out, ref_res = rms_norm(scaled, w, 1e-6, res)
+        assert torch.equal(new_res, ref_res) and torch.equal(out, ref_out)
 
 
 @pytest.mark.gpu
