@@ -136,6 +136,18 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
         image_token_id=getattr(config, "image_token_id", None),
         video_token_id=getattr(config, "video_token_id", None),
     )
+    graphs = args.cuda_graph_config
+    piecewise = None
+    if device.type == "cuda" and graphs is not None and attn_backend != "vanilla":
+        if graphs.piecewise_max_tokens:
+            # Explicitly asked for: an ineligible model is an error, not a silent eager path.
+            # Captured before the KV cache is sized, so the graphs' memory pool is counted
+            # (no attention runs while capturing: it needs no KV cache). The capacity probe
+            # still runs eagerly: the runner joins the engine with the decode graphs.
+            piecewise = PiecewiseCUDAGraphRunner(
+                engine, piecewise_token_buckets(graphs.piecewise_max_tokens)
+            )
+            piecewise.capture_all()
     spec = KVCacheSpec.from_text_config(text_config, args.resolve_kv_cache_dtype(dtype))
     has_vision = getattr(model, "visual", None) is not None
     dummies = _dummy_requests(input_processor, engine, max_seq_len, has_vision)
@@ -165,19 +177,13 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
     sampler = TorchSampler(
         model.vocab_size if hasattr(model, "vocab_size") else text_config.vocab_size, device
     )
-    graphs = args.cuda_graph_config
     if device.type == "cuda" and graphs is not None and attn_backend != "vanilla":
         # NOTE: the vanilla backend syncs (boolean masks), so it cannot be captured.
         engine.cuda_graph_runner = CUDAGraphRunner(
             engine, graph_batch_sizes(graphs, args.max_batch_size), graphs.enable_padding
         )
         engine.cuda_graph_runner.capture_all()
-        if graphs.piecewise_max_tokens:
-            # Explicitly asked for: an ineligible model is an error, not a silent eager path.
-            engine.piecewise_graph_runner = PiecewiseCUDAGraphRunner(
-                engine, piecewise_token_buckets(graphs.piecewise_max_tokens)
-            )
-            engine.piecewise_graph_runner.capture_all()
+        engine.piecewise_graph_runner = piecewise
     if device.type == "cuda":
         torch.cuda.empty_cache()
     executor_cls = PyExecutor if args.disable_overlap_scheduler else OverlapPyExecutor
