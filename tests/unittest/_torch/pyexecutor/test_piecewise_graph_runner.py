@@ -119,16 +119,27 @@ class _EagerPieces:
 
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen2_5_vl"])
 def test_padded_pieces_give_the_eager_tokens(family: str, tmp_path: Path) -> None:
-    """Prefill steps through the engine's piecewise path (stand-in runner, bucket 96) give
-    the tokens of the plain eager path; decode steps keep the plain path."""
+    """Prefill and mixed steps through the engine's piecewise path (stand-in runner, bucket
+    96) give the tokens of the plain eager path; decode steps keep the plain path. With two
+    slots, the third request's prefill joins the second's decode once the first stops."""
     ckpt = str(write_tiny_checkpoint(family, tmp_path / family))
-    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (2, 6, 6)]
+    prompts = [*PROMPTS, "a third prompt that waits for a free slot"]
     with LLM(model=ckpt, max_batch_size=2) as llm:
-        eager = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+        eager = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         engine = llm._executor.model_engine
         pieces = _EagerPieces(engine.model, bucket=96)
         engine.piecewise_graph_runner = pieces
-        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+        mixed = []
+        real_run = pieces.run
+
+        def run(md, inputs):
+            mixed.append(md.num_contexts > 0 and md.num_generations > 0)
+            return real_run(md, inputs)
+
+        pieces.run = run
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == eager
+    assert any(mixed)  # a mixed step went through the pieces
     layers = len(engine.model.llm.model.layers)
-    assert pieces.runs >= 1 and pieces.attention_calls == pieces.runs * layers
+    assert pieces.runs >= 2 and pieces.attention_calls == pieces.runs * layers
