@@ -8,6 +8,11 @@ At decode row counts (up to `_TENSORWISE_MAX_ROWS`) the GEMM runs with unit scal
 which selects cuBLASLt's tensor-wise kernels (about twice the bandwidth of its row-wise ones
 there), and `scale_outer_` applies the row and channel scales afterwards. Larger row counts
 are compute-bound and take the row-wise-scaled GEMM directly.
+
+Two hand-offs save launches on that path: a producer may give a linear its input already
+quantised (`Fp8Activation`, written by the preceding RMSNorm), and a linear may give its reader
+its output before scaling (`UnscaledOutput`, scaled on load by the following add+RMSNorm or by
+the SwiGLU kernel).
 """
 
 from __future__ import annotations
