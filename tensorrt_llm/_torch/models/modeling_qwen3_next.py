@@ -22,6 +22,7 @@ from torch import nn
 from ..attention_backend import AttentionMetadata, get_attention_backend
 from ..attention_backend.piecewise import run_attention
 from ..modules.embedding import Embedding, LMHead
+from ..modules.fp8_linear import Fp8Activation, UnscaledOutput
 from ..modules.fused_moe import MoE, convert_hf_expert_weights
 from ..modules.gated_delta_net import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
@@ -31,8 +32,8 @@ from ..modules.gated_delta_net import (
 )
 from ..modules.gated_mlp import GatedMLP
 from ..modules.linear import Linear
+from ..modules.rms_norm import RMSNorm
 from ..modules.triton_kernels.mrope import rope_qk_
-from ..modules.triton_kernels.rms_norm import rms_norm
 from .modeling_qwen2 import Qwen2Model, Qwen2TextForCausalLM, build_rotary_embedding, text_head_dim
 from .modeling_utils import ModelConfig, register_auto_model
 from .weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
@@ -42,25 +43,13 @@ _LAYER_TYPES = ("linear_attention", "full_attention")
 _IGNORE = (*DEFAULT_IGNORE, r"^mtp\.")
 
 
-class ZeroCenteredRMSNorm(nn.Module):
+class ZeroCenteredRMSNorm(RMSNorm):
     """`y = (1 + weight) * x / rms(x)`, all in float32, then cast back (HF Qwen3.5 rounding).
 
     With `residual`, normalises `x + residual` and also returns that sum (fused add-norm).
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
-        super().__init__()
-        self.hidden_size = hidden_size
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if x.shape[-1] != self.hidden_size:
-            raise ValueError(f"RMSNorm expects last dim {self.hidden_size}, got {x.shape[-1]}")
-        # Fused Triton add-norm on CUDA; the torch path (same rounding) elsewhere.
-        return rms_norm(x, self.weight, self.eps, residual, zero_centered=True)
+    zero_centered = True
 
 
 class GatedAttention(nn.Module):
@@ -93,8 +82,14 @@ class GatedAttention(nn.Module):
         )
 
     def forward(
-        self, hidden_states: torch.Tensor, cos_sin: torch.Tensor, attn_metadata: AttentionMetadata
-    ) -> torch.Tensor:
+        self,
+        hidden_states: torch.Tensor | Fp8Activation,
+        cos_sin: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        defer_output_scale: bool = False,
+    ) -> torch.Tensor | UnscaledOutput:
+        """With `defer_output_scale`, an FP8 o_proj may return its output unscaled
+        (`Linear.forward_deferred`) for the next norm to scale on load."""
         num_tokens = hidden_states.shape[0]
         q_gate, k, v = self.qkv_proj(hidden_states).split(
             [2 * self.q_size, self.kv_size, self.kv_size], dim=-1
@@ -115,7 +110,7 @@ class GatedAttention(nn.Module):
             attn_metadata,
         )
         out = out * torch.sigmoid(gate.reshape(num_tokens, self.q_size))
-        return self.o_proj(out)
+        return self.o_proj.forward_deferred(out) if defer_output_scale else self.o_proj(out)
 
 
 class RecurrentStateCache(nn.Module):
@@ -205,20 +200,31 @@ class HybridDecoderLayer(nn.Module):
         cos_sin: torch.Tensor,
         attn_metadata: AttentionMetadata,
         recurrent: RecurrentStep | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns `(mlp_out, residual)`; `recurrent` is given to DeltaNet layers only."""
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        if self.layer_type == "linear_attention":
+    ) -> tuple[torch.Tensor | UnscaledOutput, torch.Tensor]:
+        """Returns `(mlp_out, residual)`; `recurrent` is given to DeltaNet layers only.
+
+        As in `Qwen2DecoderLayer`, the norms hand FP8 readers (the attention's qkv, the dense
+        MLP's gate_up) e4m3 rows, and FP8 o_proj/down_proj outputs stay unscaled until the
+        next norm; the DeltaNet projections keep 16-bit inputs and outputs.
+        """
+        linear = self.layer_type == "linear_attention"
+        hidden_states, residual = self.input_layernorm.forward_for(
+            None if linear else self.self_attn.qkv_proj, hidden_states, residual
+        )
+        if linear:
             if recurrent is None:
                 raise ValueError("a linear-attention layer needs its recurrent state")
             hidden_states = recurrent.run(self.linear_attn, hidden_states)
         else:
-            hidden_states = self.self_attn(hidden_states, cos_sin, attn_metadata)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+            hidden_states = self.self_attn(
+                hidden_states, cos_sin, attn_metadata, defer_output_scale=True
+            )
+        dense = isinstance(self.mlp, GatedMLP)
+        hidden_states, residual = self.post_attention_layernorm.forward_for(
+            self.mlp.gate_up_proj if dense else None, hidden_states, residual
+        )
+        if dense:
+            return self.mlp(hidden_states, defer_output_scale=True), residual
         return self.mlp(hidden_states), residual
 
 
@@ -303,7 +309,7 @@ class Qwen3_5Model(nn.Module):
             hidden_states, residual = layer(
                 hidden_states, residual, cos_sin, attn_metadata, recurrent
             )
-        hidden_states, _ = self.norm(hidden_states, residual)
+        hidden_states, _ = self.norm.forward_for(None, hidden_states, residual)
         return hidden_states
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -21,8 +21,11 @@ class RMSNorm(nn.Module):
     which lets the decoder layer express the pre-norm residual chain in one call. On CUDA the
     add and the norm run as one Triton kernel (`triton_kernels/rms_norm.py`); elsewhere its
     torch reference runs (the same math as before the kernel). Also serves per-head norms:
-    `x: [T, H, D]` with `hidden_size == D`.
+    `x: [T, H, D]` with `hidden_size == D`. Subclasses with `zero_centered` scale by
+    `1 + weight` instead (Qwen3.5), with the weight starting at zero.
     """
+
+    zero_centered: ClassVar[bool] = False
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
         super().__init__()
@@ -30,7 +33,8 @@ class RMSNorm(nn.Module):
             raise ValueError(f"RMSNorm hidden_size must be positive, got {hidden_size}")
         self.hidden_size = hidden_size
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+        init = torch.zeros if self.zero_centered else torch.ones
+        self.weight = nn.Parameter(init(hidden_size, dtype=dtype))
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -38,7 +42,7 @@ class RMSNorm(nn.Module):
         if x.shape[-1] != self.hidden_size:
             raise ValueError(f"RMSNorm expects last dim {self.hidden_size}, got {x.shape[-1]}")
         # The torch path casts back before the weight multiply (HF rounding in bf16).
-        return rms_norm(x, self.weight, self.eps, residual)
+        return rms_norm(x, self.weight, self.eps, residual, zero_centered=self.zero_centered)
 
     def forward_for(
         self,
@@ -63,12 +67,13 @@ class RMSNorm(nn.Module):
         if reader is not None and reader.takes_fp8_rows(x):
             rows = x.shape[0]
             q, scale, new_res = rms_norm_quant_fp8(
-                x, self.weight, self.eps, residual, rows_out=padded_rows(rows), x_scales=x_scales
-            )
+                x, self.weight, self.eps, residual, self.zero_centered, padded_rows(rows),
+                x_scales=x_scales,
+            )  # fmt: skip
             return Fp8Activation(q, scale, rows, x.dtype), x if new_res is None else new_res
         if residual is None:
             return self(x), x
-        return rms_norm(x, self.weight, self.eps, residual, x_scales=x_scales)
+        return rms_norm(x, self.weight, self.eps, residual, self.zero_centered, x_scales=x_scales)
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}"
