@@ -18,7 +18,7 @@ from ..attention_backend import AttentionMetadata
 from ..modules.attention import Attention
 from ..modules.embedding import Embedding, LMHead
 from ..modules.fp8_linear import UnscaledOutput
-from ..modules.gated_mlp import GatedMLP
+from ..modules.gated_mlp import GatedMLP, mlp_after_norm
 from ..modules.rms_norm import RMSNorm
 from ..modules.rotary_embedding import MRotaryEmbedding, RotaryEmbedding
 from .modeling_utils import ModelConfig, register_auto_model
@@ -119,13 +119,7 @@ class Qwen2DecoderLayer(nn.Module):
         hidden_states = self.self_attn(
             hidden_states, cos_sin, attn_metadata, defer_output_scale=True
         )
-        dense = isinstance(self.mlp, GatedMLP)
-        hidden_states, residual = self.post_attention_layernorm.forward_for(
-            self.mlp.gate_up_proj if dense else None, hidden_states, residual
-        )
-        if dense:
-            return self.mlp(hidden_states, defer_output_scale=True), residual
-        return self.mlp(hidden_states), residual
+        return mlp_after_norm(self.post_attention_layernorm, self.mlp, hidden_states, residual)
 
 
 class Qwen2Model(nn.Module):

@@ -30,7 +30,7 @@ from ..modules.gated_delta_net import (
     GatedDeltaNetMetadata,
     convert_qwen3_next_gdn_weights,
 )
-from ..modules.gated_mlp import GatedMLP
+from ..modules.gated_mlp import GatedMLP, mlp_after_norm
 from ..modules.linear import Linear
 from ..modules.rms_norm import RMSNorm
 from ..modules.triton_kernels.mrope import rope_qk_
@@ -219,13 +219,7 @@ class HybridDecoderLayer(nn.Module):
             hidden_states = self.self_attn(
                 hidden_states, cos_sin, attn_metadata, defer_output_scale=True
             )
-        dense = isinstance(self.mlp, GatedMLP)
-        hidden_states, residual = self.post_attention_layernorm.forward_for(
-            self.mlp.gate_up_proj if dense else None, hidden_states, residual
-        )
-        if dense:
-            return self.mlp(hidden_states, defer_output_scale=True), residual
-        return self.mlp(hidden_states), residual
+        return mlp_after_norm(self.post_attention_layernorm, self.mlp, hidden_states, residual)
 
 
 class Qwen3_5Model(nn.Module):

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from .fp8_linear import Fp8Activation, UnscaledOutput
 from .linear import Linear
 from .triton_kernels.activation import silu_and_mul
+
+if TYPE_CHECKING:
+    from .rms_norm import RMSNorm
 
 
 class GatedMLP(nn.Module):
@@ -49,3 +54,23 @@ class GatedMLP(nn.Module):
             gate_up, row_scale, col_scale = unscaled
             act = silu_and_mul(gate_up, row_scale=row_scale, col_scale=col_scale)
         return self.down_proj.forward_deferred(act) if defer_output_scale else self.down_proj(act)
+
+
+def mlp_after_norm(
+    norm: RMSNorm,
+    mlp: nn.Module,
+    hidden_states: torch.Tensor | UnscaledOutput,
+    residual: torch.Tensor,
+) -> tuple[torch.Tensor | UnscaledOutput, torch.Tensor]:
+    """The second half of a pre-norm decoder layer: `(mlp(norm(x + residual)), new residual)`.
+
+    A dense `GatedMLP` takes the FP8 hand-offs: e4m3 rows from the norm into gate_up, and
+    down_proj's output left unscaled for the next norm. Other MLPs (MoE) get 16-bit tensors.
+    """
+    dense = isinstance(mlp, GatedMLP)
+    hidden_states, residual = norm.forward_for(
+        mlp.gate_up_proj if dense else None, hidden_states, residual
+    )
+    if dense:
+        return mlp(hidden_states, defer_output_scale=True), residual
+    return mlp(hidden_states), residual

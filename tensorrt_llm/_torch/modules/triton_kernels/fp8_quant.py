@@ -16,6 +16,19 @@ FP8_MAX = 448.0  # largest finite e4m3 value (the FP8 linear layers and KV cache
 _MIN_SCALE = 1e-12
 
 
+@triton_jit
+def e4m3_row_scale(amax, valid):
+    # The scale that maps a row's amax to 448 (e4m3's largest finite value, FP8_MAX); rows
+    # that are not `valid` (padding) get 1. Shared by every kernel that quantises rows, so
+    # fused and separate quantisation give the same bytes.
+    return tl.where(valid, tl.maximum(amax / 448.0, 1e-12), 1.0)
+
+
+@triton_jit
+def e4m3_saturate(x):
+    return tl.minimum(tl.maximum(x, -448.0), 448.0)
+
+
 @triton_jit(do_not_specialize=("n_rows",))
 def _quant_rows_kernel(
     x_ptr,
@@ -37,8 +50,8 @@ def _quant_rows_kernel(
     mask = offs < cols
     x = tl.load(x_ptr + row * x_stride + offs, mask=mask & valid, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=0)
-    scale = tl.where(valid, tl.maximum(amax / 448.0, 1e-12), 1.0)
-    q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+    scale = e4m3_row_scale(amax, valid)
+    q = e4m3_saturate(x / scale)
     tl.store(q_ptr + row * q_stride + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row, scale)
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 
 from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
+from .fp8_quant import e4m3_row_scale, e4m3_saturate, quantize_rows
+from .fp8_scale import scale_outer_torch
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # One program holds a whole row in registers; wider rows take the torch path.
@@ -92,8 +94,8 @@ def _rms_norm_kernel(
         y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
         valid = rows < n_rows
         amax = tl.max(tl.abs(y), axis=1)
-        scale = tl.where(valid, tl.maximum(amax / 448.0, 1e-12), 1.0)
-        q = tl.minimum(tl.maximum(y / scale[:, None], -448.0), 448.0)
+        scale = e4m3_row_scale(amax, valid)
+        q = e4m3_saturate(y / scale[:, None])
         q_mask = (rows < rows_out)[:, None] & col_mask[None, :]
         tl.store(q_ptr + out_offs, q.to(q_ptr.dtype.element_ty), mask=q_mask)
         tl.store(scale_ptr + rows, scale, mask=rows < rows_out)
@@ -210,8 +212,6 @@ def _scaled(x: torch.Tensor, x_scales: tuple[torch.Tensor, torch.Tensor] | None)
     """The torch path's view of a scaled-on-load input: `scale_outer_`'s result."""
     if x_scales is None:
         return x
-    from .fp8_scale import scale_outer_torch
-
     row_scale, col_scale = x_scales
     return scale_outer_torch(x.clone(), row_scale.reshape(-1)[: x.shape[0]], col_scale, None)
 
@@ -276,8 +276,6 @@ def rms_norm_quant_fp8(
     without the 16-bit round trip through memory (rows past M: zeros with scale 1).
     `x_scales` as in `rms_norm`.
     """
-    from .fp8_quant import quantize_rows
-
     _check_args(x, weight, residual)
     if x.dim() != 2:
         raise ValueError(f"rms_norm_quant_fp8: x must be [M, D], got {tuple(x.shape)}")
