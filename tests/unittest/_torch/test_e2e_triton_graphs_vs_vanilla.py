@@ -143,7 +143,9 @@ def test_piecewise_prefill_graphs_match_reference_path(family: str, tmp_path: Pa
     )
     got, replays = run(attn_backend="triton", cuda_graph_config={"piecewise_max_tokens": 256})
     assert got == reference
-    assert replays >= 4  # at least two piecewise steps per round
+    # Two piecewise steps per round (prefill, then the mixed step); Qwen3-VL's first round
+    # carries an image and a video, whose deepstack steps run eagerly.
+    assert replays >= (2 if family == "qwen3_vl" else 4)
 
 
 @pytest.mark.gpu

@@ -95,7 +95,9 @@ def _rms_norm_kernel(
         valid = rows < n_rows
         amax = tl.max(tl.abs(y), axis=1)
         scale = e4m3_row_scale(amax, valid)
-        q = e4m3_saturate(y / scale[:, None])
+        # Padding rows hold 0 * w, which is -0 where w < 0; write +0 so the bytes match
+        # `quantize_rows` (the GEMM ignores them either way).
+        q = tl.where(valid[:, None], e4m3_saturate(y / scale[:, None]), 0.0)
         q_mask = (rows < rows_out)[:, None] & col_mask[None, :]
         tl.store(q_ptr + out_offs, q.to(q_ptr.dtype.element_ty), mask=q_mask)
         tl.store(scale_ptr + rows, scale, mask=rows < rows_out)
