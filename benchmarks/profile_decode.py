@@ -6,11 +6,10 @@
 For each batch size: wall time of `engine.forward` (host prepare + graph replay + sync), GPU time
 of the replay alone (CUDA events), and the top kernels of one replay from the torch profiler.
 
-`--mixed_chunks 64 256 1024` also times eager mixed steps (the decode batch plus one text
-prefill chunk of that many tokens): wall time per step against the GPU's busy time in it. A
-large idle share at small chunks is what prefill/mixed CUDA graphs would recover; a small one
-says they would not pay. `--piecewise_max_tokens 2048` runs those mixed steps through the
-piecewise graphs instead (compare the two).
+`--mixed_chunks 64 256 1024` also times mixed steps (the decode batch plus one text prefill
+chunk of that many tokens): wall time per step against the GPU's busy time in it. They run
+through the piecewise graphs by default; `--piecewise_max_tokens 0` runs them eagerly (compare
+the two: the idle share is the host time the graphs recover).
 """
 
 from __future__ import annotations
@@ -166,7 +165,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--no_cuda_graph", action="store_true")
     p.add_argument(
-        "--piecewise_max_tokens", type=int, default=0, help="piecewise prefill/mixed graphs"
+        "--piecewise_max_tokens",
+        type=int,
+        default=None,
+        help="piecewise prefill/mixed graphs (0: off; default: the engine's)",
     )
     p.add_argument("--prefill_batch", type=int, default=0, help="also profile a prefill step")
     p.add_argument("--mixed_chunks", type=int, nargs="*", default=[], help="prefill chunk sizes")

@@ -60,8 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--piecewise_max_tokens",
         type=int,
-        default=0,
-        help="also capture prefill/mixed steps up to this many tokens (experimental)",
+        default=None,
+        help="piecewise prefill/mixed graphs up to this many tokens (0: off; default: the "
+        "engine's, up to 2048 on dense Qwen-VL models)",
     )
     p.add_argument("--hf_baseline", action="store_true", help="also run HF transformers")
     p.add_argument("--hf_max_osl", type=int, default=32, help="HF decode steps to time")
@@ -101,7 +102,7 @@ def _graph_config(args: argparse.Namespace) -> dict[str, int] | None:
         if args.piecewise_max_tokens:
             raise SystemExit("--piecewise_max_tokens needs CUDA graphs (drop --no_cuda_graph)")
         return None
-    return {"piecewise_max_tokens": args.piecewise_max_tokens} if args.piecewise_max_tokens else {}
+    return {"piecewise_max_tokens": args.piecewise_max_tokens}
 
 
 def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[str, float]]:

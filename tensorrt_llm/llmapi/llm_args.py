@@ -63,16 +63,18 @@ class CudaGraphConfig:
     exact sizes and runs other batches eagerly. `LlmArgs.cuda_graph_config=None` turns graphs
     off.
 
-    `piecewise_max_tokens` (0 = off; experimental): also capture steps with context chunks
-    (prefill and mixed) of up to this many tokens, as piecewise graphs per token bucket with
-    the attention run eagerly between them (`pyexecutor/piecewise_graph_runner.py`). Dense
-    Qwen-VL models only; their pools take memory beside the KV cache.
+    `piecewise_max_tokens`: also capture steps with context chunks (prefill and mixed) of up
+    to this many tokens, as piecewise graphs per token bucket with the attention run eagerly
+    between them (`pyexecutor/piecewise_graph_runner.py`); their pool takes memory beside the
+    KV cache. None (the default): up to min(2048, max_num_tokens) tokens on dense Qwen-VL
+    models, off (with a log line saying why) on the others. 0: off. A positive value on a
+    model that cannot run them is an error.
     """
 
     batch_sizes: list[int] | None = None
     max_batch_size: int | None = None
     enable_padding: bool = True
-    piecewise_max_tokens: int = 0
+    piecewise_max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         sizes = self.batch_sizes
@@ -88,7 +90,9 @@ class CudaGraphConfig:
             raise ValueError(
                 f"cuda_graph_config.enable_padding must be a bool, got {self.enable_padding!r}"
             )
-        _check_int("cuda_graph_config.piecewise_max_tokens", self.piecewise_max_tokens, 0)
+        _check_int(
+            "cuda_graph_config.piecewise_max_tokens", self.piecewise_max_tokens, 0, allow_none=True
+        )
 
     def largest(self, engine_max_batch_size: int) -> int:
         """The biggest batch a graph is captured for."""
@@ -217,7 +221,7 @@ class LlmArgs:
             raise ValueError(
                 f"cuda_graph_config must be a CudaGraphConfig, a dict or None, got {config!r}"
             )
-        if config.piecewise_max_tokens > self.max_num_tokens:
+        if (config.piecewise_max_tokens or 0) > self.max_num_tokens:
             raise ValueError(
                 f"cuda_graph_config.piecewise_max_tokens {config.piecewise_max_tokens} exceeds "
                 f"max_num_tokens {self.max_num_tokens}"

@@ -109,6 +109,13 @@ class QwenVLModelBase(nn.Module):
         )
 
     @property
+    def deepstack_levels(self) -> int:
+        """How many deepstack inputs a media step carries (0: the model has none)."""
+        if not self.has_deepstack or self.visual is None:
+            return 0
+        return len(self.visual.deepstack_visual_indexes)
+
+    @property
     def rotary_emb(self) -> nn.Module:
         return self.llm.model.rotary_emb
 

@@ -12,9 +12,15 @@ What comes before the stack (embeddings, the vision tower, mRoPE bookkeeping) an
 LM head over each request's last token) stays eager.
 
 Padded rows (the bucket past the step's tokens) carry stale but finite values through row-wise
-kernels only; the attention gives them zeros and no KV slot. Stacks with host syncs or
-sequence-dependent work outside attention (MoE routing, Gated DeltaNet) and steps with
-deepstack inputs are not eligible (`why_not_piecewise`, `PiecewiseCUDAGraphRunner.can_run`).
+kernels only; the attention gives them zeros and no KV slot. Qwen3-VL's deepstack inputs are
+static buffers too: media steps copy theirs in, other steps read zeros. Stacks with host syncs
+or sequence-dependent work outside attention (MoE routing, Gated DeltaNet) are not eligible
+(`why_not_piecewise`).
+
+Whether a step runs piecewise is a trade: eager host time is ~35 ms per step, the GPU time of
+32 decodes plus a chunk grows ~15 us per chunk token past ~256 (19.7 ms at 1024). Past ~2048
+tokens the GPU hides the eager host time and a bucket's padding would only add work, hence
+`DEFAULT_PIECEWISE_MAX_TOKENS`, and buckets close enough that padding stays small.
 """
 
 from __future__ import annotations
@@ -35,8 +41,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Token buckets up to the configured maximum: small chunks are where eager host time dominates.
-DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# `cuda_graph_config.piecewise_max_tokens=None` (the default) on an eligible model.
+DEFAULT_PIECEWISE_MAX_TOKENS = 2048
+
+# Token buckets up to the configured maximum: powers of two while a step is weight-bound, then
+# steps of 128/256/1024 tokens so a padded bucket costs at most ~1-2 ms of extra GPU work.
+DEFAULT_TOKEN_BUCKETS = (
+    (16, 32, 64, 128, 256)
+    + tuple(range(384, 1024, 128))
+    + tuple(range(1024, 4096, 256))
+    + tuple(range(4096, 8193, 1024))
+)
 
 
 def piecewise_token_buckets(max_tokens: int) -> list[int]:
@@ -102,6 +117,15 @@ class PiecewiseCUDAGraphRunner:
             torch.zeros(3, 1, dtype=torch.int32, device=device)
         )
         self._cos_sin = torch.zeros(largest, row.shape[-1], dtype=row.dtype, device=device)
+        # Deepstack inputs (levels x tokens x hidden); zero except the rows a media step wrote,
+        # which the next step without media clears (`_deepstack_rows`).
+        levels = engine.model.deepstack_levels
+        self._deepstack = (
+            torch.zeros(levels, largest, embed.shape[1], dtype=embed.dtype, device=device)
+            if levels
+            else None
+        )
+        self._deepstack_rows = 0
         self._pieces: dict[int, _Pieces] = {}
         self._pool = torch.cuda.graph_pool_handle()
 
@@ -110,16 +134,18 @@ class PiecewiseCUDAGraphRunner:
         return self.buckets[i] if i < len(self.buckets) else None
 
     def can_run(self, attn_metadata: AttentionMetadata, inputs: StackInputs) -> bool:
-        return (
-            attn_metadata.num_contexts > 0
-            and inputs.deepstack_embeds is None
-            and self.bucket(attn_metadata.num_tokens) is not None
-        )
+        return attn_metadata.num_contexts > 0 and self.bucket(attn_metadata.num_tokens) is not None
 
     # ------------------------------------------------------------------ capture
     def _stack_call(self, bucket: int) -> torch.Tensor:
         # The metadata only reaches the attention calls, which the handler takes over.
-        return self.stack(None, inputs_embeds=self._embeds[:bucket], cos_sin=self._cos_sin[:bucket])
+        deepstack = None if self._deepstack is None else list(self._deepstack[:, :bucket].unbind(0))
+        return self.stack(
+            None,
+            inputs_embeds=self._embeds[:bucket],
+            cos_sin=self._cos_sin[:bucket],
+            deepstack_embeds=deepstack,
+        )
 
     @torch.inference_mode()
     def capture(self, bucket: int) -> None:
@@ -170,6 +196,24 @@ class PiecewiseCUDAGraphRunner:
         return _Pieces(graphs, calls, hidden)
 
     # ------------------------------------------------------------------ replay
+    def _stage_deepstack(self, embeds: list[torch.Tensor] | None, num_tokens: int) -> None:
+        if embeds is None:
+            if self._deepstack_rows:
+                assert self._deepstack is not None
+                self._deepstack[:, : self._deepstack_rows].zero_()
+                self._deepstack_rows = 0
+            return
+        if self._deepstack is None or len(embeds) != self._deepstack.shape[0]:
+            levels = 0 if self._deepstack is None else self._deepstack.shape[0]
+            raise ValueError(
+                f"step carries {len(embeds)} deepstack inputs, the graphs were captured for {levels}"
+            )
+        for level, src in enumerate(embeds):
+            self._deepstack[level, :num_tokens].copy_(src)
+        # The rows past num_tokens may hold an earlier step's inputs: zero them on the next
+        # step without media, as the padded rows of this one do not matter.
+        self._deepstack_rows = max(self._deepstack_rows, num_tokens)
+
     @torch.inference_mode()
     def run(self, attn_metadata: AttentionMetadata, inputs: StackInputs) -> torch.Tensor:
         """The stack's final-normed hidden states `[num_tokens, hidden]` for this step."""
@@ -178,6 +222,7 @@ class PiecewiseCUDAGraphRunner:
         assert bucket is not None
         self._embeds[:num_tokens].copy_(inputs.inputs_embeds)
         self._cos_sin[:num_tokens].copy_(inputs.cos_sin)
+        self._stage_deepstack(inputs.deepstack_embeds, num_tokens)
         pieces = self._pieces.get(bucket)
         if pieces is None:
             self.capture(bucket)

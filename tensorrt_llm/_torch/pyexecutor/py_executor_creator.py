@@ -21,7 +21,12 @@ from .config_utils import load_pretrained_config, resolve_architecture
 from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
 from .kv_cache_creator import KVCacheSpec, choose_num_blocks, run_capacity_probe
 from .model_engine import PyTorchModelEngine
-from .piecewise_graph_runner import PiecewiseCUDAGraphRunner, piecewise_token_buckets
+from .piecewise_graph_runner import (
+    DEFAULT_PIECEWISE_MAX_TOKENS,
+    PiecewiseCUDAGraphRunner,
+    piecewise_token_buckets,
+    why_not_piecewise,
+)
 from .py_executor import PyExecutor
 from .py_executor_overlap import OverlapPyExecutor
 from .resource_manager import SeqSlotManager
@@ -139,14 +144,22 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
     graphs = args.cuda_graph_config
     piecewise = None
     if device.type == "cuda" and graphs is not None and attn_backend != "vanilla":
-        if graphs.piecewise_max_tokens:
+        max_tokens = graphs.piecewise_max_tokens
+        if max_tokens is None:
+            # The default: on where the model can run them, measured faster for prefill and
+            # mixed steps up to ~2048 tokens (benchmarks/results/qwen3_vl_8b_h200.md, run 12).
+            reason = why_not_piecewise(model)
+            if reason:
+                logger.info("piecewise CUDA graphs off: %s", reason)
+                max_tokens = 0
+            else:
+                max_tokens = min(DEFAULT_PIECEWISE_MAX_TOKENS, args.max_num_tokens)
+        if max_tokens:
             # Explicitly asked for: an ineligible model is an error, not a silent eager path.
             # Captured before the KV cache is sized, so the graphs' memory pool is counted
             # (no attention runs while capturing: it needs no KV cache). The capacity probe
             # still runs eagerly: the runner joins the engine with the decode graphs.
-            piecewise = PiecewiseCUDAGraphRunner(
-                engine, piecewise_token_buckets(graphs.piecewise_max_tokens)
-            )
+            piecewise = PiecewiseCUDAGraphRunner(engine, piecewise_token_buckets(max_tokens))
             piecewise.capture_all()
     spec = KVCacheSpec.from_text_config(text_config, args.resolve_kv_cache_dtype(dtype))
     has_vision = getattr(model, "visual", None) is not None

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import tensorrt_llm
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.attention_backend.piecewise import attention_handler, run_attention
 from tensorrt_llm._torch.pyexecutor.piecewise_graph_runner import (
@@ -23,6 +24,7 @@ from tensorrt_llm._torch.pyexecutor.piecewise_graph_runner import (
 from tensorrt_llm.llmapi.llm_args import CudaGraphConfig, LlmArgs
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 
+IMAGE = str(Path(tensorrt_llm.__file__).parent / "assets" / "demo.png")
 PROMPTS = ["a short prompt", "a somewhat longer text-only prompt about the weather today"]
 
 
@@ -48,12 +50,17 @@ def test_run_attention_goes_to_the_handler_only_inside_it() -> None:
 
 
 def test_token_buckets() -> None:
-    assert piecewise_token_buckets(3000) == [16, 32, 64, 128, 256, 512, 1024, 2048, 3000]
     assert piecewise_token_buckets(64) == [16, 32, 64]
+    assert piecewise_token_buckets(1000) == [16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1000]
+    buckets = piecewise_token_buckets(8192)
+    assert buckets[-1] == 8192 and buckets == sorted(set(buckets))
+    # A step pads to its bucket: past 256 tokens at most 1/3 of the bucket is padding.
+    assert all(b - a <= b / 3 for a, b in zip(buckets, buckets[1:]) if a >= 256)
 
 
 def test_config_validation(tmp_path: Path) -> None:
-    assert CudaGraphConfig().piecewise_max_tokens == 0  # off unless asked for
+    assert CudaGraphConfig().piecewise_max_tokens is None  # the engine's default
+    assert CudaGraphConfig(piecewise_max_tokens=0).piecewise_max_tokens == 0  # off
     with pytest.raises(ValueError, match="piecewise_max_tokens"):
         CudaGraphConfig(piecewise_max_tokens=-1)
     with pytest.raises(ValueError, match="exceeds max_num_tokens"):
@@ -96,15 +103,22 @@ class _EagerPieces:
         self.bucket = bucket
         self.runs = 0
         self.attention_calls = 0
+        self.deepstack_runs = 0
 
     def can_run(self, md, inputs) -> bool:
-        return md.num_contexts > 0 and inputs.deepstack_embeds is None
+        return md.num_contexts > 0
 
     def run(self, md, inputs) -> torch.Tensor:
         n = md.num_tokens
         embeds = torch.full((self.bucket, inputs.inputs_embeds.shape[1]), float("nan"))
         cos_sin = torch.full((self.bucket, inputs.cos_sin.shape[1]), float("nan"))
         embeds[:n], cos_sin[:n] = inputs.inputs_embeds, inputs.cos_sin
+        deepstack = None
+        if inputs.deepstack_embeds is not None:
+            deepstack = [torch.full_like(embeds, float("nan")) for _ in inputs.deepstack_embeds]
+            for padded, level in zip(deepstack, inputs.deepstack_embeds):
+                padded[:n] = level
+            self.deepstack_runs += 1
 
         def attend(backend, q, k, v, _capture_md):
             assert q.shape[0] == self.bucket  # the pieces hand over padded q/k/v
@@ -112,7 +126,9 @@ class _EagerPieces:
             return backend.forward(q, k, v, md)
 
         with attention_handler(attend):
-            hidden = self.stack(None, inputs_embeds=embeds, cos_sin=cos_sin)
+            hidden = self.stack(
+                None, inputs_embeds=embeds, cos_sin=cos_sin, deepstack_embeds=deepstack
+            )
         self.runs += 1
         return hidden[:n]
 
@@ -121,10 +137,17 @@ class _EagerPieces:
 def test_padded_pieces_give_the_eager_tokens(family: str, tmp_path: Path) -> None:
     """Prefill and mixed steps through the engine's piecewise path (stand-in runner, bucket
     96) give the tokens of the plain eager path; decode steps keep the plain path. With two
-    slots, the third request's prefill joins the second's decode once the first stops."""
+    slots, the third request's prefill joins the second's decode once the first stops. The
+    third carries an image: Qwen3-VL's deepstack inputs go through the pieces padded."""
     ckpt = str(write_tiny_checkpoint(family, tmp_path / family))
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (2, 6, 6)]
-    prompts = [*PROMPTS, "a third prompt that waits for a free slot"]
+    image = {
+        "prompt": [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "describe"}]}
+        ],
+        "multi_modal_data": {"image": [IMAGE]},
+    }
+    prompts = [*PROMPTS, image]
     with LLM(model=ckpt, max_batch_size=2) as llm:
         eager = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         engine = llm._executor.model_engine
@@ -143,3 +166,4 @@ def test_padded_pieces_give_the_eager_tokens(family: str, tmp_path: Path) -> Non
     assert any(mixed)  # a mixed step went through the pieces
     layers = len(engine.model.llm.model.layers)
     assert pieces.runs >= 2 and pieces.attention_calls == pieces.runs * layers
+    assert pieces.deepstack_runs == (1 if family == "qwen3_vl" else 0)
