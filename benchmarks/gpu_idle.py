@@ -5,7 +5,9 @@
 For each concurrency it starts that many image+text requests (ISL 1000, long OSL) through the
 LLM API, waits until every request has streamed `--settle` tokens (all prefills done, decode
 steady), records every device activity for `--window_ms` with the torch profiler, and prints the
-share of the window in which no kernel, copy or memset ran (target: < 5%).
+share of the window in which no kernel, copy or memset ran, split into the idle time between
+CUDA graph replays (the issue's "idle between steps", target < 5%) and the kernel-to-kernel gaps
+inside them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from typing import Any
 
 import torch
 
-from tensorrt_llm.bench.gpu_idle import IdleSummary, device_intervals_us, summarize_idle
+from tensorrt_llm.bench.gpu_idle import (
+    IdleSummary,
+    device_activities,
+    split_idle_at_launches,
+    summarize_idle,
+)
 from tensorrt_llm.bench.runner import sampling_params
 from tensorrt_llm.bench.workload import Workload, make_requests, prepare_model_folder
 from tensorrt_llm.llmapi.llm import LLM
@@ -51,7 +58,8 @@ async def _measure(
     await asyncio.gather(*tasks)
     if finished_early:
         raise RuntimeError("a request finished inside the window: raise --osl")
-    return summarize_idle(device_intervals_us(profiler))
+    intervals, launch_ids = device_activities(profiler)
+    return split_idle_at_launches(summarize_idle(intervals), intervals, launch_ids)
 
 
 def main() -> None:

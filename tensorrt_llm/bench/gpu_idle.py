@@ -3,12 +3,19 @@
 The issue's criterion for steady decode is "GPU idle between steps < 5% of step time". Within a
 window that holds many whole steps, idle time is the window minus the union of every device
 activity (kernels, copies, memsets); overlapping activities (several streams) count once.
+
+That idle time has two parts with different causes, so `split_idle_at_launches` separates them:
+the gaps inside a CUDA graph replay (kernel-to-kernel latency, ~0.5 us per kernel boundary,
+set by how many kernels a step has) and the rest, between replays (host preparation, sampling,
+copies: what "idle between steps" means). Every kernel of one replay carries the correlation id
+of its `cudaGraphLaunch`, which is how replays are told apart in a trace.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -18,18 +25,38 @@ class IdleSummary:
     activities: int
     # The longest idle stretches inside the window, longest first (microseconds).
     largest_gaps_us: tuple[float, ...]
+    # Set by `split_idle_at_launches`: the idle time inside graph replays' spans, and how
+    # many replays (launches of more than one activity) the window holds.
+    idle_inside_launches_us: float | None = None
+    launches: int = 0
 
     @property
     def idle_fraction(self) -> float:
         return 1.0 - self.busy_us / self.window_us if self.window_us > 0 else 0.0
 
+    @property
+    def idle_between_launches_fraction(self) -> float | None:
+        if self.idle_inside_launches_us is None or self.window_us <= 0:
+            return None
+        idle = self.window_us - self.busy_us - self.idle_inside_launches_us
+        return idle / self.window_us
+
     def format(self) -> str:
         gaps = ", ".join(f"{g:.0f}" for g in self.largest_gaps_us) or "-"
-        return (
+        text = (
             f"window {self.window_us / 1e3:.1f} ms, {self.activities} device activities, "
             f"busy {self.busy_us / 1e3:.1f} ms, idle {100 * self.idle_fraction:.2f}% "
             f"(largest gaps, us: {gaps})"
         )
+        between = self.idle_between_launches_fraction
+        if between is not None:
+            assert self.idle_inside_launches_us is not None
+            inside = self.idle_inside_launches_us / self.window_us
+            text += (
+                f"; between graph replays {100 * between:.2f}%, inside the "
+                f"{self.launches} replays {100 * inside:.2f}%"
+            )
+        return text
 
 
 def summarize_idle(
@@ -68,11 +95,46 @@ def summarize_idle(
     return IdleSummary(hi - lo, busy, len(spans), tuple(gaps[:top_gaps]))
 
 
-def device_intervals_us(profiler: object) -> list[tuple[float, float]]:
-    """`(start, end)` in microseconds of every CUDA-side activity a torch profiler recorded."""
+def split_idle_at_launches(
+    summary: IdleSummary,
+    intervals: Sequence[tuple[float, float]],
+    launch_ids: Sequence[int],
+) -> IdleSummary:
+    """`summary` (of `intervals`, default window) with the idle time inside each launch's span
+    (first start .. last end of the activities sharing a launch id, for launches of more than
+    one activity: graph replays) counted apart from the idle time between them."""
+    if len(intervals) != len(launch_ids):
+        raise ValueError(f"{len(intervals)} intervals but {len(launch_ids)} launch ids")
+    members: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for interval, launch in zip(intervals, launch_ids):
+        members[launch].append(interval)
+    spans = sorted(
+        (min(s for s, _ in group), max(e for _, e in group))
+        for group in members.values()
+        if len(group) > 1
+    )
+    inside = 0.0
+    for lo, hi in spans:
+        if hi <= lo:
+            continue
+        # Every activity overlapping the span counts as busy, whichever launch it belongs to.
+        overlapping = [(s, e) for s, e in intervals if s < hi and e > lo]
+        inside += (hi - lo) - summarize_idle(overlapping, window=(lo, hi)).busy_us
+    return replace(summary, idle_inside_launches_us=inside, launches=len(spans))
+
+
+def device_activities(profiler: object) -> tuple[list[tuple[float, float]], list[int]]:
+    """`(start, end)` in microseconds of every CUDA-side activity a torch profiler recorded,
+    and each one's launch correlation id (shared by all kernels of one graph replay)."""
     from torch.autograd import DeviceType
 
     events = profiler.profiler.kineto_results.events()  # type: ignore[attr-defined]
-    return [
-        (e.start_ns() / 1e3, e.end_ns() / 1e3) for e in events if e.device_type() == DeviceType.CUDA
+    cuda = [e for e in events if e.device_type() == DeviceType.CUDA]
+    return [(e.start_ns() / 1e3, e.end_ns() / 1e3) for e in cuda], [
+        e.correlation_id() for e in cuda
     ]
+
+
+def device_intervals_us(profiler: object) -> list[tuple[float, float]]:
+    """`(start, end)` in microseconds of every CUDA-side activity a torch profiler recorded."""
+    return device_activities(profiler)[0]
