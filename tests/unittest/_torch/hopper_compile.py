@@ -154,7 +154,7 @@ def _more_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any],
 
 def _pdl_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict[str, Any]]]:
     """Every kernel that takes USE_PDL, compiled with it on (grid-dependency instructions and
-    Triton's `launch_pdl` option), as `TRTLLM_PDL=1` launches them on Hopper."""
+    Triton's `launch_pdl` option), as decode-sized launches run on Hopper by default."""
     for name, kernel, types, cx, opts in [*_variants(), *_more_variants()]:
         if "USE_PDL" in kernel.arg_names and "split=True" not in name:
             yield (

@@ -78,8 +78,8 @@ def test_fast_path_matches_reference_path(family: str, tmp_path: Path) -> None:
 def test_fast_path_with_pdl_matches_reference_path(
     family: str, tmp_path: Path, monkeypatch
 ) -> None:
-    """TRTLLM_PDL=1: the decode-step kernels launched with programmatic dependent launch,
-    in eager steps and inside the CUDA graphs."""
+    """The decode-step kernels launched with programmatic dependent launch (the default on
+    sm90+), in eager steps and inside the CUDA graphs."""
     from tensorrt_llm._torch.modules import triton_kernels
 
     ckpt = write_tiny_checkpoint(family, tmp_path / family)
@@ -106,6 +106,7 @@ def test_fp8_bf16_with_pdl_generates_the_same_tokens(tmp_path: Path, monkeypatch
             outs = llm.generate(_inputs(), params, use_tqdm=False)
             return [o.outputs[0].token_ids for o in outs]
 
+    monkeypatch.setattr(triton_kernels, "PDL_REQUESTED", False)  # TRTLLM_PDL=0
     without = run()
     monkeypatch.setattr(triton_kernels, "PDL_REQUESTED", True)
     assert run() == without

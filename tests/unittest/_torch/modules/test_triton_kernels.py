@@ -359,8 +359,8 @@ def test_fused_moe_cuda_graph_capture_gpu() -> None:
         torch.testing.assert_close(out, expected, atol=0, rtol=0)
 
 
-def test_pdl_is_opt_in_cuda_only_and_decode_sized(monkeypatch) -> None:
-    """Programmatic dependent launch: off unless requested (TRTLLM_PDL=1), never on the CPU
+def test_pdl_can_be_turned_off_is_cuda_only_and_decode_sized(monkeypatch) -> None:
+    """Programmatic dependent launch: off when TRTLLM_PDL=0, never on the CPU
     (the interpreter has no grid-dependency instructions), where the kernels get USE_PDL=False
     and no `launch_pdl` option, and never for large grids."""
     monkeypatch.setattr(triton_kernels, "PDL_REQUESTED", False)
