@@ -106,7 +106,7 @@ def split_idle_at_launches(
     if len(intervals) != len(launch_ids):
         raise ValueError(f"{len(intervals)} intervals but {len(launch_ids)} launch ids")
     members: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for interval, launch in zip(intervals, launch_ids):
+    for interval, launch in zip(intervals, launch_ids, strict=True):
         members[launch].append(interval)
     spans = sorted(
         (min(s for s, _ in group), max(e for _, e in group))

@@ -17,6 +17,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import torch
+from tqdm import tqdm
 
 from ..attention_backend.interface import AttentionMetadata
 from .scheduler import ScheduledRequests
@@ -150,7 +151,8 @@ class CUDAGraphRunner:
 
     def capture_all(self) -> None:
         # Largest first, so smaller graphs reuse the pool memory of the largest one.
-        for bucket in sorted(self.batch_sizes, reverse=True):
+        buckets = sorted(self.batch_sizes, reverse=True)
+        for bucket in tqdm(buckets, desc="Capturing decode CUDA graphs", leave=False):
             self.capture(bucket)
         logger.info("captured decode CUDA graphs for batch sizes %s", self.batch_sizes)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from tqdm import tqdm
 
 from ..attention_backend.interface import AttentionMetadata
 from ..attention_backend.piecewise import attention_handler
@@ -154,7 +155,8 @@ class PiecewiseCUDAGraphRunner:
 
     def capture_all(self) -> None:
         # Largest first, so the smaller buckets' pieces reuse its pool memory.
-        for bucket in sorted(self.buckets, reverse=True):
+        buckets = sorted(self.buckets, reverse=True)
+        for bucket in tqdm(buckets, desc="Capturing piecewise prefill CUDA graphs", leave=False):
             self.capture(bucket)
         logger.info("captured piecewise CUDA graphs for token buckets %s", self.buckets)
 
@@ -206,7 +208,8 @@ class PiecewiseCUDAGraphRunner:
         if self._deepstack is None or len(embeds) != self._deepstack.shape[0]:
             levels = 0 if self._deepstack is None else self._deepstack.shape[0]
             raise ValueError(
-                f"step carries {len(embeds)} deepstack inputs, the graphs were captured for {levels}"
+                f"step carries {len(embeds)} deepstack inputs, the graphs were captured for "
+                f"{levels}"
             )
         for level, src in enumerate(embeds):
             self._deepstack[level, :num_tokens].copy_(src)

@@ -55,7 +55,7 @@ def test_token_buckets() -> None:
     buckets = piecewise_token_buckets(8192)
     assert buckets[-1] == 8192 and buckets == sorted(set(buckets))
     # A step pads to its bucket: past 256 tokens at most 1/3 of the bucket is padding.
-    assert all(b - a <= b / 3 for a, b in zip(buckets, buckets[1:]) if a >= 256)
+    assert all(b - a <= b / 3 for a, b in zip(buckets[:-1], buckets[1:], strict=True) if a >= 256)
 
 
 def test_config_validation(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ class _EagerPieces:
         deepstack = None
         if inputs.deepstack_embeds is not None:
             deepstack = [torch.full_like(embeds, float("nan")) for _ in inputs.deepstack_embeds]
-            for padded, level in zip(deepstack, inputs.deepstack_embeds):
+            for padded, level in zip(deepstack, inputs.deepstack_embeds, strict=True):
                 padded[:n] = level
             self.deepstack_runs += 1
 
