@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
     # Validated by LLM(...), whose error message lists the accepted values.
     p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--attn_backend", default=None, help="auto | vanilla | triton")
+    p.add_argument("--attn_backend", default=None, help="auto | vanilla | triton | flash_attn")
     p.add_argument("--quantization", default=None, help="fp8: FP8 weights+activations")
     p.add_argument("--kv_cache_dtype", default=None, help="auto | fp8 (e4m3 KV cache)")
     p.add_argument("--log_level", choices=LOG_LEVELS, default="info")

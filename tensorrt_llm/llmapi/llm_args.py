@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .._torch.attention_backend.interface import FLASH_ATTN_PAGE_MULTIPLE
+
 DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,
     "float32": torch.float32,
@@ -23,8 +25,9 @@ DTYPES: dict[str, torch.dtype | None] = {
 }
 DEVICES = ("auto", "cpu", "cuda")
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8": torch.float8_e4m3fn}
-# A flash_attn text backend is not built yet (the package is on neither machine).
-ATTN_BACKENDS = ("auto", "vanilla", "triton")
+# "flash_attn" is opt-in (never picked by "auto"): it needs the flash-attn package, which
+# neither of this project's machines has, so it is tested against a stand-in only.
+ATTN_BACKENDS = ("auto", "vanilla", "triton", "flash_attn")
 MODALITIES = ("image", "video")
 _BOOL_FIELDS = (
     "enable_chunked_prefill",
@@ -152,6 +155,8 @@ class LlmArgs:
         _check_int("max_seq_len", self.max_seq_len, 1, allow_none=True)
         _check_int("kv_cache_max_tokens", self.kv_cache_max_tokens, 1, allow_none=True)
         _check_int("tokens_per_block", self.tokens_per_block, 1)
+        if self.attn_backend == "flash_attn":
+            self._validate_flash_attn()
         _check_int("seed", self.seed, 0, allow_none=True)
         frac = self.kv_cache_free_gpu_memory_fraction
         if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0.0 < frac <= 1.0:
@@ -167,6 +172,25 @@ class LlmArgs:
             raise ValueError(f"mm_processor_kwargs must be a dict, got {kwargs!r}")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was requested but no CUDA device is available")
+
+    def _validate_flash_attn(self) -> None:
+        # The host-checkable half of flash-attn's rules (the backend checks the rest).
+        if self.tokens_per_block % FLASH_ATTN_PAGE_MULTIPLE:
+            raise ValueError(
+                f"attn_backend 'flash_attn' needs tokens_per_block to be a multiple of "
+                f"{FLASH_ATTN_PAGE_MULTIPLE} (flash-attn's paged KV page size), got "
+                f"{self.tokens_per_block}"
+            )
+        if self.kv_cache_dtype != "auto":
+            raise ValueError(
+                f"attn_backend 'flash_attn' has no {self.kv_cache_dtype} KV cache; use "
+                "kv_cache_dtype='auto'"
+            )
+        if self.dtype == "float32" or self.device == "cpu":
+            raise ValueError(
+                "attn_backend 'flash_attn' runs fp16/bf16 models on CUDA, got "
+                f"dtype={self.dtype!r}, device={self.device!r}"
+            )
 
     def _validate_paths(self) -> None:
         if not isinstance(self.model, str | os.PathLike) or not str(self.model):

@@ -14,6 +14,10 @@ ATTENTION_BACKENDS: dict[str, Callable[..., Any]] = {"vanilla": VanillaAttention
 ATTENTION_BACKENDS["triton"] = lambda *a, **kw: __import__(
     f"{__name__}.triton", fromlist=["_"]
 ).TritonAttention(*a, **kw)
+# Optional: needs the flash-attn package, checked when a layer is built.
+ATTENTION_BACKENDS["flash_attn"] = lambda *a, **kw: __import__(
+    f"{__name__}.flash_attn", fromlist=["_"]
+).FlashAttnAttention(*a, **kw)
 
 
 def register_attention_backend(name: str, cls: Callable[..., Any]) -> None:

@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+# flash-attn's paged KV cache takes pages of a multiple of this many tokens (checked by
+# `LlmArgs` and the flash_attn backend).
+FLASH_ATTN_PAGE_MULTIPLE = 256
+
 if TYPE_CHECKING:
     from ..pyexecutor.resource_manager import KVCacheManager
 

@@ -73,6 +73,8 @@ def _dummy_requests(
 
 def _resolve_attn_backend(requested: str, device: torch.device) -> str:
     """'auto' is the Triton backend on CUDA and the torch reference on the CPU."""
+    if requested == "flash_attn" and device.type != "cuda":
+        raise ValueError(f"attn_backend 'flash_attn' runs on CUDA only, not on {device}")
     if requested != "auto":
         return requested
     if device.type == "cuda" and "triton" in ATTENTION_BACKENDS:

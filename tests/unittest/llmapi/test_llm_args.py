@@ -34,7 +34,7 @@ def test_pathlike_model_is_normalised(tmp_path: Path) -> None:
         ("dtype", "int8", "dtype must be one of"),
         ("device", "tpu", "device must be one of"),
         ("attn_backend", "magic", "attn_backend must be one of"),
-        ("attn_backend", "flash_attn", "attn_backend must be one of"),
+        ("attn_backend", "flash_attn", "tokens_per_block to be a multiple of 256"),
         ("kv_cache_dtype", "int8", "kv_cache_dtype must be one of"),
         ("max_batch_size", 0, "max_batch_size must be >= 1"),
         ("max_batch_size", 2.5, "max_batch_size must be an int"),

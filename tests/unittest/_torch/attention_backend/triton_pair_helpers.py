@@ -1,5 +1,5 @@
-"""A vanilla and a triton attention backend side by side on identical paged caches, for the
-Triton attention tests (`test_triton_attention*.py`)."""
+"""A vanilla and a fast attention backend side by side on identical paged caches, for the
+Triton attention tests (`test_triton_attention*.py`) and the flash_attn backend's."""
 
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ def step_rows(context, generation):
 
 
 class Pair:
-    """A vanilla and a triton backend, each with its own cache built from one seed, so the
-    two caches hold identical block layouts and identical contents step after step."""
+    """A vanilla and a fast backend (Triton unless `fast(heads, kv_heads, head_dim, layer)` is
+    given), each with its own cache built from one seed, so the two caches hold identical block
+    layouts and identical contents step after step."""
 
     def __init__(
         self,
@@ -48,6 +49,7 @@ class Pair:
         dtype=torch.float32,
         device="cpu",
         cache_dtype=None,
+        fast=None,
     ):
         self.shape = (heads, kv_heads, head_dim)
         self.dtype, self.device = dtype, device
@@ -55,7 +57,10 @@ class Pair:
         self.ref_cache = FakeKVCacheManager(1, blocks, tpb, kv_heads, head_dim, cache_dtype, device)
         self.tri_cache = FakeKVCacheManager(1, blocks, tpb, kv_heads, head_dim, cache_dtype, device)
         self.ref = VanillaAttention(heads, kv_heads, head_dim, 0)
-        self.tri = TritonAttention(heads, kv_heads, head_dim, 0, num_kv_splits=splits)
+        if fast is None:
+            self.tri = TritonAttention(heads, kv_heads, head_dim, 0, num_kv_splits=splits)
+        else:
+            self.tri = fast(heads, kv_heads, head_dim, 0)
 
     def step(self, context, generation, seed=0, pad_to=None, atol=1e-4, kv_round=None):
         md_ref = build_metadata(self.ref_cache, context, generation, pad_to, self.device)
