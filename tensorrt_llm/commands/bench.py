@@ -97,7 +97,7 @@ def _table(rows: list[dict[str, float]], columns: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def _graph_config(args: argparse.Namespace) -> dict[str, int] | None:
+def _graph_config(args: argparse.Namespace) -> dict[str, int | None] | None:
     if args.no_cuda_graph:
         if args.piecewise_max_tokens:
             raise SystemExit("--piecewise_max_tokens needs CUDA graphs (drop --no_cuda_graph)")

@@ -149,7 +149,7 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
         max_tokens = graphs.piecewise_max_tokens
         if max_tokens is None:
             # The default: on where the model can run them, measured faster for prefill and
-            # mixed steps up to ~2048 tokens (benchmarks/results/qwen3_vl_8b_h200.md, run 12).
+            # mixed steps up to ~2048 tokens (benchmarks/results/qwen3_vl_8b_h200.md, run 13).
             reason = why_not_piecewise(model)
             if reason:
                 logger.info("piecewise CUDA graphs off: %s", reason)
@@ -157,8 +157,8 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
             else:
                 max_tokens = min(DEFAULT_PIECEWISE_MAX_TOKENS, args.max_num_tokens)
         if max_tokens:
-            # Explicitly asked for: an ineligible model is an error, not a silent eager path.
-            # Captured before the KV cache is sized, so the graphs' memory pool is counted
+            # A limit set explicitly on an ineligible model raises here (not a silent eager
+            # path). Captured before the KV cache is sized, so the graphs' memory pool is counted
             # (no attention runs while capturing: it needs no KV cache). The capacity probe
             # still runs eagerly: the runner joins the engine with the decode graphs.
             piecewise = PiecewiseCUDAGraphRunner(engine, piecewise_token_buckets(max_tokens))
