@@ -1,7 +1,8 @@
 """Optional flash-attn backend (`attn_backend="flash_attn"`): flash-attn's kernels over the
 paged KV cache.
 
-Same contract as `VanillaAttention`. A step is handled as
+Same contract as `VanillaAttention`, and `TritonAttention`'s step (width checks, padded rows as
+zeros), which it subclasses; only the attention kernels differ:
 1. store the step's K/V into the layer's paged cache (the Triton store kernel, slot -1 skipped);
 2. context requests: `flash_attn_varlen_func` over the paged cache, causal with the mask
    aligned to the end of each request's keys, so a chunk sees its cached prefix;
@@ -26,9 +27,7 @@ from typing import Any
 import torch
 
 from .interface import FLASH_ATTN_PAGE_MULTIPLE, AttentionMetadata
-from .triton_kernels import store_kv
-from .utils import AttentionShape
-from .vanilla import VanillaAttention
+from .triton import TritonAttention
 
 FLASH_ATTN_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -62,10 +61,11 @@ def check_flash_attn_cache(kv_buffer: torch.Tensor, query_dtype: torch.dtype) ->
         )
 
 
-class FlashAttnAttention(AttentionShape):
+class FlashAttnAttention(TritonAttention):
     """`forward(q: [T, H*D], k: [T, KVH*D], v: [T, KVH*D], attn_metadata) -> [T, H*D]`.
 
-    Rows past `num_ctx_tokens + num_generations` (padding) come back as zeros.
+    The Triton backend's step (width checks, the KV store kernel, padded rows as zeros) with
+    flash-attn's kernels for the context and generation rows (`_prefill`, `_decode`).
     """
 
     def __init__(
@@ -79,9 +79,6 @@ class FlashAttnAttention(AttentionShape):
         super().__init__(num_heads, num_kv_heads, head_dim, layer_idx, scale)
         # Resolved at construction, so a missing package fails when the model is built.
         self._varlen, self._with_kvcache = load_flash_attn()
-        # Without a KV cache there is no paged cache to read; the reference handles that
-        # (prefill-only) case.
-        self._no_cache = VanillaAttention(num_heads, num_kv_heads, head_dim, layer_idx, scale)
 
     def forward(
         self,
@@ -90,49 +87,16 @@ class FlashAttnAttention(AttentionShape):
         v: torch.Tensor,
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        md = attn_metadata
-        manager = md.kv_cache_manager
-        if manager is None:
-            return self._no_cache.forward(q, k, v, md)
-        # NOTE: the same step skeleton as TritonAttention.forward (checks, store, output rows).
-        # One shared base is the plan, but the Triton path changes only after a GPU run.
-        total = q.shape[0]
-        used = md.num_ctx_tokens + md.num_generations
-        if used > total or k.shape[0] != total or v.shape[0] != total:
-            raise ValueError(
-                f"q/k/v have {total}/{k.shape[0]}/{v.shape[0]} rows; the step needs {used}"
-            )
-        kv_width = self.num_kv_heads * self.head_dim
-        if q.shape[-1] != self.num_heads * self.head_dim or k.shape[-1] != kv_width:
-            raise ValueError(
-                f"q/k widths {q.shape[-1]}/{k.shape[-1]} do not match {self.num_heads} heads, "
-                f"{self.num_kv_heads} kv heads of dim {self.head_dim}"
-            )
-        q3 = q.reshape(total, self.num_heads, self.head_dim)
-        k3 = k.reshape(total, self.num_kv_heads, self.head_dim)
-        v3 = v.reshape(total, self.num_kv_heads, self.head_dim)
-        kv_buffer = manager.get_buffers(self.layer_idx)
-        check_flash_attn_cache(kv_buffer, q.dtype)
-        stored = min(total, md.slot_mapping.shape[0])
-        store_kv(kv_buffer, k3[:stored], v3[:stored], md.slot_mapping[:stored])
-        # [blocks, tokens_per_block, kv_heads, D] views, last dim contiguous as flash-attn asks.
-        k_cache, v_cache = kv_buffer[:, 0], kv_buffer[:, 1]
-        out = torch.empty_like(q3) if used == total else torch.zeros_like(q3)
-        if md.num_contexts > 0:
-            self._prefill(q3, out, k_cache, v_cache, md)
-        if md.num_generations > 0:
-            self._decode(q3, out, k_cache, v_cache, md)
-        return out.view(total, self.num_heads * self.head_dim)
+        manager = attn_metadata.kv_cache_manager
+        if manager is not None:
+            # Before anything is stored: flash-attn's rules, not a failure inside its kernels.
+            check_flash_attn_cache(manager.get_buffers(self.layer_idx), q.dtype)
+        return super().forward(q, k, v, attn_metadata)
 
     __call__ = forward
 
     def _prefill(
-        self,
-        q: torch.Tensor,
-        out: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        md: AttentionMetadata,
+        self, q: torch.Tensor, out: torch.Tensor, kv_buffer: torch.Tensor, md: AttentionMetadata
     ) -> None:
         n, tokens = md.num_contexts, md.num_ctx_tokens
         kv_lens = md.num_cached_tokens[:n] + md.seq_lens[:n]
@@ -140,10 +104,11 @@ class FlashAttnAttention(AttentionShape):
         cu_seqlens_k[1:] = torch.cumsum(kv_lens, 0)
         # Host metadata is fine here: prefill steps are not graph-captured.
         new_cpu = md.seq_lens_cpu[:n]
+        # [blocks, tokens_per_block, kv_heads, D] views, last dim contiguous as flash-attn asks.
         out[:tokens] = self._varlen(
             q[:tokens],
-            k_cache,
-            v_cache,
+            kv_buffer[:, 0],
+            kv_buffer[:, 1],
             md.cu_seqlens_q[: n + 1],
             cu_seqlens_k,
             int(new_cpu.max()),
@@ -154,21 +119,16 @@ class FlashAttnAttention(AttentionShape):
         )
 
     def _decode(
-        self,
-        q: torch.Tensor,
-        out: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        md: AttentionMetadata,
+        self, q: torch.Tensor, out: torch.Tensor, kv_buffer: torch.Tensor, md: AttentionMetadata
     ) -> None:
         first, num_gens = md.num_ctx_tokens, md.num_generations
         rows = slice(md.num_contexts, md.num_contexts + num_gens)
         # The step's token is already stored, so each request attends to cached + 1 keys.
-        cache_seqlens = (md.num_cached_tokens[rows] + md.seq_lens[rows]).to(torch.int32)
+        cache_seqlens = md.num_cached_tokens[rows] + md.seq_lens[rows]
         step = self._with_kvcache(
             q[first : first + num_gens].unsqueeze(1),
-            k_cache,
-            v_cache,
+            kv_buffer[:, 0],
+            kv_buffer[:, 1],
             cache_seqlens=cache_seqlens,
             block_table=md.block_tables[rows],
             softmax_scale=self.scale,
