@@ -13,6 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..serve.lifecycle import DEFAULT_HEADER_READ_TIMEOUT_S
+from ..serve.request_body import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_REQUEST_BODY_BYTES
+from ..serve.server_args import DEFAULT_MAX_PROMPTS, DEFAULT_MAX_SEQUENCES
+
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # LLM(...) keyword arguments that map 1:1 to flags (flag left unset -> the LLM's default).
 _LLM_FLAGS = (
@@ -75,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit_mm_per_prompt",
         type=parse_mm_limits,
         default=None,
-        help="max media items per prompt: '{\"image\": 2}' or image=2,video=1",
+        help="max media items per prompt: '{\"image\": 2}' or image=2,video=1 "
+        "(default: 16 images, 2 videos)",
     )
     p.add_argument(
         "--allowed_local_media_path",
@@ -98,7 +103,43 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="seconds in-flight requests get to finish on shutdown before they are failed",
     )
+    _add_request_bounds(p)
     return p
+
+
+def _add_request_bounds(p: argparse.ArgumentParser) -> None:
+    """Flags bounding the work one request (or one connection) can make the server do."""
+    g = p.add_argument_group("per-request bounds")
+    g.add_argument(
+        "--max_request_body_bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="larger bodies get 413 (checked before they are read)",
+    )
+    g.add_argument(
+        "--body_read_timeout",
+        type=float,
+        default=DEFAULT_BODY_READ_TIMEOUT_S,
+        help="seconds to receive a whole request body (408 after)",
+    )
+    g.add_argument(
+        "--header_read_timeout",
+        type=float,
+        default=DEFAULT_HEADER_READ_TIMEOUT_S,
+        help="seconds to receive a request's headers before the connection is closed",
+    )
+    g.add_argument(
+        "--max_prompts_per_request",
+        type=int,
+        default=DEFAULT_MAX_PROMPTS,
+        help="prompts in one /v1/completions request",
+    )
+    g.add_argument(
+        "--max_sequences_per_request",
+        type=int,
+        default=DEFAULT_MAX_SEQUENCES,
+        help="prompts x n of one request",
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,6 +151,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--allowed_local_media_path {args.allowed_local_media_path} is not a folder")
     if args.default_max_tokens < 1:
         parser.error("--default_max_tokens must be >= 1")
+    for name in (
+        "max_request_body_bytes",
+        "max_prompts_per_request",
+        "max_sequences_per_request",
+        "max_media_bytes",
+    ):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    for name in ("body_read_timeout", "header_read_timeout", "media_fetch_timeout"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name} must be positive")
+    if args.timeout_graceful_shutdown < 0:
+        parser.error("--timeout_graceful_shutdown must be >= 0")
     return args
 
 
@@ -130,9 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    import uvicorn
-
     from ..llmapi.llm import LLM
+    from ..serve.lifecycle import make_server
     from ..serve.openai_server import build_app
 
     model_dir = resolve_model_dir(args)
@@ -141,13 +194,16 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         sys.exit(f"trtllm-serve: {exc}")
     app = build_app(llm, args)
-    uvicorn.run(
+    server = make_server(
         app,
+        app.state.server.drain,
+        header_read_timeout_s=args.header_read_timeout,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=args.timeout_graceful_shutdown,
     )
+    server.run()
 
 
 if __name__ == "__main__":

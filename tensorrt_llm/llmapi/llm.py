@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import threading
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -155,13 +156,18 @@ class LLM:
         inputs: Any,
         sampling_params: SamplingParams | None = None,
         streaming: bool = False,
+        scheduling_group: Hashable | None = None,
     ) -> GenerationResult:
         """Submit one input and return its handle at once.
 
         `await handle` (or `handle.result()`) gives the final output; with streaming,
         `async for out in handle` yields snapshots whose `outputs[i].text_diff` is the delta.
+        `scheduling_group`: inputs that share it are admitted round-robin against other groups
+        (the server gives all prompts of one HTTP request one group); by default each input
+        is its own group.
         """
-        return self._submit(self._prepare(inputs, sampling_params), streaming=streaming)
+        prepared = self._prepare(inputs, sampling_params)
+        return self._submit(prepared, streaming=streaming, scheduling_group=scheduling_group)
 
     def _params_per_item(
         self, sampling_params: SamplingParams | list[SamplingParams] | None, n: int
@@ -262,7 +268,12 @@ class LLM:
             raise RuntimeError("the LLM is shut down")
         return executor
 
-    def _submit(self, prepared: _PreparedRequest, streaming: bool) -> GenerationResult:
+    def _submit(
+        self,
+        prepared: _PreparedRequest,
+        streaming: bool,
+        scheduling_group: Hashable | None = None,
+    ) -> GenerationResult:
         executor = self._live_executor()
         sp = prepared.sampling_params
         child_ids = [self._next_id() for _ in range(sp.n)]
@@ -282,6 +293,10 @@ class LLM:
             if mm is not None and i > 0:
                 mm = copy.deepcopy(mm)  # the executor moves and strips each request's own copy
             request = LlmRequest(rid, prepared.prompt_token_ids, child_sp, mm)
+            # The n completions of one input share a group unless the caller gave one.
+            request.scheduling_group = (
+                ("llm", child_ids[0]) if scheduling_group is None else scheduling_group
+            )
             executor.enqueue_request(request, result._on_response)
         return result
 

@@ -7,7 +7,6 @@ never reaches into engine internals, and tests can hand the app a fake LLM of th
 from __future__ import annotations
 
 import asyncio
-import threading
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,9 +22,6 @@ class LLMClient:
     def __init__(self, llm: Any, model_name: str | None = None) -> None:
         self.llm = llm
         self.model_name = model_name or self._default_name()
-        # Input processing (tokenizing, image preprocessing) runs on worker threads; this lock
-        # keeps submissions ordered in case the LLM's front end is not thread-safe.
-        self._submit_lock = threading.Lock()
 
     def _default_name(self) -> str:
         model = getattr(getattr(self.llm, "args", None), "model", None)
@@ -49,16 +45,20 @@ class LLMClient:
         )
 
     # ---- submission ----------------------------------------------------------------------------
-    def _submit_sync(self, prompt: Any, params: Any, streaming: bool, clamp: bool) -> Any:
-        with self._submit_lock:
-            if clamp and self._can_clamp():
-                return self._submit_clamped(prompt, params, streaming)
-            return self.llm.generate_async(prompt, sampling_params=params, streaming=streaming)
+    def _submit_sync(
+        self, prompt: Any, params: Any, streaming: bool, clamp: bool, group: Any
+    ) -> Any:
+        kwargs = {} if group is None else {"scheduling_group": group}
+        if clamp and self._can_clamp():
+            return self._submit_clamped(prompt, params, streaming, kwargs)
+        return self.llm.generate_async(prompt, sampling_params=params, streaming=streaming, **kwargs)
 
     def _can_clamp(self) -> bool:
         return all(hasattr(self.llm, n) for n in ("_prepare", "_check_request", "_submit"))
 
-    def _submit_clamped(self, prompt: Any, params: Any, streaming: bool) -> Any:
+    def _submit_clamped(
+        self, prompt: Any, params: Any, streaming: bool, kwargs: dict[str, Any]
+    ) -> Any:
         """Submit with max_tokens cut to what the context leaves after the prompt.
 
         The prompt length (vision tokens included) is only known after input processing, so
@@ -66,21 +66,34 @@ class LLMClient:
         value. NOTE: uses the LLM's private two-phase API until SamplingParams can say
         "max_tokens=None: fill the context" itself.
         """
+        # NOTE: input processing (tokenizing, image preprocessing) runs outside any lock, so
+        # one huge prompt never stalls the submissions of other requests.
         prepared = self.llm._prepare(prompt, replace(params, max_tokens=1))
         room = self.llm.max_seq_len - len(prepared.prompt_token_ids)
         final = replace(prepared.sampling_params, max_tokens=max(1, min(params.max_tokens, room)))
         self.llm._check_request(prepared.prompt_token_ids, final)
         prepared.sampling_params = final
-        return self.llm._submit(prepared, streaming=streaming)
+        return self.llm._submit(prepared, streaming=streaming, **kwargs)
 
-    async def submit(self, prompt: Any, params: Any, streaming: bool, clamp: bool = False) -> Any:
+    async def submit(
+        self,
+        prompt: Any,
+        params: Any,
+        streaming: bool,
+        clamp: bool = False,
+        scheduling_group: Any = None,
+    ) -> Any:
         """Hand one prompt to the LLM; bad input raises APIError(400).
 
         clamp: params.max_tokens is a default, not the client's; lower it to fit the context.
+        scheduling_group: prompts of one HTTP request share it, so the engine admits them
+        round-robin against other requests instead of ahead of them all.
         """
         try:
-            return await asyncio.to_thread(self._submit_sync, prompt, params, streaming, clamp)
-        except ValueError as exc:
+            return await asyncio.to_thread(
+                self._submit_sync, prompt, params, streaming, clamp, scheduling_group
+            )
+        except (ValueError, TypeError) as exc:
             message = str(exc) or type(exc).__name__
             code = "prompt_too_long" if isinstance(exc, PromptTooLongError) else "invalid_prompt"
             raise APIError(400, message, code=code) from None

@@ -1,8 +1,8 @@
 """FastAPI app of `trtllm-serve`: OpenAI-compatible chat/text completions over the LLM API.
 
-`build_app(llm, args)` returns the app; `commands/serve.py` runs it under uvicorn. Request
-bodies are parsed by hand (not by FastAPI's body binding) so that every malformed body, from
-broken JSON to a schema violation, becomes an OpenAI-style 400 that names the problem.
+`build_app(llm, args)` returns the app; `commands/serve.py` runs it under `TrtllmServer`
+(lifecycle.py), whose shutdown drains the app's requests first. Bodies are read with a size cap
+and a deadline and parsed by hand (request_body.py), so every malformed body is a 4xx.
 """
 
 from __future__ import annotations
@@ -14,17 +14,16 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .chat_utils import check_mm_limits, resolve_messages, to_sampling_params
+from .lifecycle import DrainController, until_aborted
 from .llm_client import LLMClient
-from .media import MediaConfig
 from .metrics import ServerMetrics
 from .openai_protocol import (
     APIError,
@@ -32,16 +31,26 @@ from .openai_protocol import (
     CompletionRequest,
     ModelCard,
     ModelList,
-    OpenAIBaseModel,
     random_id,
     result_error,
-    validation_error_message,
 )
-from .postprocess_handlers import RequestContext, build_response, drain, stream_response
+from .postprocess_handlers import RequestContext, build_response, drain, sse, stream_response
+from .request_body import (
+    DEFAULT_BODY_READ_TIMEOUT_S,
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    STATUS_CLIENT_CLOSED,
+    BodyLimits,
+    parse_body,
+)
+from .server_args import (
+    DEFAULT_MAX_PROMPTS,
+    DEFAULT_MAX_SEQUENCES,
+    DEFAULT_MM_LIMITS,
+    media_config_from_args,
+)
 
 logger = logging.getLogger(__name__)
 
-Req = TypeVar("Req", bound=OpenAIBaseModel)
 # Used when a request gives no max_tokens (clamped to what the context length leaves).
 DEFAULT_MAX_TOKENS = 256
 _KNOWN_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
@@ -51,6 +60,16 @@ def _abort_unfinished(results: list[Any]) -> None:
     for result in results:
         if not result.finished:
             result.abort()
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _arg(args: Any, name: str, default: Any) -> Any:
+    value = getattr(args, name, None)
+    return default if value is None else value
 
 
 class _SSEResponse(StreamingResponse):
@@ -63,41 +82,23 @@ class _SSEResponse(StreamingResponse):
     def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         super().__init__(content, media_type="text/event-stream", headers=headers)
-        self._on_close = on_close
+        self._on_close = [on_close]
+
+    def add_close_hook(self, hook: Callable[[], None]) -> None:
+        self._on_close.append(hook)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._on_close()
+            for hook in self._on_close:
+                hook()
 
 
 class _JSONResponse(JSONResponse):
     # NOTE: ASCII-escaped, so a lone surrogate echoed from a request can never fail encoding.
     def render(self, content: Any) -> bytes:
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-async def parse_body(request: Request, model_cls: type[Req]) -> Req:
-    raw = await request.body()
-    try:
-        data = json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        raise APIError(400, f"invalid JSON body: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        kind = type(data).__name__
-        raise APIError(400, f"request body must be a JSON object, got {kind}", code="invalid_json")
-    try:
-        return model_cls.model_validate(data)
-    except ValidationError as exc:
-        message, param = validation_error_message(exc)
-        raise APIError(400, message, code="invalid_request", param=param) from None
-    except RecursionError:
-        raise APIError(400, "request body is nested too deeply", code="invalid_json") from None
 
 
 async def _client_gone(request: Request) -> None:
@@ -114,17 +115,19 @@ class OpenAIServer:
     def __init__(self, llm: Any, args: argparse.Namespace | Any) -> None:
         self.client = LLMClient(llm, getattr(args, "served_model_name", None))
         self.model_name = self.client.model_name
-        root = getattr(args, "allowed_local_media_path", None)
-        self.media_config = MediaConfig(
-            allowed_local_media_path=Path(root) if root else None,
-            fetch_timeout_s=getattr(args, "media_fetch_timeout", None) or 10.0,
-            max_media_bytes=getattr(args, "max_media_bytes", None) or 32 * 1024 * 1024,
-        )
-        self.mm_limits = (
-            getattr(args, "limit_mm_per_prompt", None) or self.client.limit_mm_per_prompt
-        )
+        self.media_config = media_config_from_args(args)
+        self.mm_limits = getattr(args, "limit_mm_per_prompt", None)
+        if self.mm_limits is None:
+            self.mm_limits = self.client.limit_mm_per_prompt or dict(DEFAULT_MM_LIMITS)
         self.default_max_tokens = getattr(args, "default_max_tokens", None) or DEFAULT_MAX_TOKENS
+        self.body_limits = BodyLimits(
+            max_bytes=_arg(args, "max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES),
+            read_timeout_s=_arg(args, "body_read_timeout", DEFAULT_BODY_READ_TIMEOUT_S),
+        )
+        self.max_prompts = _arg(args, "max_prompts_per_request", DEFAULT_MAX_PROMPTS)
+        self.max_sequences = _arg(args, "max_sequences_per_request", DEFAULT_MAX_SEQUENCES)
         self.metrics = ServerMetrics(self.model_name, self.client.stats)
+        self.drain = DrainController()
         self.http: httpx.AsyncClient | None = None
 
     # ---- shared checks -------------------------------------------------------------------------
@@ -151,21 +154,69 @@ class OpenAIServer:
 
     # ---- handlers ------------------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
-        body = await parse_body(request, ChatCompletionRequest)
+        return await self._guarded(self._chat_completions(request))
+
+    async def completions(self, request: Request) -> Response:
+        return await self._guarded(self._completions(request))
+
+    async def _guarded(self, handler: Any) -> Response:
+        """Run a generation handler as one in-flight request of the shutdown drain.
+
+        A streaming response keeps the count until its stream closes."""
+        if self.drain.draining:
+            handler.close()
+            raise APIError(503, "the server is shutting down", code="shutting_down")
+        self.drain.in_flight += 1
+        handed_over = False
+        try:
+            response = await handler
+            if isinstance(response, _SSEResponse):
+                response.add_close_hook(self._stream_closed)
+                handed_over = True
+            return response
+        finally:
+            if not handed_over:
+                self.drain.in_flight -= 1
+
+    def _stream_closed(self) -> None:
+        self.drain.in_flight -= 1
+
+    async def _chat_completions(self, request: Request) -> Response:
+        body = await parse_body(request, ChatCompletionRequest, self.body_limits)
         self._check_request(body)
         check_mm_limits(body.messages, self.mm_limits)
         assert self.http is not None, "the app's lifespan did not start"
         messages = await resolve_messages(body.messages, self.media_config, self.http)
         return await self._generate(request, body, "chat", [{"prompt": messages}])
 
-    async def completions(self, request: Request) -> Response:
-        body = await parse_body(request, CompletionRequest)
+    async def _completions(self, request: Request) -> Response:
+        body = await parse_body(request, CompletionRequest, self.body_limits)
         self._check_request(body)
         prompts: list[Any] = [
             {"prompt_token_ids": p} if isinstance(p, list) else {"prompt": p}
             for p in body.prompts()
         ]
+        self._check_request_size(len(prompts), body.n)
         return await self._generate(request, body, "completion", prompts)
+
+    def _check_request_size(self, num_prompts: int, n: int) -> None:
+        if num_prompts > self.max_prompts:
+            raise APIError(
+                400,
+                f"{num_prompts} prompts in one request; this server allows at most "
+                f"{self.max_prompts} (--max_prompts_per_request)",
+                code="too_many_prompts",
+                param="prompt",
+            )
+        if num_prompts * n > self.max_sequences:
+            raise APIError(
+                400,
+                f"{num_prompts} prompts x n={n} asks for {num_prompts * n} sequences; this "
+                f"server allows at most {self.max_sequences} per request "
+                f"(--max_sequences_per_request)",
+                code="too_many_sequences",
+                param="n",
+            )
 
     async def _generate(
         self,
@@ -185,16 +236,17 @@ class OpenAIServer:
         )
         max_tokens, explicit = self._max_tokens(body)
         param = "messages" if kind == "chat" else "prompt"
-        results = await self._submit_all(body, prompts, max_tokens, explicit, param)
+        results = await self._submit_all(body, prompts, max_tokens, explicit, param, ctx)
         if body.stream:
             return _SSEResponse(
-                self._count_in_flight(stream_response(ctx, results)),
+                self._count_in_flight(stream_response(ctx, results), results),
                 on_close=lambda: _abort_unfinished(results),
             )
         self.metrics.on_request_start()
         try:
             if not await self._wait(request, ctx, results):
-                return Response(status_code=499)  # nobody is listening; the status is for logs
+                # Nobody is listening; the status is for the logs and the http metric.
+                return Response(status_code=STATUS_CLIENT_CLOSED)
         finally:
             self.metrics.on_request_end()
         for result in results:
@@ -203,14 +255,24 @@ class OpenAIServer:
         return _JSONResponse(build_response(ctx, results).model_dump())
 
     async def _submit_all(
-        self, body: Any, prompts: list[Any], max_tokens: int, explicit: bool, param: str
+        self,
+        body: Any,
+        prompts: list[Any],
+        max_tokens: int,
+        explicit: bool,
+        param: str,
+        ctx: RequestContext,
     ) -> list[Any]:
         params = to_sampling_params(body, max_tokens)
         results: list[Any] = []
         try:
             for prompt in prompts:
                 result = await self.client.submit(
-                    prompt, params, streaming=bool(body.stream), clamp=not explicit
+                    prompt,
+                    params,
+                    streaming=bool(body.stream),
+                    clamp=not explicit,
+                    scheduling_group=ctx.request_id,
                 )
                 results.append(result)
         except BaseException as exc:
@@ -222,27 +284,54 @@ class OpenAIServer:
         return results
 
     async def _wait(self, request: Request, ctx: RequestContext, results: list[Any]) -> bool:
-        """Wait for every result; abort them and return False if the client disconnects."""
+        """Wait for every result; abort them and return False if the client disconnects.
+
+        Raises APIError(503) when the shutdown's abort phase comes first."""
         work = asyncio.ensure_future(
             asyncio.gather(*(drain(r, self.metrics, ctx.start) for r in results))
         )
+        # NOTE: a cancelled or failed gather nobody awaits would log "exception was never
+        # retrieved" once per disconnect; this callback retrieves it.
+        work.add_done_callback(_retrieve)
         watch = asyncio.ensure_future(_client_gone(request))
+        shutdown = asyncio.ensure_future(self.drain.abort_event.wait())
         try:
-            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {work, watch, shutdown}, return_when=asyncio.FIRST_COMPLETED
+            )
             if work in done:
                 work.result()
                 return True
+            if shutdown in done:
+                raise APIError(
+                    503,
+                    "the server shut down before this request finished",
+                    code="shutting_down",
+                )
             return False
         finally:
             watch.cancel()
+            shutdown.cancel()
             if not work.done():
                 work.cancel()
             _abort_unfinished(results)
 
-    async def _count_in_flight(self, stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    async def _count_in_flight(
+        self, stream: AsyncIterator[str], results: list[Any]
+    ) -> AsyncIterator[str]:
         self.metrics.on_request_start()
         try:
-            async for event in stream:
+            async for event in until_aborted(stream, self.drain):
+                if event is None:  # the shutdown's abort phase: say so, then end the stream
+                    _abort_unfinished(results)
+                    error = APIError(
+                        503,
+                        "the server shut down before this request finished",
+                        code="shutting_down",
+                    )
+                    yield sse(error.to_response().model_dump_json())
+                    yield sse("[DONE]")
+                    return
                 yield event
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
@@ -270,7 +359,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> _JSONResponse:
         logger.exception("unhandled error while serving a request")
-        return _error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+        # NOTE: the details stay in the log; a client learns nothing about the internals.
+        return _error_response(APIError(500, "internal server error (see the server log)"))
 
 
 class _HttpMetrics:

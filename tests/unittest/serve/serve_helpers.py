@@ -18,6 +18,7 @@ from PIL import Image
 from tensorrt_llm.commands.serve import llm_kwargs, parse_args, resolve_model_dir
 from tensorrt_llm.llmapi.llm import LLM
 from tensorrt_llm.serve import build_app
+from tensorrt_llm.serve.lifecycle import make_server
 from tensorrt_llm.serve.metrics import parse_prometheus
 
 
@@ -73,10 +74,14 @@ def start_server(cli_args: list[str], graceful_s: float = 10.0) -> ServeHandle:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="warning", timeout_graceful_shutdown=graceful_s, lifespan="on"
+    server = make_server(
+        app,
+        app.state.server.drain,
+        header_read_timeout_s=args.header_read_timeout,
+        log_level="warning",
+        timeout_graceful_shutdown=graceful_s,
+        lifespan="on",
     )
-    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
