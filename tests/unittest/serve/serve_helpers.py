@@ -66,9 +66,14 @@ def metric(samples: dict[str, float], name: str, **labels: str) -> float:
     return total
 
 
-def start_server(cli_args: list[str], graceful_s: float = 10.0) -> ServeHandle:
+def start_server(cli_args: list[str], graceful_s: float = 10.0, llm: Any = None) -> ServeHandle:
+    """Serve `cli_args` in a thread. Given an `llm`, the server reuses it and leaves it running
+    when it stops (the LLM flags among `cli_args` are then ignored)."""
     args = parse_args(cli_args)
-    llm = LLM(model=resolve_model_dir(args), **llm_kwargs(args))
+    if llm is None:
+        llm = LLM(model=resolve_model_dir(args), **llm_kwargs(args))
+    else:
+        args.shutdown_llm = False
     app = build_app(llm, args)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
