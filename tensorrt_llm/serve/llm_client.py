@@ -51,7 +51,9 @@ class LLMClient:
         kwargs = {} if group is None else {"scheduling_group": group}
         if clamp and self._can_clamp():
             return self._submit_clamped(prompt, params, streaming, kwargs)
-        return self.llm.generate_async(prompt, sampling_params=params, streaming=streaming, **kwargs)
+        return self.llm.generate_async(
+            prompt, sampling_params=params, streaming=streaming, **kwargs
+        )
 
     def _can_clamp(self) -> bool:
         return all(hasattr(self.llm, n) for n in ("_prepare", "_check_request", "_submit"))

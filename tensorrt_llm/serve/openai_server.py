@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import httpx

@@ -135,7 +135,7 @@ def test_client_leaving_mid_body_is_a_cancellation(
     before = tight.metrics()
     head = (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"content-length: 3000\r\n\r\n{\"model\": "
+        b'content-length: 3000\r\n\r\n{"model": '
     )
     with caplog.at_level(logging.ERROR):
         sock = _raw(tight, head)
