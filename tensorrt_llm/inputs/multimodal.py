@@ -5,12 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._utils import maybe_pin_memory
 
 MROPE_POSITION_IDS = "mrope_config.mrope_position_ids"
 MROPE_POSITION_DELTAS = "mrope_config.mrope_position_deltas"
+# Placeholder spans of each modality (TensorRT-LLM's names): `multimodal_data[KEY][kind]` is an
+# int64 host tensor [n], one entry per run of vision tokens, in prompt order. They stay on the
+# host (no device path lists them): the engine turns them into step rows with numpy.
+MULTIMODAL_POSITIONS = "multimodal_positions"
+MULTIMODAL_LENGTHS = "multimodal_lengths"
+SPAN_MODALITIES = ("image", "video")
 
 
 def _get_path(data: dict[str, Any], path: str) -> tuple[dict[str, Any] | None, str]:
@@ -40,18 +47,59 @@ def _move(value: Any, device: torch.device, pin_memory: bool) -> Any:
     return value
 
 
+def placeholder_spans(ids: Any, token_id: int) -> tuple[list[int], list[int]]:
+    """(starts, lengths) of the runs of `token_id` in `ids`.
+
+    For code that builds `multimodal_data` itself from a prompt it just expanded (input
+    processing time). NOTE: never call it on step tokens: a sampled token may equal a pad id.
+    """
+    hits = np.concatenate([[0], (np.asarray(ids, dtype=np.int64) == token_id).astype(np.int8), [0]])
+    edges = np.flatnonzero(np.diff(hits))
+    starts, ends = edges[0::2], edges[1::2]
+    return starts.tolist(), (ends - starts).tolist()
+
+
+def spans_data(spans: dict[str, tuple[list[int], list[int]]]) -> dict[str, Any]:
+    """`{MULTIMODAL_POSITIONS: {kind: [n]}, MULTIMODAL_LENGTHS: {kind: [n]}}` (int64, host)."""
+    positions = {k: torch.tensor(s, dtype=torch.int64) for k, (s, _) in spans.items() if s}
+    lengths = {k: torch.tensor(n, dtype=torch.int64) for k, (s, n) in spans.items() if s}
+    return {MULTIMODAL_POSITIONS: positions, MULTIMODAL_LENGTHS: lengths}
+
+
+def chunk_rows(
+    starts: np.ndarray, lengths: np.ndarray, begin: int, end: int
+) -> tuple[int, np.ndarray]:
+    """Vision tokens of the spans before `begin`, and the chunk-relative rows of those in
+    [begin, end) (int64, ascending), for the prefill chunk [begin, end)."""
+    stops = starts + lengths
+    cached = int(np.clip(np.minimum(stops, begin) - starts, 0, None).sum())
+    lo = np.maximum(starts, begin)
+    hi = np.minimum(stops, end)
+    keep = hi > lo
+    lo, sizes = lo[keep], (hi - lo)[keep]
+    # concat(arange(lo_i, hi_i)) without a Python loop: each run's offset minus its start.
+    first = np.cumsum(sizes) - sizes
+    rows = np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(lo - first - begin, sizes)
+    return cached, rows
+
+
 @dataclass
 class MultimodalRuntimeData:
     """Which vision tokens of a request the current prefill chunk covers, per modality.
 
-    Set by the engine each step (host ints): the chunk holds image tokens
-    [num_cached_image_tokens, num_cached_image_tokens + num_image_tokens_in_chunk), likewise video.
+    Set by the engine each step from the request's placeholder spans: the chunk holds image
+    tokens [num_cached_image_tokens, num_cached_image_tokens + num_image_tokens_in_chunk),
+    likewise video, and `image_rows` / `video_rows` ([n] int64, on the step's device) are the
+    rows of the step's token batch they go to.
     """
 
     num_cached_image_tokens: int = 0
     num_image_tokens_in_chunk: int = 0
     num_cached_video_tokens: int = 0
     num_video_tokens_in_chunk: int = 0
+    image_rows: torch.Tensor | None = None
+    video_rows: torch.Tensor | None = None
+    request_id: int | None = None  # names the request in input errors
 
 
 @dataclass
@@ -63,6 +111,8 @@ class MultimodalParams:
       video: {pixel_values_videos, video_grid_thw, second_per_grid_ts?}
       multimodal_embedding: precomputed vision embeddings (optional)
       mrope_config: {mrope_position_ids int64 [3,1,L], mrope_position_deltas int32 [1,1]}
+      multimodal_positions / multimodal_lengths: {image?: int64 [n], video?: int64 [n]}, the
+        placeholder spans (host; see MULTIMODAL_POSITIONS)
     """
 
     multimodal_data: dict[str, Any] = field(default_factory=dict)
@@ -102,6 +152,18 @@ class MultimodalParams:
             return
         self.multimodal_data = {"mrope_config": {"mrope_position_deltas": parent[leaf]}}
 
+    def spans(self, kind: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(starts, lengths) int64 numpy arrays of `kind`'s placeholder spans, or None."""
+        starts = self.get(f"{MULTIMODAL_POSITIONS}.{kind}")
+        lengths = self.get(f"{MULTIMODAL_LENGTHS}.{kind}")
+        if starts is None and lengths is None:
+            return None
+        if starts is None or lengths is None:
+            raise ValueError(f"{kind} placeholder spans need both positions and lengths")
+        return _host_ints(starts, f"{MULTIMODAL_POSITIONS}.{kind}"), _host_ints(
+            lengths, f"{MULTIMODAL_LENGTHS}.{kind}"
+        )
+
     def has_content(self) -> bool:
         return bool(self.multimodal_data)
 
@@ -109,3 +171,10 @@ class MultimodalParams:
         """Read a dotted path such as `image.pixel_values`."""
         parent, leaf = _get_path(self.multimodal_data, path)
         return default if parent is None else parent[leaf]
+
+
+def _host_ints(value: Any, name: str) -> np.ndarray:
+    array = value.cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+        raise ValueError(f"{name} must be a 1-D sequence of ints")
+    return array.astype(np.int64, copy=False)

@@ -90,6 +90,7 @@ import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from ...inputs.data import TextPrompt, as_prompt_dict  # noqa: E402
+from ...inputs.multimodal import spans_data  # noqa: E402
 from ...inputs.registry import (  # noqa: E402
     load_hf_config,
     load_tokenizer,
@@ -220,10 +221,14 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
             data["video"], frame_times = self._process_videos(videos, kwargs)
             video_grid = data["video"]["video_grid_thw"]
             seconds = data["video"].get("second_per_grid_ts")
-        ids = self._expand_placeholders(ids, image_grid, video_grid, frame_times)
+        spans: dict[str, tuple[list[int], list[int]]] = {}
+        ids = self._expand_placeholders(ids, image_grid, video_grid, frame_times, spans)
         data["mrope_config"] = self.get_mrope_config(
             torch.tensor([ids], dtype=torch.int64), image_grid, video_grid, None, seconds
         )
+        # NOTE: the engine merges vision rows by these spans, never by comparing step tokens
+        # with the pad ids (a decoding request may sample a pad token).
+        data.update(spans_data(spans))
         return ids, {"multimodal_data": data}
 
     def _gather_media(self, prompt: dict[str, Any]) -> tuple[list[Image.Image], list[VideoData]]:
@@ -250,11 +255,14 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
         return images, videos
 
     def _prompt_ids(self, prompt: dict[str, Any]) -> list[int]:
+        from ...inputs.chat_tokenize import tokenize_chat
+        from ...inputs.validation import check_prompt_token_ids
+
         if "prompt_token_ids" in prompt:
-            return [int(t) for t in prompt["prompt_token_ids"]]
+            return check_prompt_token_ids(prompt["prompt_token_ids"])
         text = prompt["prompt"]
-        if isinstance(text, list):
-            text = render_chat(self.tokenizer, text)
+        if isinstance(text, list):  # request text never becomes control tokens (role injection)
+            return tokenize_chat(self.tokenizer, text)
         return list(self.tokenizer(text)["input_ids"])
 
     def _check_placeholders(self, ids: list[int], num_images: int, num_videos: int) -> None:
@@ -343,11 +351,17 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
         image_grid: torch.Tensor | None,
         video_grid: torch.Tensor | None,
         frame_times: list[list[float] | None],
+        spans: dict[str, tuple[list[int], list[int]]] | None = None,
     ) -> list[int]:
-        """Replace each single placeholder token by the item's full token run, in order."""
+        """Replace each single placeholder token by the item's full token run, in order.
+
+        `spans` (when given) receives each modality's (starts, lengths) of vision-token runs
+        in the expanded prompt, as they are written.
+        """
         merge2 = self.merge_size**2
         image_rows = [] if image_grid is None else image_grid.tolist()
         video_rows = [] if video_grid is None else video_grid.tolist()
+        found: dict[str, tuple[list[int], list[int]]] = {"image": ([], []), "video": ([], [])}
         out: list[int] = []
         start = next_image = next_video = 0
         array = np.asarray(ids, dtype=np.int64)
@@ -357,17 +371,29 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
             start = pos + 1
             if ids[pos] == self.image_token_id:
                 t, h, w = image_rows[next_image]
+                found["image"][0].append(len(out))
+                found["image"][1].append(t * h * w // merge2)
                 out.extend([self.image_token_id] * (t * h * w // merge2))
                 next_image += 1
             else:
-                out.extend(self._video_tokens(video_rows[next_video], frame_times[next_video]))
+                tokens, runs = self._video_tokens(video_rows[next_video], frame_times[next_video])
+                for offset, length in runs:
+                    found["video"][0].append(len(out) + offset)
+                    found["video"][1].append(length)
+                out.extend(tokens)
                 next_video += 1
         out.extend(ids[start:])
+        if spans is not None:
+            spans.update(found)
         return out
 
-    def _video_tokens(self, grid: list[int], frame_times: list[float] | None) -> list[int]:
+    def _video_tokens(
+        self, grid: list[int], frame_times: list[float] | None
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """A video's expanded tokens and its (offset, length) runs of video pads in them."""
         t, h, w = grid
-        return [self.video_token_id] * (t * h * w // self.merge_size**2)
+        count = t * h * w // self.merge_size**2
+        return [self.video_token_id] * count, [(0, count)]
 
     def get_mrope_config(
         self,

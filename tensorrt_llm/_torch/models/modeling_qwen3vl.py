@@ -39,7 +39,9 @@ class Qwen3VLInputProcessorBase(Qwen3VLRopeIndexMixin, Qwen2VLInputProcessorBase
     def _sample_indices(self, total: int, fps: float, num_frames: int | None) -> np.ndarray:
         return sample_indices_qwen3(total, fps, self.video_sampling, num_frames)
 
-    def _video_tokens(self, grid: list[int], frame_times: list[float] | None) -> list[int]:
+    def _video_tokens(
+        self, grid: list[int], frame_times: list[float] | None
+    ) -> tuple[list[int], list[tuple[int, int]]]:
         t, h, w = grid
         if frame_times is None or len(frame_times) != t:
             raise ValueError(
@@ -48,12 +50,14 @@ class Qwen3VLInputProcessorBase(Qwen3VLRopeIndexMixin, Qwen2VLInputProcessorBase
             )
         frame_pads = [self.video_token_id] * (h * w // self.merge_size**2)
         out: list[int] = []
+        runs: list[tuple[int, int]] = []  # one run of pads per frame, between timestamp texts
         for seconds in frame_times:
             out.extend(self._timestamp_tokens(seconds))
             out.append(self.vision_start_token_id)
+            runs.append((len(out), len(frame_pads)))
             out.extend(frame_pads)
             out.append(self.vision_end_token_id)
-        return out
+        return out, runs
 
     def _timestamp_tokens(self, seconds: float) -> list[int]:
         # NOTE: the text sits between two special tokens in the expanded prompt, so tokenizing

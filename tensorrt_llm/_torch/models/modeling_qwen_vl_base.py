@@ -17,6 +17,7 @@ from torch import nn
 
 from ...inputs.multimodal import MultimodalParams
 from ..attention_backend.interface import AttentionMetadata
+from ..pyexecutor.request_errors import RequestInputError
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
 from .modeling_utils import ModelConfig
 
@@ -24,6 +25,35 @@ _MODALITIES = (
     ("image", "pixel_values", "image_grid_thw"),
     ("video", "pixel_values_videos", "video_grid_thw"),
 )
+
+
+def _chunk_embeddings(
+    params: MultimodalParams, kind: str
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None:
+    """(step rows, main embeddings, deepstack embeddings) of `kind` for the request's chunk,
+    or None when the chunk has none; a RequestInputError when the counts disagree."""
+    runtime = params.runtime
+    begin = getattr(runtime, f"num_cached_{kind}_tokens")
+    count = getattr(runtime, f"num_{kind}_tokens_in_chunk")
+    if count == 0:
+        return None
+    rid = [runtime.request_id]
+    embeds = params.cached_embeddings or {}
+    if kind not in embeds:
+        raise RequestInputError(rid, f"prompt has {kind} placeholder tokens but no {kind} data")
+    main, stack = embeds[kind]
+    spans = params.spans(kind)
+    total = int(spans[1].sum()) if spans is not None else -1
+    if total != main.shape[0]:
+        raise RequestInputError(
+            rid,
+            f"the prompt has {total} {kind} placeholder tokens but the {kind} data gives "
+            f"{main.shape[0]} embeddings",
+        )
+    index = getattr(runtime, f"{kind}_rows")
+    if index is None or index.shape[0] != count:
+        raise RequestInputError(rid, f"{kind} rows of the chunk do not match its span count")
+    return index, main[begin : begin + count], [d[begin : begin + count] for d in stack]
 
 
 def split_vl_weights(
@@ -143,9 +173,10 @@ class QwenVLModelBase(nn.Module):
             if not owners:
                 continue
             if self.visual is None:
-                raise ValueError(
+                raise RequestInputError(
+                    [p.runtime.request_id for p in owners if p.runtime is not None],
                     "this checkpoint was loaded without a vision tower (language_model_only); "
-                    f"it cannot take {kind} inputs"
+                    f"it cannot take {kind} inputs",
                 )
             dtype = next(self.visual.parameters()).dtype
             grids = [p.get(f"{kind}.{grid_key}").cpu() for p in owners]
@@ -159,12 +190,15 @@ class QwenVLModelBase(nn.Module):
 
     def _merge_vision(
         self,
-        input_ids: torch.Tensor,
         inputs_embeds: torch.Tensor,
         multimodal_params: Sequence[MultimodalParams],
     ) -> list[torch.Tensor] | None:
-        """Scatter the chunk's vision embeddings into `inputs_embeds` (in place).
+        """Write the chunk's vision embeddings into `inputs_embeds` rows (in place).
 
+        The rows are each request's `runtime.<kind>_rows`, which the engine derives from the
+        placeholder spans the input processor recorded. NOTE: never from `input_ids ==
+        pad id`: a decode row that sampled a pad token would then take (or break) the merge.
+        Every check runs before any write, so an error fails only the request at fault.
         Returns the deepstack inputs ([T, hidden] each) for models that have them.
         """
         needs_media = [
@@ -173,43 +207,34 @@ class QwenVLModelBase(nn.Module):
             if p.runtime is not None
             and (p.runtime.num_image_tokens_in_chunk or p.runtime.num_video_tokens_in_chunk)
         ]
+        if not needs_media:  # text-only chunks: nothing to check or write
+            return None
         self._encode_step_media(needs_media)
         chunks: dict[str, list[torch.Tensor]] = {"image": [], "video": []}
+        rows: dict[str, list[torch.Tensor]] = {"image": [], "video": []}
         deep: dict[str, list[list[torch.Tensor]]] = {"image": [], "video": []}
-        for params in multimodal_params:
-            runtime = params.runtime
-            if runtime is None:
-                continue
-            wanted = {
-                "image": (runtime.num_cached_image_tokens, runtime.num_image_tokens_in_chunk),
-                "video": (runtime.num_cached_video_tokens, runtime.num_video_tokens_in_chunk),
-            }
-            if not any(n for _, n in wanted.values()):
-                continue
-            embeds = params.cached_embeddings
-            for kind, (begin, count) in wanted.items():
-                if count == 0:
+        for params in needs_media:
+            for kind in ("image", "video"):
+                picked = _chunk_embeddings(params, kind)
+                if picked is None:
                     continue
-                if kind not in embeds:
-                    raise ValueError(f"prompt has {kind} placeholder tokens but no {kind} data")
-                main, stack = embeds[kind]
-                chunks[kind].append(main[begin : begin + count])
-                deep[kind].append([d[begin : begin + count] for d in stack])
-        if not chunks["image"] and not chunks["video"]:
-            return None
+                index, main, stack = picked
+                rows[kind].append(index)
+                chunks[kind].append(main)
+                deep[kind].append(stack)
         deepstack: list[torch.Tensor] | None = None
-        for kind, token_id in (("image", self.image_token_id), ("video", self.video_token_id)):
+        for kind in ("image", "video"):
             if not chunks[kind]:
                 continue
-            mask = (input_ids == token_id).unsqueeze(-1)
+            index = torch.cat(rows[kind]) if len(rows[kind]) > 1 else rows[kind][0]
             src = torch.cat(chunks[kind]).to(inputs_embeds.dtype)
-            inputs_embeds.masked_scatter_(mask, src)
+            inputs_embeds.index_copy_(0, index, src)
             if self.has_deepstack and deep[kind] and deep[kind][0]:
                 if deepstack is None:
                     deepstack = self._deepstack_buffers(len(deep[kind][0]), inputs_embeds)
                 for level, target in enumerate(deepstack):
                     level_src = torch.cat([d[level] for d in deep[kind]]).to(target.dtype)
-                    target.masked_scatter_(mask, level_src)
+                    target.index_copy_(0, index, level_src)
         return deepstack
 
     def _deepstack_buffers(self, levels: int, like: torch.Tensor) -> list[torch.Tensor]:
@@ -274,7 +299,7 @@ class QwenVLModelBase(nn.Module):
         inputs_embeds = self.llm.model.embed_tokens(input_ids)
         deepstack = None
         if num_ctx:
-            deepstack = self._merge_vision(input_ids, inputs_embeds, multimodal_params)
+            deepstack = self._merge_vision(inputs_embeds, multimodal_params)
         seq_slots = attn_metadata.seq_slots
         mrope = _prepare_qwen_vl_mrope_config(
             self.mrope_position_deltas_cache,

@@ -22,12 +22,14 @@ if TYPE_CHECKING:
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 # Why a request finished with "error", so callers (trtllm-serve) never parse message text:
-# the request can never fit this engine (a client error), the executor was shutting down, or
-# the engine failed.
+# the request can never fit this engine (a client error), its own input could not run (a
+# client error found inside the engine step; the other requests of the step ran on), the
+# executor was shutting down, or the engine failed.
 ERROR_PROMPT_TOO_LONG = "prompt_too_long"
+ERROR_INVALID_INPUT = "invalid_input"
 ERROR_SHUTTING_DOWN = "shutting_down"
 ERROR_ENGINE = "engine_error"
-ERROR_CODES = (ERROR_PROMPT_TOO_LONG, ERROR_SHUTTING_DOWN, ERROR_ENGINE)
+ERROR_CODES = (ERROR_PROMPT_TOO_LONG, ERROR_INVALID_INPUT, ERROR_SHUTTING_DOWN, ERROR_ENGINE)
 
 
 class LlmRequestState(enum.Enum):

@@ -15,10 +15,18 @@ import torch
 from torch import nn
 
 from ..._utils import async_tensor_h2d, maybe_pin_memory
-from ...inputs.multimodal import MROPE_POSITION_IDS, MultimodalParams, MultimodalRuntimeData
+from ...inputs.multimodal import (
+    MROPE_POSITION_IDS,
+    SPAN_MODALITIES,
+    MultimodalParams,
+    MultimodalRuntimeData,
+    chunk_rows,
+)
 from ..attention_backend.interface import AttentionMetadata
 from .input_buffers import InputBuffers
 from .llm_request import LlmRequest
+from .multimodal_checks import check_multimodal_request
+from .request_errors import RequestInputError
 from .scheduler import ScheduledRequests
 
 if TYPE_CHECKING:
@@ -55,6 +63,8 @@ class PyTorchModelEngine:
         # for text-only batches, so one code path (and one graph shape) serves every request.
         self.use_mrope = hasattr(model, "multimodal_data_device_paths")
         self.device_paths: list[str] = list(getattr(model, "multimodal_data_device_paths", []))
+        # NOTE: kept for callers only. Vision rows come from each request's placeholder spans;
+        # comparing step tokens with these ids broke steps where a decode row sampled a pad.
         self.image_token_id = image_token_id
         self.video_token_id = video_token_id
         self.vocab_size: int = int(getattr(model, "vocab_size", 0))
@@ -83,16 +93,21 @@ class PyTorchModelEngine:
         params = req.multimodal_params
         pos = params.get(MROPE_POSITION_IDS) if params is not None else None
         if pos is None:
-            raise RuntimeError(
-                f"request {req.request_id} has no mrope_config.mrope_position_ids; every "
-                "request to an mRoPE model must come through its input processor"
+            raise RequestInputError(
+                [req.request_id],
+                "no mrope_config.mrope_position_ids; every request to an mRoPE model must come "
+                "through its input processor",
             )
+        if begin == 0:
+            check_multimodal_request(req)
         return pos[:, :, begin:end]
 
-    def _prepare_multimodal(self, req: LlmRequest, begin: int, end: int) -> MultimodalParams:
+    def _prepare_multimodal(
+        self, req: LlmRequest, begin: int, end: int
+    ) -> tuple[MultimodalParams, dict[str, np.ndarray]]:
+        """The request's params with this chunk's runtime counts, and the chunk-relative rows
+        of each modality's vision tokens (from the placeholder spans, never from tokens)."""
         params = req.multimodal_params
-        if params is None:
-            raise RuntimeError(f"request {req.request_id} has no multimodal params")
         if begin == 0:
             # Once per request: move the listed tensors (mRoPE keys always among them).
             params.to_device(
@@ -101,16 +116,30 @@ class PyTorchModelEngine:
                 pin_memory=True,
                 target_keywords=self.device_paths,
             )
-        runtime = MultimodalRuntimeData()
-        for kind, token_id in (("image", self.image_token_id), ("video", self.video_token_id)):
-            if token_id is None:
+        runtime = MultimodalRuntimeData(request_id=req.request_id)
+        rows: dict[str, np.ndarray] = {}
+        for kind in SPAN_MODALITIES:
+            spans = params.spans(kind)
+            if spans is None:
                 continue
-            cached = req.count_tokens_before(token_id, begin)
-            in_chunk = req.count_tokens_in_range(token_id, begin, end)
+            cached, kind_rows = chunk_rows(spans[0], spans[1], begin, end)
             setattr(runtime, f"num_cached_{kind}_tokens", cached)
-            setattr(runtime, f"num_{kind}_tokens_in_chunk", in_chunk)
+            setattr(runtime, f"num_{kind}_tokens_in_chunk", int(kind_rows.shape[0]))
+            if kind_rows.shape[0]:
+                rows[kind] = kind_rows
         params.runtime = runtime
-        return params
+        return params, rows
+
+    def _media_rows(self, parts: list[tuple[MultimodalRuntimeData, str, np.ndarray]]) -> None:
+        """One H2D copy of every vision row of the step; each runtime gets its own view."""
+        if not parts:  # text-only steps: no copy at all
+            return
+        host = np.concatenate([rows for _, _, rows in parts])
+        device_rows = async_tensor_h2d(torch.from_numpy(host), torch.int64, self.device)
+        start = 0
+        for runtime, kind, rows in parts:
+            setattr(runtime, f"{kind}_rows", device_rows[start : start + rows.shape[0]])
+            start += rows.shape[0]
 
     def prepare(
         self, scheduled: ScheduledRequests, token_source: TokenSource | None = None
@@ -137,6 +166,7 @@ class PyTorchModelEngine:
         slot_parts: list[np.ndarray] = []
         mrope_ctx: list[tuple[int, torch.Tensor]] = []
         mm_params: list[MultimodalParams] = []
+        media_rows: list[tuple[MultimodalRuntimeData, str, np.ndarray]] = []
         seq_lens = np.ones(len(requests), dtype=np.int32)
         cached = np.zeros(len(requests), dtype=np.int32)
         offset = 0
@@ -147,7 +177,9 @@ class PyTorchModelEngine:
             chunk_pos = self._context_positions(req, begin, end)
             if chunk_pos is not None:
                 mrope_ctx.append((offset, chunk_pos))
-                mm_params.append(self._prepare_multimodal(req, begin, end))
+                params, rows = self._prepare_multimodal(req, begin, end)
+                mm_params.append(params)
+                media_rows.extend((params.runtime, kind, r + offset) for kind, r in rows.items())
             tok = np.arange(begin, end)
             pos_parts.append(tok.astype(np.int32))
             slot_parts.append(block_table[i, tok // tpb].astype(np.int64) * tpb + tok % tpb)
@@ -177,6 +209,7 @@ class PyTorchModelEngine:
             raise RuntimeError(f"step of {num_tokens} tokens exceeds max_num_tokens")
         num_ctx_tokens = int(seq_lens[:num_ctx].sum())
 
+        self._media_rows(media_rows)
         buf = self.buffers
         input_ids = self._h2d(buf.input_ids, np.concatenate(ids_parts).astype(np.int64))
         if gather_dst:

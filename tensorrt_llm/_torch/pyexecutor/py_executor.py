@@ -24,10 +24,12 @@ import torch
 from ..._utils import async_tensor_h2d
 from .llm_request import (
     ERROR_ENGINE,
+    ERROR_INVALID_INPUT,
     ERROR_PROMPT_TOO_LONG,
     ERROR_SHUTTING_DOWN,
     LlmRequest,
 )
+from .request_errors import run_isolated
 
 if TYPE_CHECKING:
     from .resource_manager import KVCacheManager, SeqSlotManager
@@ -59,8 +61,10 @@ class ExecutorStats:
     num_running: int = 0  # admitted requests (hold a seq slot)
     num_waiting: int = 0  # accepted, not admitted yet
     num_free_seq_slots: int = 0
+    num_total_seq_slots: int = 0
     kv_cache_usage: float = 0.0  # fraction of KV blocks in use
     num_free_kv_blocks: int = 0
+    num_total_kv_blocks: int = 0
     num_steps: int = 0
     num_completed: int = 0  # finished normally (stop / length)
     num_failed: int = 0  # errors, including validation failures
@@ -107,6 +111,8 @@ class PyExecutor:
         self._closed_lock = threading.Lock()
         self._stats = ExecutorStats()
         self._stats_lock = threading.Lock()
+        # NOTE: the gauges are right before the first step (metrics read them at startup).
+        self._refresh_gauges()
         self._thread = threading.Thread(target=self._loop, name="PyExecutor", daemon=True)
         self._thread.start()
 
@@ -250,19 +256,29 @@ class PyExecutor:
             # Nothing fits right now (resources still held); wait briefly for a command.
             self._wait_for_command(0.005)
             return
-        requests = scheduled.all_requests
+        ran = scheduled
         try:
-            self._run_step(scheduled)
+            # A request whose own input cannot run fails alone; the step runs on without it.
+            ran, _ = run_isolated(scheduled, self._run_step, self._fail_input)
         except Exception as exc:
             # NOTE: only this step's requests fail; the loop keeps serving the others.
-            logger.exception("engine step failed for requests %s", [r.request_id for r in requests])
-            for req in requests:
+            logger.exception(
+                "engine step failed; failing every request of the step: %s",
+                [r.request_id for r in ran.all_requests],
+            )
+            for req in ran.all_requests:
                 req.set_error(f"engine step failed: {type(exc).__name__}: {exc}")
-        for req in requests:
-            self._emit(req)
+        for req in ran.all_requests:
             if req.is_finished:
-                self._finish(req, emitted=True)
+                self._finish(req)
+            else:
+                self._emit(req)
         self._record_step(scheduled, start)
+
+    def _fail_input(self, req: LlmRequest, message: str) -> None:
+        """Fail one request whose input cannot run (see request_errors.run_isolated)."""
+        req.set_error(message, ERROR_INVALID_INPUT)
+        self._finish(req)
 
     def _forward_and_sample(
         self, scheduled: ScheduledRequests, **forward_kwargs: Any
@@ -330,10 +346,12 @@ class PyExecutor:
         except Exception:
             logger.exception("response callback of request %s raised", rid)
 
-    def _finish(self, req: LlmRequest, emitted: bool = False) -> None:
-        """Send the final response (unless already sent) and free the request's resources."""
-        if not emitted:
-            self._emit(req)
+    def _finish(self, req: LlmRequest) -> None:
+        """Free the request's resources, then send its final response.
+
+        NOTE: in that order, with the stats updated in between, so a caller that reads
+        `get_stats()` right after the last result sees no running request and no held slot.
+        """
         rid = req.request_id
         try:
             self.scheduler.release_resources(req)
@@ -344,8 +362,6 @@ class PyExecutor:
             release(rid)
         if req in self._active:
             self._active.remove(req)
-        self._callbacks.pop(rid, None)
-        self._num_sent.pop(rid, None)
         with self._stats_lock:
             if req.finish_reason == "error":
                 self._stats.num_failed += 1
@@ -353,17 +369,28 @@ class PyExecutor:
                 self._stats.num_cancelled += 1
             else:
                 self._stats.num_completed += 1
+        self._refresh_gauges()
+        self._emit(req)
+        self._callbacks.pop(rid, None)
+        self._num_sent.pop(rid, None)
 
-    def _publish_stats(self) -> None:
+    def _refresh_gauges(self) -> ExecutorStats:
+        """Update the gauges of the published stats from the live state; returns a copy."""
         running = sum(1 for req in self._active if req.seq_slot is not None)
         kv = self.kv_cache_manager
+        slots = self.seq_slot_manager
         with self._stats_lock:
             self._stats.num_running = running
             self._stats.num_waiting = len(self._active) - running + self._commands.qsize()
-            self._stats.num_free_seq_slots = self.seq_slot_manager.num_free
+            self._stats.num_free_seq_slots = slots.num_free
+            self._stats.num_total_seq_slots = slots.max_num_slots
             self._stats.kv_cache_usage = kv.usage
             self._stats.num_free_kv_blocks = kv.num_free_blocks
-            snapshot = ExecutorStats(**vars(self._stats))
+            self._stats.num_total_kv_blocks = kv.num_blocks
+            return ExecutorStats(**vars(self._stats))
+
+    def _publish_stats(self) -> None:
+        snapshot = self._refresh_gauges()
         if self.on_step is not None:
             try:
                 self.on_step(snapshot)

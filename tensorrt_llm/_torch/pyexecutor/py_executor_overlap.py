@@ -23,6 +23,7 @@ import torch
 from ..._utils import async_tensor_d2h
 from .llm_request import LlmRequest
 from .py_executor import PyExecutor
+from .request_errors import run_isolated
 from .scheduler import ScheduledRequests
 
 logger = logging.getLogger(__name__)
@@ -68,14 +69,21 @@ class OverlapPyExecutor(PyExecutor):
             if r.num_generated_tokens < r.sampling_params.max_tokens
         ]
         launched: _InFlight | None = None
-        requests = scheduled.all_requests
-        if requests:
+        if scheduled.all_requests:
+            ran = scheduled
             try:
-                launched = self._launch(scheduled)
+                # A request whose own input cannot run fails alone (before anything launched);
+                # the step is launched again without it.
+                ran, launched = run_isolated(scheduled, self._launch, self._fail_input)
             except Exception as exc:
-                logger.exception("engine step failed for %s", [r.request_id for r in requests])
+                logger.exception(
+                    "engine step failed; failing every request of the step: %s",
+                    [r.request_id for r in ran.all_requests],
+                )
                 self._process_pending()
-                for req in requests:
+                for req in ran.all_requests:
+                    if req not in self._active:  # finished by the pending step
+                        continue
                     req.set_error(f"engine step failed: {type(exc).__name__}: {exc}")
                     self._finish(req)
                 return
@@ -142,9 +150,10 @@ class OverlapPyExecutor(PyExecutor):
                 req.output_token_ids.extend(later)
         for req in pending.requests:
             if req.request_id in self._callbacks or req in self._active:
-                self._emit(req)
                 if req.is_finished:
-                    self._finish(req, emitted=True)
+                    self._finish(req)
+                else:
+                    self._emit(req)
 
     def _emit(self, req: LlmRequest) -> None:
         # Respond with known tokens only; the trailing placeholders are sent once filled.
