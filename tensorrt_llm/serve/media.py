@@ -1,9 +1,14 @@
 """Resolve the media URLs of chat requests into images and videos the LLM API accepts.
 
-Sources: `data:` URLs (base64), local files (`file://` URLs or absolute paths) only under
-`--allowed_local_media_path`, and http(s) URLs fetched with a timeout and a size cap.
-Videos are animated images (GIF/WebP/APNG/TIFF) or folders of frame images: no video decoder
-is bundled, so video container formats are rejected with a message saying what to send.
+Sources: `data:` URLs (base64); local files (`file://` URLs or absolute paths) only under
+`--allowed_local_media_path`, read only if they are regular files (a FIFO or device is refused
+without blocking) and within the byte cap; http(s) URLs only when remote media is turned on,
+under the address and redirect rules of media_fetch, within one total deadline.
+Images decode only as PNG, JPEG, WebP, GIF, BMP or TIFF, chosen from the magic bytes (never
+from the declared MIME type), and only after the declared pixel count passed the bound.
+Videos are animated images (GIF/WebP/APNG/TIFF) or folders of frame images, bounded in frames,
+bytes and pixels before decoding: no video decoder is bundled, so video container formats are
+rejected with a message saying what to send.
 
 Every problem raises `MediaError` (a ValueError carrying the request field it came from), which
 the server answers with HTTP 400.
@@ -14,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import io
 import mimetypes
 import os
 from dataclasses import dataclass
@@ -22,49 +26,36 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import httpx
-from PIL import Image, ImageSequence
+from PIL import Image
 
-from ..inputs.utils import VideoData, load_image, load_video
+from ..inputs.image_formats import (
+    ImageTooLarge,
+    UnsupportedImageFormat,
+    check_video_pixels,
+    decode_frames,
+    decode_image,
+    open_image,
+    video_frame_sizes,
+)
+from ..inputs.local_files import LocalFileError, check_path_text, read_regular_file
+from ..inputs.utils import _IMAGE_SUFFIXES, VideoData, load_image
+from .media_config import DEFAULT_FETCH_TIMEOUT_S, DEFAULT_MAX_MEDIA_BYTES, MediaConfig, MediaError
+from .media_fetch import fetch_remote, make_media_http_client
 
-DEFAULT_FETCH_TIMEOUT_S = 10.0
-DEFAULT_MAX_MEDIA_BYTES = 32 * 1024 * 1024
+__all__ = [
+    "DEFAULT_FETCH_TIMEOUT_S",
+    "DEFAULT_MAX_MEDIA_BYTES",
+    "MAX_VIDEO_FRAMES",
+    "MediaConfig",
+    "MediaError",
+    "load_image_url",
+    "load_video_url",
+    "make_media_http_client",
+]
+
 # A bound on decoded video frames, so one request cannot exhaust host memory.
 MAX_VIDEO_FRAMES = 256
 _GENERIC_MIME = ("application/octet-stream", "binary/octet-stream", "")
-
-
-class MediaError(ValueError):
-    """A media source that cannot be used.
-
-    param: the request field it came from; code: a stable machine-readable reason
-    (invalid_media_url, unsupported_media_type, corrupt_media, media_too_large,
-    media_fetch_failed, local_media_disabled, local_path_not_allowed, media_not_found).
-    """
-
-    def __init__(self, message: str, param: str | None = None, code: str = "invalid_media") -> None:
-        super().__init__(message)
-        self.param = param
-        self.code = code
-
-
-@dataclass(frozen=True)
-class MediaConfig:
-    """Where media may come from. allowed_local_media_path=None disables local files."""
-
-    allowed_local_media_path: Path | None = None
-    fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
-    max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES
-
-    def __post_init__(self) -> None:
-        if self.allowed_local_media_path is not None:
-            root = Path(self.allowed_local_media_path).expanduser().resolve()
-            if not root.is_dir():
-                raise ValueError(f"--allowed_local_media_path {root} is not a directory")
-            object.__setattr__(self, "allowed_local_media_path", root)
-        if not self.fetch_timeout_s > 0:
-            raise ValueError(f"fetch_timeout_s must be positive, got {self.fetch_timeout_s}")
-        if self.max_media_bytes < 1:
-            raise ValueError(f"max_media_bytes must be >= 1, got {self.max_media_bytes}")
 
 
 @dataclass
@@ -120,7 +111,6 @@ def _parse_data_url(url: str, config: MediaConfig, param: str | None) -> _Blob:
 
 
 def _local_path(url: str, config: MediaConfig, param: str | None) -> Path:
-    raw = unquote(urlparse(url).path) if url.startswith("file:") else url
     root = config.allowed_local_media_path
     if root is None:
         raise MediaError(
@@ -128,8 +118,17 @@ def _local_path(url: str, config: MediaConfig, param: str | None) -> Path:
             param,
             "local_media_disabled",
         )
-    # NOTE: resolve() follows symlinks and "..", so the containment check sees the real file.
-    path = Path(raw).resolve()
+    try:
+        raw = unquote(urlparse(url).path, errors="strict") if url.startswith("file:") else url
+        check_path_text(raw)
+        # NOTE: resolve() follows symlinks and "..", so the containment check sees the real file.
+        path = Path(raw).resolve()
+    except LocalFileError as exc:
+        raise MediaError(str(exc), param, "invalid_media_url") from None
+    except (ValueError, UnicodeError, OSError, RuntimeError):  # bad %-escapes, symlink loops
+        raise MediaError(
+            f"invalid local media path {ascii(url[:64])}", param, "invalid_media_url"
+        ) from None
     if not path.is_relative_to(root):
         raise MediaError(
             f"local path {raw!r} is outside the allowed media folder "
@@ -137,73 +136,86 @@ def _local_path(url: str, config: MediaConfig, param: str | None) -> Path:
             param,
             "local_path_not_allowed",
         )
-    if not path.exists():
-        raise MediaError(f"local media file {raw!r} does not exist", param, "media_not_found")
     return path
+
+
+_LOCAL_CODES = {
+    "bad_path": "invalid_media_url",
+    "not_found": "media_not_found",
+    "not_regular": "invalid_media_url",
+    "too_large": "media_too_large",
+    "unreadable": "invalid_media_url",
+}
+
+
+def _read_file(path: Path, max_bytes: int, root: Path | None, param: str | None) -> bytes:
+    try:
+        return read_regular_file(path, max_bytes, inside=root)
+    except LocalFileError as exc:
+        raise MediaError(
+            str(exc), param, _LOCAL_CODES.get(exc.reason, "invalid_media_url")
+        ) from None
 
 
 def _read_local(url: str, config: MediaConfig, kind: str, param: str | None) -> _Blob:
     path = _local_path(url, config, param)
-    if path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError:
+        is_dir = False
+    if is_dir:
         if kind != "video":
             raise MediaError(
                 f"local path {path} is a folder, not an image file", param, "invalid_media_url"
             )
         return _Blob(None, "", str(path), folder=path)
-    size = path.stat().st_size
-    if size > config.max_media_bytes:
-        raise MediaError(
-            f"local file {path} has {size} bytes, over the {config.max_media_bytes}-byte cap",
-            param,
-            "media_too_large",
-        )
-    mime = mimetypes.guess_type(path.name)[0] or ""
-    return _Blob(path.read_bytes(), mime, str(path))
+    data = _read_file(path, config.max_media_bytes, config.allowed_local_media_path, param)
+    return _Blob(data, mimetypes.guess_type(path.name)[0] or "", str(path))
 
 
-async def _fetch(
-    url: str, config: MediaConfig, client: httpx.AsyncClient, param: str | None
-) -> _Blob:
-    where = _short(url)
+def _frame_files(folder: Path, param: str | None) -> list[Path]:
+    """The frame image files of a folder, sorted by name, refusing more than MAX_VIDEO_FRAMES."""
+    files: list[Path] = []
     try:
-        async with client.stream("GET", url, timeout=config.fetch_timeout_s) as response:
-            if response.status_code != 200:
-                raise MediaError(
-                    f"fetching {where} failed: HTTP {response.status_code}",
-                    param,
-                    "media_fetch_failed",
-                )
-            declared = response.headers.get("content-length")
-            if declared and declared.isdigit() and int(declared) > config.max_media_bytes:
-                raise MediaError(
-                    f"{where} is {declared} bytes, over the {config.max_media_bytes}-byte cap",
-                    param,
-                    "media_too_large",
-                )
-            chunks, total = [], 0
-            async for chunk in response.aiter_bytes():
-                total += len(chunk)
-                if total > config.max_media_bytes:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if os.path.splitext(entry.name)[1].lower() not in _IMAGE_SUFFIXES:
+                    continue
+                files.append(Path(entry.path))
+                if len(files) > MAX_VIDEO_FRAMES:
                     raise MediaError(
-                        f"{where} is over the {config.max_media_bytes}-byte media cap",
+                        f"video folder {folder} holds more than {MAX_VIDEO_FRAMES} frames",
                         param,
                         "media_too_large",
                     )
-                chunks.append(chunk)
-            mime = response.headers.get("content-type", "").split(";")[0].strip().lower()
-    except httpx.TimeoutException:
+    except OSError:
         raise MediaError(
-            f"fetching {where} timed out after {config.fetch_timeout_s} s",
-            param,
-            "media_fetch_failed",
+            f"video folder {folder} cannot be listed", param, "invalid_media_url"
         ) from None
-    except MediaError:
-        raise
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # ValueError: bad URL text
-        raise MediaError(
-            f"fetching {where} failed: {type(exc).__name__}: {exc}", param, "media_fetch_failed"
-        ) from None
-    return _Blob(b"".join(chunks), mime, where)
+    if not files:
+        raise MediaError(f"video folder {folder} holds no frame images", param, "invalid_media_url")
+    return sorted(files)
+
+
+def _read_frame_folder(folder: Path, config: MediaConfig, param: str | None) -> list[bytes]:
+    """Each frame file's bytes; every frame is a checked regular file, all within one byte cap."""
+    frames, left = [], config.max_media_bytes
+    for path in _frame_files(folder, param):
+        if left <= 0:
+            raise MediaError(
+                f"video folder {folder} is over the {config.max_media_bytes}-byte media cap",
+                param,
+                "media_too_large",
+            )
+        try:
+            data = read_regular_file(path, left, inside=config.allowed_local_media_path)
+        except LocalFileError as exc:
+            code = _LOCAL_CODES.get(exc.reason, "invalid_media_url")
+            detail = "is over the media cap in all" if exc.reason == "too_large" else str(exc)
+            raise MediaError(f"video folder {folder}: {detail}", param, code) from None
+        frames.append(data)
+        left -= len(data)
+    return frames
 
 
 async def _get_blob(
@@ -214,7 +226,8 @@ async def _get_blob(
     if url.startswith("data:"):
         return _parse_data_url(url, config, param)
     if url.startswith(("http://", "https://")):
-        return await _fetch(url, config, client, param)
+        data, mime = await fetch_remote(url, config, client, param)
+        return _Blob(data, mime, _short(url))
     if url.startswith("file:") or os.path.isabs(url):
         return await asyncio.to_thread(_read_local, url, config, kind, param)
     scheme = url.split(":", 1)[0] if ":" in url[:16] else ""
@@ -227,36 +240,58 @@ async def _get_blob(
     )
 
 
-def _decode_image(blob: _Blob, param: str | None) -> Image.Image:
+def _media_error(exc: Exception, kind: str, where: str, param: str | None) -> MediaError:
+    if isinstance(exc, MediaError):
+        return exc
+    if isinstance(exc, UnsupportedImageFormat):
+        return MediaError(f"{exc} ({where})", param, "unsupported_media_type")
+    if isinstance(exc, ImageTooLarge):
+        return MediaError(f"{exc} ({where})", param, "media_too_large")
+    return MediaError(f"corrupt or unreadable {kind} ({where}): {exc}", param, "corrupt_media")
+
+
+def _decode_image(blob: _Blob, config: MediaConfig, param: str | None) -> Image.Image:
     try:
-        return load_image(blob.data or b"")
-    # NOTE: decoders of untrusted bytes fail in many ways (struct.error, EOFError, bomb
-    # guards, ...); each one means the client sent a bad image, never a server fault.
+        return load_image(decode_image(blob.data or b"", "", config.max_image_pixels))
+    # NOTE: decoders of untrusted bytes fail in many ways (struct.error, EOFError, ...); each
+    # one means the client sent a bad image, never a server fault.
     except Exception as exc:
-        raise MediaError(
-            f"corrupt or unreadable image ({blob.where}): {exc}", param, "corrupt_media"
-        ) from None
+        raise _media_error(exc, "image", blob.where, param) from None
 
 
-def _decode_video(blob: _Blob, fps: float | None, param: str | None) -> VideoData:
+def _decode_animation(data: bytes, config: MediaConfig) -> tuple[list[Image.Image], list[float]]:
+    image = open_image(data, "", config.max_image_pixels)
+    sizes = video_frame_sizes(image, data, MAX_VIDEO_FRAMES + 1)
+    if len(sizes) > MAX_VIDEO_FRAMES:
+        raise ImageTooLarge(f"video has more than {MAX_VIDEO_FRAMES} frames")
+    check_video_pixels(sizes, "", config.max_video_pixels, config.max_image_pixels)
+    return decode_frames(image, sizes, "", load_image)
+
+
+def _decode_folder(blob: _Blob, config: MediaConfig, param: str | None) -> list[Image.Image]:
+    assert blob.folder is not None
+    files = _read_frame_folder(blob.folder, config, param)
+    opened = [
+        open_image(data, f"frame {i}", config.max_image_pixels) for i, data in enumerate(files)
+    ]
+    sizes = [image.size for image in opened]
+    check_video_pixels(sizes, "", config.max_video_pixels, config.max_image_pixels)
+    frames: list[Image.Image] = []
+    for image, size in zip(opened, sizes, strict=True):
+        frames.extend(decode_frames(image, [size], "", load_image)[0])
+    return frames
+
+
+def _decode_video(
+    blob: _Blob, fps: float | None, config: MediaConfig, param: str | None
+) -> VideoData:
     try:
         if blob.folder is not None:
-            video = load_video(blob.folder, fps=fps)
-            if len(video.frames) > MAX_VIDEO_FRAMES:
-                raise ValueError(f"more than {MAX_VIDEO_FRAMES} frames")
-            return video
-        image = Image.open(io.BytesIO(blob.data or b""))
-        frames, durations = [], []
-        for frame in ImageSequence.Iterator(image):
-            if len(frames) >= MAX_VIDEO_FRAMES:
-                raise ValueError(f"more than {MAX_VIDEO_FRAMES} frames")
-            frames.append(load_image(frame.copy()))
-            durations.append(frame.info.get("duration") or 0)
+            return VideoData(frames=_decode_folder(blob, config, param), fps=fps)
+        frames, durations = _decode_animation(blob.data or b"", config)
     except Exception as exc:  # see _decode_image
-        raise MediaError(
-            f"corrupt or unreadable video ({blob.where}): {exc}", param, "corrupt_media"
-        ) from None
-    if fps is None and all(d > 0 for d in durations):
+        raise _media_error(exc, "video", blob.where, param) from None
+    if fps is None and durations and all(d > 0 for d in durations):
         fps = 1000.0 * len(durations) / sum(durations)  # the animation's own frame rate
     return VideoData(frames=frames, fps=fps)
 
@@ -268,7 +303,7 @@ async def load_image_url(
     blob = await _get_blob(url, "image", config, client, param)
     if blob.folder is None:
         _check_mime(blob.mime, "image", blob.where, param)
-    return await asyncio.to_thread(_decode_image, blob, param)
+    return await asyncio.to_thread(_decode_image, blob, config, param)
 
 
 async def load_video_url(
@@ -282,4 +317,4 @@ async def load_video_url(
     blob = await _get_blob(url, "video", config, client, param)
     if blob.folder is None:
         _check_mime(blob.mime, "video", blob.where, param)
-    return await asyncio.to_thread(_decode_video, blob, fps, param)
+    return await asyncio.to_thread(_decode_video, blob, fps, config, param)

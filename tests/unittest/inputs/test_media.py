@@ -104,9 +104,9 @@ def test_load_image_float_grayscale_and_alpha() -> None:
     "bad, match",
     [
         (b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, "corrupt image"),
-        (b"definitely not an image", "corrupt image"),
+        (b"definitely not an image", r"unsupported image format \(bytes\)"),
         (_png_bytes(_rgb(20, 20))[:60], "corrupt image"),  # truncated
-        ("data:image/png;base64," + base64.b64encode(b"junk").decode(), "corrupt image"),
+        ("data:image/png;base64," + base64.b64encode(b"junk").decode(), "unsupported image"),
         ("no/such/file.png", "not an existing file"),
         ("data:image/png,rawtext", "base64"),
         (np.zeros((5, 6, 7), np.uint8), r"\[C,H,W\] or \[H,W,C\]"),
@@ -154,7 +154,7 @@ def test_load_video_bad_input(tmp_path: Path) -> None:
         load_video([_rgb(4, 4)], fps=0.0)
     with pytest.raises(ValueError, match="at least one frame"):
         load_video([])
-    with pytest.raises(ValueError, match="corrupt image"):
+    with pytest.raises(ValueError, match="unsupported image format"):
         load_video([b"garbage"])
 
 

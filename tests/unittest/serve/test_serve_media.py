@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import httpx
 import pytest
 from serve_helpers import data_url, gif_bytes, png_bytes
 
+from tensorrt_llm.serve import media_fetch
 from tensorrt_llm.serve.media import MediaConfig, MediaError, load_image_url, load_video_url
 
 
@@ -88,10 +90,17 @@ def test_allowed_root_must_exist(tmp_path: Path) -> None:
         MediaConfig(allowed_local_media_path=tmp_path / "nope")
 
 
-def test_http_fetch_ok_and_failures() -> None:
+def test_http_fetch_ok_and_failures(monkeypatch: pytest.MonkeyPatch) -> None:
     png = png_bytes()
+    seen: list[tuple[str, str]] = []
+
+    async def public(host: str, port: int) -> list[Any]:
+        return [ipaddress.ip_address("93.184.215.14")]  # a public address; nothing connects
+
+    monkeypatch.setattr(media_fetch, "resolve_host", public)
 
     def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, request.headers["host"]))
         path = request.url.path
         if path == "/ok.png":
             return httpx.Response(200, content=png, headers={"content-type": "image/png"})
@@ -99,21 +108,31 @@ def test_http_fetch_ok_and_failures() -> None:
             return httpx.Response(200, content=b"<html>", headers={"content-type": "text/html"})
         if path == "/slow":
             raise httpx.ReadTimeout("slow", request=request)
+        if path == "/refused":
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         if path == "/big":
             return httpx.Response(200, content=b"x" * 5000)
         return httpx.Response(404)
 
-    assert _run(_image("http://h/ok.png", MediaConfig(), handler)).size == (64, 48)
+    remote = MediaConfig(allow_remote_media=True)
+    assert _run(_image("http://h/ok.png", remote, handler)).size == (64, 48)
+    # The connection goes to the checked address; the name travels in the Host header.
+    assert seen == [("93.184.215.14", "h")]
     cases = {
         "http://h/html": ("unsupported_media_type", "text/html"),
-        "http://h/slow": ("media_fetch_failed", "timed out after 0.5 s"),
-        "http://h/missing": ("media_fetch_failed", "HTTP 404"),
+        "http://h/slow": ("media_fetch_failed", "media fetch failed: timed out"),
+        "http://h/refused": ("media_fetch_failed", "media fetch failed: connection failed"),
+        "http://h/missing": ("media_fetch_failed", "media fetch failed: HTTP status 404"),
         "http://h/big": ("media_too_large", "1000-byte"),
     }
-    config = MediaConfig(fetch_timeout_s=0.5, max_media_bytes=1000)
+    config = MediaConfig(fetch_timeout_s=0.5, max_media_bytes=1000, allow_remote_media=True)
     for url, (code, fragment) in cases.items():
         err = _error(url, config, handler)
         assert err.code == code and fragment in str(err), (url, str(err))
+        assert "Errno" not in str(err) and "refused" not in str(err)
+    # Off by default: nothing is even resolved.
+    err = _error("http://h/ok.png", MediaConfig(), handler)
+    assert str(err).startswith("media fetch failed: remote media disabled")
 
 
 def test_videos_from_animated_images_and_folders(tmp_path: Path) -> None:
