@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import os
 import urllib.request
 from collections.abc import Sequence
@@ -21,7 +20,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
+
+from .image_formats import DEFAULT_MAX_IMAGE_PIXELS, decode_image
+from .local_files import read_regular_file
 
 ImageSource = Image.Image | torch.Tensor | np.ndarray | str | os.PathLike | bytes | bytearray
 
@@ -61,13 +63,20 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+# A cap on one image file or download of the Python API: generous (the caller is trusted),
+# but a FIFO, /dev/zero or an endless response cannot hang or exhaust the process.
+_MAX_IMAGE_FILE_BYTES = 256 * 1024 * 1024
+
+
 def _open_bytes(data: bytes, what: str) -> Image.Image:
-    try:
-        image = Image.open(io.BytesIO(data))
-        image.load()  # decode now, so truncated data fails here and not deep in a resize
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise ValueError(f"corrupt image {what}: {exc}") from exc
-    return image
+    # NOTE: the format comes from the magic bytes (an allowlist, so PIL never hands them to
+    # Ghostscript & co.) and the declared size is bounded before decoding; the pixels are
+    # decoded now, so truncated data fails here and not deep in a resize.
+    return decode_image(data, what, DEFAULT_MAX_IMAGE_PIXELS)
+
+
+def _read_image_file(path: Path) -> Image.Image:
+    return _open_bytes(read_regular_file(path, _MAX_IMAGE_FILE_BYTES), f"file {path}")
 
 
 def _array_to_image(array: np.ndarray, prefer_channels_first: bool) -> Image.Image:
@@ -99,9 +108,12 @@ def _load_image_string(src: str) -> Image.Image:
         return _open_bytes(_b64decode(payload, "data URL"), "in data URL")
     if src.startswith(("http://", "https://")):
         with urllib.request.urlopen(src, timeout=_URL_TIMEOUT_S) as response:
-            return _open_bytes(response.read(), f"at {src}")
+            data = response.read(_MAX_IMAGE_FILE_BYTES + 1)
+        if len(data) > _MAX_IMAGE_FILE_BYTES:
+            raise ValueError(f"image at {src[:64]} is over {_MAX_IMAGE_FILE_BYTES} bytes")
+        return _open_bytes(data, f"at {src[:64]}")
     if len(src) < 4096 and os.path.isfile(src):
-        return _open_bytes(Path(src).read_bytes(), f"file {src}")
+        return _read_image_file(Path(src))
     try:
         data = _b64decode(src, "string")
     except ValueError:
@@ -132,8 +144,8 @@ def load_image(src: ImageSource) -> Image.Image:
     if isinstance(src, os.PathLike):
         path = Path(src)
         if not path.is_file():
-            raise ValueError(f"image file not found: {path}")
-        return _to_rgb(_open_bytes(path.read_bytes(), f"file {path}"))
+            raise ValueError(f"image file not found: {ascii(str(path)[:256])}")
+        return _to_rgb(_read_image_file(path))
     if isinstance(src, str):
         return _to_rgb(_load_image_string(src))
     raise ValueError(f"unsupported image type {type(src).__name__}")
