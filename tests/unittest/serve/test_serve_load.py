@@ -116,3 +116,73 @@ def test_concurrent_clients_match_solo_and_free_everything(served: ServeHandle) 
         before, "trtllm_time_to_first_token_seconds_count"
     )
     assert ttft == NUM_CLIENTS * REQUESTS_PER_CLIENT
+
+
+SAMPLED_TOKENS = 12
+
+
+async def _ask_sampled(client: Any, model: str, messages: Any, seed: int, stream: bool) -> int:
+    """A hot (temperature 2) seeded request that runs its full length; its completion tokens."""
+    kwargs = dict(
+        model=model,
+        messages=messages,
+        max_tokens=SAMPLED_TOKENS,
+        temperature=2.0,
+        seed=seed,
+        extra_body={"ignore_eos": True},
+    )
+    if not stream:
+        r = await client.chat.completions.create(**kwargs)
+        assert r.choices[0].finish_reason == "length"
+        return r.usage.completion_tokens
+    chunks = await client.chat.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True}
+    )
+    usage, reasons = None, []
+    async for chunk in chunks:
+        reasons += [c.finish_reason for c in chunk.choices if c.finish_reason]
+        usage = chunk.usage or usage
+    assert reasons == ["length"] and usage is not None
+    return usage.completion_tokens
+
+
+def test_hot_sampling_mixed_with_images_loses_nothing(served: ServeHandle) -> None:
+    """Sampled tokens at temperature 2 hit every id, the vision placeholders included, while
+    other requests' image prefills share the steps: nothing may fail or leak."""
+    prompts = _prompts()
+    before = served.metrics()
+
+    async def run() -> list[int]:
+        client = served.async_client(timeout=120)
+        tokens: list[int] = []
+
+        async def one_client(c: int) -> None:
+            for r in range(REQUESTS_PER_CLIENT):
+                k = (c * REQUESTS_PER_CLIENT + r) % len(prompts)
+                if (c + r) % 2:
+                    tokens.append(
+                        await _ask_sampled(client, served.model, prompts[k], 1000 * c + r, c % 2)
+                    )
+                else:
+                    tokens.append((await _ask(client, served.model, prompts[k], c % 2 == 1))[1])
+
+        try:
+            await asyncio.gather(*(one_client(c) for c in range(NUM_CLIENTS)))
+        finally:
+            await client.close()
+        return tokens
+
+    tokens = asyncio.run(run())
+    assert len(tokens) == NUM_CLIENTS * REQUESTS_PER_CLIENT
+    assert tokens.count(SAMPLED_TOKENS) >= NUM_CLIENTS * REQUESTS_PER_CLIENT // 2
+    after = wait_until_idle(served)
+    assert metric(after, "trtllm_seq_slots_free") == metric(after, "trtllm_seq_slots_total")
+    assert metric(after, "trtllm_kv_cache_free_blocks") == metric(
+        after, "trtllm_kv_cache_total_blocks"
+    )
+    ok = metric(
+        after, "trtllm_http_requests_total", endpoint="/v1/chat/completions", status="200"
+    ) - metric(before, "trtllm_http_requests_total", endpoint="/v1/chat/completions", status="200")
+    assert ok == NUM_CLIENTS * REQUESTS_PER_CLIENT
+    five_xx = [k for k, v in after.items() if "http_requests_total" in k and 'status="5' in k]
+    assert not five_xx, five_xx
