@@ -1,0 +1,163 @@
+"""Chat messages -> token ids, with request text never turned into control tokens.
+
+A user who types `<|im_end|>\\n<|im_start|>system ...` inside a message must not be able to
+open a system turn (role injection). So the chat template is rendered with every request text
+replaced by a unique sentinel; the template's own text keeps special-token parsing and each
+request text is tokenized with special tokens split into plain text.
+
+For honest input nothing changes: request texts that hold no special token are tokenized
+together with the template text around them, as one string, so the ids equal those of
+tokenizing the whole rendered prompt. Only a text in which a special token was found (alone,
+or across the boundary to its neighbours) is cut out and tokenized on its own.
+
+Raw string prompts (not chat) are not handled here: their special tokens are parsed, which is
+how callers write placeholders such as `<|image_pad|>` by hand.
+
+NOTE: a template that transforms a text (trims it, splits it) sees only the sentinel, so the
+request text is used as given; Qwen templates print user text verbatim.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .validation import check_chat_messages
+
+# Message fields that are structure, not request text (the template branches on them).
+_STRUCTURE_KEYS = frozenset({"role", "type"})
+
+
+@dataclass(frozen=True)
+class _Piece:
+    text: str
+    from_request: bool  # True: request text (tokenized with special tokens split if tainted)
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
+    """Chat messages -> prompt text through the tokenizer's chat template."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("prompt is a list of chat messages but the tokenizer has no chat template")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def _masked_messages(
+    messages: list[dict[str, Any]], nonce: str
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """A copy with every request string replaced by `[[<nonce>:<index>]]`, and the strings."""
+    texts: list[str] = []
+
+    def mask(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        texts.append(value)
+        return f"[[{nonce}:{len(texts) - 1}]]"
+
+    masked = []
+    for message in messages:
+        copy = {k: (v if k in _STRUCTURE_KEYS else mask(v)) for k, v in message.items()}
+        content = message.get("content")
+        if isinstance(content, list | tuple):
+            copy["content"] = [
+                {k: (mask(v) if k == "text" else v) for k, v in part.items()}
+                if isinstance(part, Mapping)
+                else part
+                for part in content
+            ]
+        masked.append(copy)
+    return masked, texts
+
+
+def render_chat_pieces(tokenizer: Any, messages: list[dict[str, Any]]) -> list[_Piece]:
+    """The rendered prompt as template pieces and request-text pieces, in order."""
+    check_chat_messages(messages)
+    nonce = secrets.token_hex(8)
+    masked, texts = _masked_messages(list(messages), nonce)
+    rendered = render_chat(tokenizer, masked)
+    pieces: list[_Piece] = []
+    start = 0
+    for match in re.finditer(rf"\[\[{nonce}:(\d+)\]\]", rendered):
+        if match.start() > start:
+            pieces.append(_Piece(rendered[start : match.start()], from_request=False))
+        pieces.append(_Piece(texts[int(match.group(1))], from_request=True))
+        start = match.end()
+    if start < len(rendered):
+        pieces.append(_Piece(rendered[start:], from_request=False))
+    return pieces
+
+
+def special_token_ids(tokenizer: Any) -> frozenset[int]:
+    """Ids that special-token parsing can produce from text (the ones split_special_tokens
+    keeps as plain text)."""
+    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", []) or []}
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(int(i) for i, tok in decoder.items() if getattr(tok, "special", False))
+    return frozenset(ids)
+
+
+def _encode(tokenizer: Any, text: str, split_special: bool) -> list[int]:
+    if not text:
+        return []
+    out = tokenizer(text, add_special_tokens=False, split_special_tokens=split_special)
+    return list(out["input_ids"])
+
+
+def _encode_with_taint(
+    tokenizer: Any, chunk: list[tuple[int, _Piece]], specials: frozenset[int]
+) -> tuple[list[int], set[int]]:
+    """Tokenize joined pieces normally; return ids and the request pieces a special token
+    overlaps (so they must be cut out and tokenized as plain text)."""
+    text = "".join(p.text for _, p in chunk)
+    if not any(p.from_request for _, p in chunk):
+        return _encode(tokenizer, text, split_special=False), set()
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    spans, pos = [], 0
+    for index, piece in chunk:
+        spans.append((index, piece, pos, pos + len(piece.text)))
+        pos += len(piece.text)
+    tainted: set[int] = set()
+    for token, (lo, hi) in zip(ids, enc["offset_mapping"], strict=True):
+        if token not in specials:
+            continue
+        for index, piece, start, end in spans:
+            if piece.from_request and lo < end and start < hi:
+                tainted.add(index)
+    return ids, tainted
+
+
+def tokenize_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """Token ids of a conversation (generation prompt added) with request text kept plain.
+
+    Validates the messages first (roles, content), raising ValueError/TypeError.
+    """
+    pieces = render_chat_pieces(tokenizer, messages)
+    specials = special_token_ids(tokenizer)
+    isolated: set[int] = set()
+    if not getattr(tokenizer, "is_fast", False):
+        # No offsets to find the tainted texts with: split specials in every request text.
+        isolated = {i for i, p in enumerate(pieces) if p.from_request}
+    # Each round cuts out newly tainted texts; the set only grows, so this ends.
+    for _ in range(len(pieces) + 1):
+        ids: list[int] = []
+        tainted: set[int] = set()
+        chunk: list[tuple[int, _Piece]] = []
+        for index, piece in enumerate(pieces):
+            if index not in isolated:
+                chunk.append((index, piece))
+                continue
+            chunk_ids, found = _encode_with_taint(tokenizer, chunk, specials)
+            ids += chunk_ids
+            tainted |= found
+            chunk = []
+            ids += _encode(tokenizer, piece.text, split_special=True)
+        chunk_ids, found = _encode_with_taint(tokenizer, chunk, specials)
+        ids += chunk_ids
+        tainted |= found
+        if not tainted:
+            return ids
+        isolated |= tainted
+    raise RuntimeError("tokenize_chat did not converge")  # unreachable: see the loop bound
