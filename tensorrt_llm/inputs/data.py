@@ -51,4 +51,18 @@ def as_prompt_dict(inputs: PromptInputs | list[ChatMessage]) -> dict[str, Any]:
         )
     if "prompt" not in inputs and "prompt_token_ids" not in inputs:
         raise ValueError("a prompt dict needs a 'prompt' or a 'prompt_token_ids' key")
+    # A misspelt key (say "multimodal_data") would otherwise drop its media without a word.
+    unknown = sorted(str(k) for k in inputs if k not in _PROMPT_KEYS)
+    if unknown:
+        raise ValueError(f"unknown prompt key(s) {unknown}; supported: {sorted(_PROMPT_KEYS)}")
+    if "prompt" in inputs and not isinstance(inputs["prompt"], str | list):
+        kind = type(inputs["prompt"]).__name__
+        raise TypeError(f"prompt must be a str or a list of chat messages, got {kind}")
+    for key in ("multi_modal_data", "mm_processor_kwargs"):
+        value = inputs.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"{key} must be a dict, got {type(value).__name__}")
     return dict(inputs)
+
+
+_PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "multi_modal_data", "mm_processor_kwargs"})

@@ -11,8 +11,11 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
+# render_chat is re-exported: the model input processors import it from here.
+from .chat_tokenize import render_chat, tokenize_chat  # noqa: F401
 from .data import as_prompt_dict
 from .utils import collect_multimodal_data, media_from_messages
+from .validation import check_prompt_token_ids
 
 
 class InputProcessor(Protocol):
@@ -117,13 +120,6 @@ def create_input_processor(
     )
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
-    """Chat messages -> prompt text through the tokenizer's chat template."""
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("prompt is a list of chat messages but the tokenizer has no chat template")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
 class TextInputProcessor:
     """Text LLMs (Qwen2ForCausalLM, Qwen3ForCausalLM, ...): tokenize, nothing else."""
 
@@ -148,10 +144,10 @@ class TextInputProcessor:
         if present:
             raise ValueError(f"text-only model {self.model_path} cannot take {present} inputs")
         if "prompt_token_ids" in prompt:
-            return [int(t) for t in prompt["prompt_token_ids"]], {}
+            return check_prompt_token_ids(prompt["prompt_token_ids"]), {}
         text = prompt["prompt"]
-        if isinstance(text, list):
-            text = render_chat(self.tokenizer, text)
+        if isinstance(text, list):  # request text never becomes control tokens
+            return tokenize_chat(self.tokenizer, text), {}
         return list(self.tokenizer(text)["input_ids"]), {}
 
     def get_dummy_prompt(self, num_tokens: int) -> list[int]:

@@ -31,6 +31,14 @@ from ..inputs.data import as_prompt_dict
 from ..inputs.multimodal import MultimodalParams
 from ..inputs.registry import create_input_processor, load_tokenizer
 from ..inputs.utils import collect_multimodal_data, media_from_messages
+from ..inputs.validation import (
+    check_chat_messages,
+    check_mm_processor_kwargs,
+    check_prompt_token_ids,
+    longest_token_bytes,
+    max_prompt_bytes,
+    prompt_text_bytes,
+)
 from ..sampling_params import SamplingParams
 from .errors import PromptTooLongError
 from .llm_args import LlmArgs
@@ -98,6 +106,11 @@ class LLM:
 
         self._executor = create_py_executor(self.args, self.input_processor, self._tokenizer)
         self._max_seq_len: int = self._executor.max_seq_len
+        # Computed once: a prompt with more text bytes than max_seq_len tokens of this size can
+        # hold is rejected before it is tokenized (tokenizing 10 MB takes seconds).
+        self._max_prompt_bytes = max_prompt_bytes(
+            self._max_seq_len, longest_token_bytes(self._tokenizer)
+        )
         self._extra_eos_ids = _generation_eos_ids(self.args.model)
         self._ids = itertools.count()
         self._ids_lock = threading.Lock()
@@ -139,9 +152,9 @@ class LLM:
         for i, (item, sp) in enumerate(zip(items, params, strict=True)):
             try:
                 prepared.append(self._prepare(item, sp))
-            except ValueError as exc:
-                # The input's index added; a PromptTooLongError stays one.
-                cls = PromptTooLongError if isinstance(exc, PromptTooLongError) else ValueError
+            except (ValueError, TypeError) as exc:
+                # The input's index added; a PromptTooLongError (or TypeError) stays one.
+                cls = type(exc) if isinstance(exc, PromptTooLongError | TypeError) else ValueError
                 raise cls(f"input {i}: {exc}" if is_batch else str(exc)) from exc
         results = [self._submit(p, streaming=False) for p in prepared]
         show = use_tqdm and is_batch and len(results) > 1
@@ -192,17 +205,25 @@ class LLM:
             )
         sampling_params = self._with_end_ids(sampling_params)
         prompt = as_prompt_dict(inputs)
+        self._check_prompt_fields(prompt)
         self._check_mm_limits(prompt)
         defaults = self.args.mm_processor_kwargs
         if defaults:
             given = prompt.get("mm_processor_kwargs") or {}
             prompt["mm_processor_kwargs"] = {**defaults, **given}
+        prompt["mm_processor_kwargs"] = check_mm_processor_kwargs(prompt.get("mm_processor_kwargs"))
         try:
             ids, extra = self.input_processor(prompt, sampling_params)
-        except ValueError:
-            raise
-        except Exception as exc:  # e.g. a processor failing deep inside PIL or numpy
-            raise ValueError(f"input processing failed: {type(exc).__name__}: {exc}") from exc
+        except (ValueError, TypeError):
+            raise  # our own checks: the message names the field
+        except Exception as exc:  # a processor failing deep inside PIL or numpy
+            # NOTE: the raw text can expose internals (object reprs, C-level overflow texts);
+            # the caller gets the stage and the type, the log gets the traceback.
+            logger.warning("input processing failed", exc_info=True)
+            raise ValueError(
+                f"input processing failed ({type(exc).__name__}); check the prompt's media "
+                f"and mm_processor_kwargs"
+            ) from exc
         mm_data = (extra or {}).get("multimodal_data")
         mm_params = MultimodalParams(multimodal_data=mm_data) if mm_data else None
         self._check_request(ids, sampling_params)
@@ -213,6 +234,20 @@ class LLM:
             multimodal_params=mm_params,
             sampling_params=sampling_params,
         )
+
+    def _check_prompt_fields(self, prompt: dict[str, Any]) -> None:
+        """Field types first, then a prompt too long by its byte count alone, untokenized."""
+        text = prompt.get("prompt")
+        if "prompt_token_ids" in prompt:
+            prompt["prompt_token_ids"] = check_prompt_token_ids(prompt["prompt_token_ids"])
+        elif isinstance(text, list):
+            check_chat_messages(text, field="prompt")
+        size = prompt_text_bytes(text)
+        if size > self._max_prompt_bytes:
+            raise PromptTooLongError(
+                f"the prompt has {size} bytes of text, more than max_seq_len="
+                f"{self._max_seq_len} tokens can hold (at most {self._max_prompt_bytes} bytes)"
+            )
 
     def _with_end_ids(self, sp: SamplingParams) -> SamplingParams:
         """Fill end/pad ids from the tokenizer; with the default end id, the checkpoint's

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ...inputs.validation import check_mm_processor_kwargs
+
 # Defaults of the HF Qwen2-VL image processor (OpenAI CLIP statistics).
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -126,7 +128,12 @@ class VisionPreprocessConfig:
         return cls(**values)
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> VisionPreprocessConfig:
-        """Apply per-request `mm_processor_kwargs` (min_pixels, max_pixels, do_resize)."""
+        """Apply per-request `mm_processor_kwargs` (min_pixels, max_pixels, do_resize).
+
+        Every known key is type- and range-checked first (the LLM API checked them already;
+        a processor called directly gets the same errors).
+        """
+        overrides = check_mm_processor_kwargs(overrides)
         changes = {k: overrides[k] for k in ("min_pixels", "max_pixels") if k in overrides}
         changes = {k: int(v) for k, v in changes.items()}
         if "do_resize" in overrides:
