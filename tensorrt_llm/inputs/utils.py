@@ -90,7 +90,18 @@ def _array_to_image(array: np.ndarray, prefer_channels_first: bool) -> Image.Ima
             array = array[..., 0]
     elif array.ndim != 2:
         raise ValueError(f"image array must have 2 or 3 dims, got {list(array.shape)}")
-    if np.issubdtype(array.dtype, np.floating):
+    # NOTE: only real numbers are pixels. A complex array would be cast to its real part,
+    # a bool one read as 0/1 levels, and NaN compares False with every bound, so a NaN-filled
+    # array would pass the range check below and turn into an arbitrary image.
+    kind = array.dtype.kind
+    if kind not in "uif":
+        raise ValueError(
+            f"image array dtype {array.dtype} is not supported: give uint8 values in [0, 255] "
+            f"or float values in [0, 1]"
+        )
+    if kind == "f":
+        if array.size and not np.isfinite(array).all():
+            raise ValueError("image array holds NaN or infinite values")
         if array.size and (array.min() < 0.0 or array.max() > 1.0):
             raise ValueError("float image values must lie in [0, 1]")
         array = np.rint(array * 255.0)
@@ -98,6 +109,13 @@ def _array_to_image(array: np.ndarray, prefer_channels_first: bool) -> Image.Ima
         if array.size and (array.min() < 0 or array.max() > 255):
             raise ValueError("integer image values must lie in [0, 255]")
     return _to_rgb(Image.fromarray(np.ascontiguousarray(array.astype(np.uint8))))
+
+
+def _tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    # numpy has no bfloat16; half-precision pixels are widened (exact) before the checks.
+    if tensor.dtype in (torch.bfloat16, torch.float16):
+        tensor = tensor.float()
+    return tensor.detach().cpu().resolve_conj().resolve_neg().numpy()
 
 
 def _load_image_string(src: str) -> Image.Image:
@@ -136,7 +154,7 @@ def load_image(src: ImageSource) -> Image.Image:
     if isinstance(src, Image.Image):
         return _to_rgb(src)
     if isinstance(src, torch.Tensor):
-        return _array_to_image(src.detach().cpu().numpy(), prefer_channels_first=True)
+        return _array_to_image(_tensor_to_numpy(src), prefer_channels_first=True)
     if isinstance(src, np.ndarray):
         return _array_to_image(src, prefer_channels_first=False)
     if isinstance(src, bytes | bytearray):
@@ -154,7 +172,10 @@ def load_image(src: ImageSource) -> Image.Image:
 def _video_frames(src: Any) -> list[Image.Image]:
     if isinstance(src, torch.Tensor | np.ndarray):
         if src.ndim != 4:
-            raise ValueError(f"video array must be [T,C,H,W] or [T,H,W,C], got {list(src.shape)}")
+            raise ValueError(
+                f"video array must be [T,C,H,W] or [T,H,W,C], got {list(src.shape)} (one "
+                f"frame is an image: pass it under 'image', or as a list of frames)"
+            )
         return [load_image(frame) for frame in src]
     if isinstance(src, str | os.PathLike) and Path(src).is_dir():
         files = sorted(p for p in Path(src).iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES)

@@ -255,11 +255,14 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
         return images, videos
 
     def _prompt_ids(self, prompt: dict[str, Any]) -> list[int]:
+        from ...inputs.chat_tokenize import tokenize_chat
+        from ...inputs.validation import check_prompt_token_ids
+
         if "prompt_token_ids" in prompt:
-            return [int(t) for t in prompt["prompt_token_ids"]]
+            return check_prompt_token_ids(prompt["prompt_token_ids"])
         text = prompt["prompt"]
-        if isinstance(text, list):
-            text = render_chat(self.tokenizer, text)
+        if isinstance(text, list):  # request text never becomes control tokens (role injection)
+            return tokenize_chat(self.tokenizer, text)
         return list(self.tokenizer(text)["input_ids"])
 
     def _check_placeholders(self, ids: list[int], num_images: int, num_videos: int) -> None:
