@@ -5,6 +5,10 @@ arrives while draining gets 503 `shutting_down`; the engine is left with nothing
 from __future__ import annotations
 
 import json
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -85,3 +89,59 @@ def test_shutdown_finishes_what_it_can_and_answers_the_rest(served: ServeHandle)
     samples = wait_until_idle(served)
     assert samples, "metrics unavailable"
     assert served.llm.get_stats().num_running == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_sigint_with_requests_in_flight_answers_every_client() -> None:
+    """The real command: SIGINT while 8 long requests run; every client gets a clear end."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "tensorrt_llm.commands.serve", "--demo", "--device", "cpu"]
+    cmd += ["--port", str(port), "--host", "127.0.0.1", "--max_seq_len", "512"]
+    cmd += ["--timeout_graceful_shutdown", "1", "--log_level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.2)
+        model = httpx.get(base + "/v1/models", timeout=5).json()["data"][0]["id"]
+        handle = ServeHandle(base, model, None, None, None)  # type: ignore[arg-type]
+        out: dict[str, Any] = {}
+        threads = [
+            threading.Thread(
+                target=_post, args=(handle, _body(handle, LONG_TOKENS, stream=i % 2 == 1), out, i)
+            )
+            for i in range(8)
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGINT)
+        for t in threads:
+            t.join(60)
+        # uvicorn re-raises the signal once it has shut down (the conventional exit status).
+        assert proc.wait(60) in (0, -signal.SIGINT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for i in range(8):
+        status, _, text = out[i]
+        if i % 2 == 0:
+            assert status == 503 and json.loads(text)["error"]["code"] == "shutting_down", out[i]
+        else:
+            events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+            assert status == 200 and events[-1] == "[DONE]", text[-300:]
+            assert json.loads(events[-2])["error"]["code"] == "shutting_down"
