@@ -98,7 +98,13 @@ def address_refusal(address: IPAddress) -> str | None:
         if address.scope_id is not None:
             address = ipaddress.IPv6Address(str(address).split("%", 1)[0])
             candidates = [address]
-        candidates += _embedded_ipv4(address)
+        embedded = _embedded_ipv4(address)
+        if address.ipv4_mapped is not None or address in _IPV4_COMPATIBLE:
+            # These forms only carry an IPv4 address (::/8 itself counts as reserved), so the
+            # IPv4 address alone decides; ::ffff:8.8.8.8 is as public as 8.8.8.8.
+            candidates = embedded or candidates
+        else:
+            candidates += embedded
     for candidate in candidates:
         if not _is_public_one(candidate):
             return _category(candidate)
@@ -106,7 +112,7 @@ def address_refusal(address: IPAddress) -> str | None:
 
 
 def _category(address: IPAddress) -> str:
-    for name in ("loopback", "link_local", "multicast", "unspecified", "private", "reserved"):
+    for name in ("loopback", "link_local", "multicast", "unspecified", "reserved", "private"):
         if getattr(address, f"is_{name}"):
             return name.replace("_", "-")
     return "non-public"

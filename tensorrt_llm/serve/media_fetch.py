@@ -20,6 +20,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import ssl
 from dataclasses import dataclass
 
 import httpx
@@ -34,8 +35,10 @@ _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def make_media_http_client(config: MediaConfig | None = None) -> httpx.AsyncClient:
-    """The httpx client the server holds for media fetches.
+def make_media_http_client(
+    config: MediaConfig | None = None, verify: ssl.SSLContext | bool = True
+) -> httpx.AsyncClient:
+    """The httpx client the server holds for media fetches (verify: TLS trust, as httpx's).
 
     follow_redirects=False: fetch_remote checks each hop itself. trust_env=False: no proxy or
     netrc from the environment (a proxy would connect to the name itself, undoing the check).
@@ -46,6 +49,7 @@ def make_media_http_client(config: MediaConfig | None = None) -> httpx.AsyncClie
     return httpx.AsyncClient(
         follow_redirects=False,
         trust_env=False,
+        verify=verify,
         timeout=httpx.Timeout(timeout),
         limits=httpx.Limits(max_keepalive_connections=0),
         headers={"Accept-Encoding": "identity", "User-Agent": "trtllm-serve"},
