@@ -32,6 +32,11 @@ from tensorrt_llm._torch.models.modeling_qwen2vl import (
     Qwen2VLInputProcessorBase,
 )
 from tensorrt_llm._torch.models.modeling_qwen3vl import Qwen3VLInputProcessorBase
+from tensorrt_llm.inputs.multimodal import (
+    MULTIMODAL_LENGTHS,
+    MULTIMODAL_POSITIONS,
+    placeholder_spans,
+)
 from tensorrt_llm.inputs.registry import (
     INPUT_PROCESSOR_REGISTRY,
     TextInputProcessor,
@@ -124,7 +129,12 @@ def test_image_parity_and_token_expansion(
     )
     assert torch.equal(mm["image"]["pixel_values"], want["pixel_values"])
     assert torch.equal(mm["image"]["image_grid_thw"], want["image_grid_thw"])
-    assert set(mm) == {"image", "mrope_config"}
+    assert set(mm) == {"image", "mrope_config", MULTIMODAL_POSITIONS, MULTIMODAL_LENGTHS}
+    # The recorded spans are the runs of image pads in the expanded prompt.
+    starts, lengths = placeholder_spans(ids, proc.image_token_id)
+    assert mm[MULTIMODAL_POSITIONS]["image"].tolist() == starts
+    assert mm[MULTIMODAL_LENGTHS]["image"].tolist() == lengths
+    assert len(starts) == 2 and "video" not in mm[MULTIMODAL_POSITIONS]
     # HF's own replacement of each placeholder, then its tokenizer: the ids must agree.
     fake = SimpleNamespace(image_processor=proc.image_processor, image_token="<|image_pad|>")
     parts = prompt.split("<|image_pad|>")
@@ -301,6 +311,13 @@ def test_video_preprocessing(family: str, procs: dict[str, Any]) -> None:
     else:
         assert "second_per_grid_ts" not in video
     assert ids.count(proc.video_token_id) == int(grid.prod()) // m**2
+    # Spans: one run of pads per video (Qwen2-VL family) or per temporal patch (Qwen3-VL,
+    # where timestamp text separates the frames), exactly the pad runs of the prompt.
+    mm = extra["multimodal_data"]
+    starts, lengths = placeholder_spans(ids, proc.video_token_id)
+    assert len(starts) == (3 if isinstance(proc, Qwen3VLInputProcessorBase) else 1)
+    assert mm[MULTIMODAL_POSITIONS]["video"].tolist() == starts
+    assert mm[MULTIMODAL_LENGTHS]["video"].tolist() == lengths
     # A plain frame list takes its fps from mm_processor_kwargs.
     _, again = proc(
         {
