@@ -277,7 +277,7 @@ class PyExecutor:
 
     def _fail_input(self, req: LlmRequest, message: str) -> None:
         """Fail one request whose input cannot run (see request_errors.run_isolated)."""
-        req.set_error(message, ERROR_INVALID_INPUT)
+        req.set_error(f"invalid request input: {message}", ERROR_INVALID_INPUT)
         self._finish(req)
 
     def _forward_and_sample(
