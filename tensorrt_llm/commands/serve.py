@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..inputs.image_formats import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_VIDEO_PIXELS
 from ..serve.lifecycle import DEFAULT_HEADER_READ_TIMEOUT_S
 from ..serve.request_body import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_REQUEST_BODY_BYTES
 from ..serve.server_args import DEFAULT_MAX_PROMPTS, DEFAULT_MAX_SEQUENCES
@@ -95,16 +96,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv_cache_dtype", default=None, help="auto | fp8 (e4m3 KV cache)")
     p.add_argument("--log_level", choices=LOG_LEVELS, default="info")
     p.add_argument("--default_max_tokens", type=int, default=256, help="when a request has none")
-    p.add_argument("--media_fetch_timeout", type=float, default=10.0, help="seconds per URL")
-    p.add_argument("--max_media_bytes", type=int, default=32 * 1024 * 1024)
     p.add_argument(
         "--timeout_graceful_shutdown",
         type=float,
         default=30.0,
         help="seconds in-flight requests get to finish on shutdown before they are failed",
     )
+    _add_media_flags(p)
     _add_request_bounds(p)
     return p
+
+
+def _add_media_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("media sources")
+    g.add_argument(
+        "--allow_remote_media",
+        action="store_true",
+        help="fetch http(s) media URLs from any public host (off by default)",
+    )
+    g.add_argument(
+        "--allowed_media_domains",
+        nargs="+",
+        default=None,
+        metavar="HOST",
+        help="fetch http(s) media only from these hosts ('*.example.com' for subdomains); "
+        "turns remote fetching on for them",
+    )
+    g.add_argument(
+        "--allow_private_media_addresses",
+        action="store_true",
+        help="let media URLs reach loopback, private and link-local addresses (trusted "
+        "networks only)",
+    )
+    g.add_argument(
+        "--media_fetch_timeout",
+        type=float,
+        default=10.0,
+        help="seconds for a whole fetch: lookup, redirects and body",
+    )
+    g.add_argument("--max_media_bytes", type=int, default=32 * 1024 * 1024)
+    g.add_argument(
+        "--max_media_pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help="pixels an image may declare (checked before decoding)",
+    )
+    g.add_argument(
+        "--max_video_pixels",
+        type=int,
+        default=DEFAULT_MAX_VIDEO_PIXELS,
+        help="pixels of all frames of a video together",
+    )
 
 
 def _add_request_bounds(p: argparse.ArgumentParser) -> None:
@@ -156,6 +198,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "max_prompts_per_request",
         "max_sequences_per_request",
         "max_media_bytes",
+        "max_media_pixels",
+        "max_video_pixels",
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")

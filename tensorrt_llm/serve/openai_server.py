@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .chat_utils import check_mm_limits, resolve_messages, to_sampling_params
 from .lifecycle import DrainController, until_aborted
 from .llm_client import LLMClient
+from .media import make_media_http_client
 from .metrics import ServerMetrics
 from .openai_protocol import (
     APIError,
@@ -395,7 +396,7 @@ def build_app(llm: Any, args: argparse.Namespace | Any) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        server.http = httpx.AsyncClient(follow_redirects=True, max_redirects=3)
+        server.http = make_media_http_client(server.media_config)
         try:
             yield
         finally:

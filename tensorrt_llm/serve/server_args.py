@@ -31,8 +31,15 @@ def media_config_from_args(args: Any) -> MediaConfig:
     for flag, field in (
         ("media_fetch_timeout", "fetch_timeout_s"),
         ("max_media_bytes", "max_media_bytes"),
+        ("max_media_pixels", "max_image_pixels"),
+        ("max_video_pixels", "max_video_pixels"),
     ):
         value = _given(args, flag)
         if value is not None:
             kwargs[field] = value
+    for flag in ("allow_remote_media", "allow_private_media_addresses"):
+        kwargs[flag] = bool(_given(args, flag))
+    domains = _given(args, "allowed_media_domains")
+    if domains:
+        kwargs["allowed_media_domains"] = tuple(domains)
     return MediaConfig(**kwargs)

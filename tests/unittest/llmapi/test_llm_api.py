@@ -170,8 +170,13 @@ def test_stop_string_cuts_text(llm: Any) -> None:
 
 def test_bad_inputs_fail_alone(llm: Any, image: Image.Image) -> None:
     corrupt = {**image_prompt(llm, image), "multi_modal_data": {"image": [b"not a png"]}}
-    with pytest.raises(ValueError, match="corrupt image"):
+    with pytest.raises(ValueError, match="unsupported image format"):
         llm.generate(corrupt, GREEDY)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    truncated = {**image_prompt(llm, image), "multi_modal_data": {"image": [buf.getvalue()[:60]]}}
+    with pytest.raises(ValueError, match="corrupt image"):
+        llm.generate(truncated, GREEDY)
     no_placeholder = {"prompt": QUESTION, "multi_modal_data": {"image": [image]}}
     with pytest.raises(ValueError, match="placeholder"):
         llm.generate(no_placeholder, GREEDY)

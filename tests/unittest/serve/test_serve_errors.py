@@ -50,10 +50,10 @@ BAD_BODIES = [
         "does not match any of the expected tags",
     ),
     (
-        "corrupt image",
+        "not an image",
         lambda s: _body(s, user(image_part(data_url(b"not an image at all")))),
-        "corrupt_media",
-        "corrupt or unreadable image",
+        "unsupported_media_type",
+        "unsupported image format",
     ),
     (
         "truncated image",
