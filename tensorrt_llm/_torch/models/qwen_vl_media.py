@@ -1,9 +1,9 @@
 """Qwen-VL pixel preprocessing for videos (and images), without torchvision.
 
 The HF video processors need torchvision, which this project does not depend on, so videos are
-patchified here with the same rules the HF image processor applies to images:
-resize (smart-resize, PIL bicubic) -> rescale -> normalise -> group `temporal_patch_size` frames
-(repeating the last frame to fill the final group) -> flatten to
+patchified here: resize (smart-resize; video frames with HF's video-processor torch resize, see
+`qwen_vl_video_pixels`, images with PIL bicubic) -> rescale -> normalise -> group
+`temporal_patch_size` frames (repeating the last frame to fill the final group) -> flatten to
 [N_patches, C * temporal_patch_size * patch_size**2] in the HF patch order
 (t, h-block, w-block, h-in-merge, w-in-merge) with (C, t, ph, pw) inside a patch.
 An image is the one-frame case; its output equals the HF image processor's (tested).
@@ -23,6 +23,7 @@ import torch
 from PIL import Image
 
 from ...inputs.validation import check_mm_processor_kwargs
+from .qwen_vl_video_pixels import video_frame_to_array
 
 # Defaults of the HF Qwen2-VL image processor (OpenAI CLIP statistics).
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -290,7 +291,9 @@ def preprocess_frames(
         raise ValueError("no frames to preprocess")
     width, height = frames[0].size
     size = target_size(height, width, cfg, num_frames=len(frames) if as_video else None)
-    stacked = np.stack([frame_to_array(frame, size, cfg) for frame in frames])
+    # Videos follow HF's video processors (torch resize), images its image processors (PIL).
+    to_array = video_frame_to_array if as_video else frame_to_array
+    stacked = np.stack([to_array(frame, size, cfg) for frame in frames])
     patches, grid = patchify(stacked, cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size)
     return torch.from_numpy(np.ascontiguousarray(patches)), grid
 
