@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +32,10 @@ ERROR_ENGINE = "engine_error"
 ERROR_CODES = (ERROR_PROMPT_TOO_LONG, ERROR_INVALID_INPUT, ERROR_SHUTTING_DOWN, ERROR_ENGINE)
 
 
+# Tags the default group key, so it never equals a caller's group value.
+_OWN_GROUP = object()
+
+
 class LlmRequestState(enum.Enum):
     CONTEXT_INIT = enum.auto()
     GENERATION_IN_PROGRESS = enum.auto()
@@ -48,6 +52,7 @@ class LlmRequest:
         sampling_params: SamplingParams | None = None,
         multimodal_params: MultimodalParams | None = None,
         arrival_time: float | None = None,
+        scheduling_group: Hashable | None = None,
     ) -> None:
         prompt = np.asarray(prompt_token_ids)
         if prompt.ndim != 1 or prompt.size == 0:
@@ -64,6 +69,9 @@ class LlmRequest:
         self.prompt_token_ids: list[int] = self._prompt_array.tolist()
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.multimodal_params = multimodal_params
+        # Requests that share a group (e.g. the prompts x n of one client call) are admitted
+        # round-robin against other groups (scheduler.py); None: a group of its own.
+        self.scheduling_group = scheduling_group
 
         self.state = LlmRequestState.CONTEXT_INIT
         self.seq_slot: int | None = None
@@ -124,6 +132,28 @@ class LlmRequest:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def scheduling_group(self) -> Hashable | None:
+        return self._scheduling_group
+
+    @scheduling_group.setter
+    def scheduling_group(self, group: Hashable | None) -> None:
+        # Checked here, not in the scheduler: an unhashable group there would fail every request.
+        try:
+            hash(group)
+        except TypeError as exc:
+            raise TypeError(
+                f"scheduling_group must be hashable, got {type(group).__name__}"
+            ) from exc
+        self._scheduling_group = group
+
+    @property
+    def scheduling_key(self) -> Hashable:
+        """The admission group: `scheduling_group`, or one of the request's own."""
+        if self.scheduling_group is None:
+            return (_OWN_GROUP, self.request_id)
+        return self.scheduling_group
 
     # ---- state -------------------------------------------------------------------------------
     @property

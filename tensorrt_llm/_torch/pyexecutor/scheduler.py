@@ -3,10 +3,21 @@
 Policy (kept deliberately simple):
 - Generation requests go first: they already hold a seq slot and KV blocks, and each costs
   one token of the `max_num_tokens` budget.
-- Context requests follow in FCFS order while the batch has room. Without chunked prefill a
-  prompt runs whole or waits; with it the head request takes whatever budget is left.
-  The first context request that cannot start blocks the ones behind it (strict FCFS, so a
-  long prompt is never starved by short ones).
+- Context requests follow while the batch has room: first those already admitted (a prompt
+  part-way through chunked prefill, FCFS), then the waiting ones in fair order. Without
+  chunked prefill a prompt runs whole or waits; with it the head request takes whatever budget
+  is left.
+- Fair order: waiting requests belong to scheduling groups (`LlmRequest.scheduling_group`,
+  e.g. all prompts x n of one client call; default: a group per request). Groups take turns
+  round-robin: a rotation keeps them oldest first, a group that gets a request admitted goes
+  to the back, a new group joins at the back. Within a step the order interleaves the
+  groups (the first waiting request of each group in rotation order, then the second of
+  each, ...); inside a group it is FCFS. With one request per group this is plain FCFS.
+  So one call with 200 prompts x n=16 delays a later client by about one admission, not by
+  3200 of them.
+- No starvation: the first waiting request (in that order) that cannot start blocks the ones
+  behind it, and its group keeps its place at the head of the rotation; a long prompt thus
+  waits at most one turn of the rotation and then runs once resources free up.
 - KV: a request reserves blocks for `prompt_len + max_tokens` tokens when it is admitted
   (its first chunk). Generation therefore never runs out of blocks and nothing is ever
   preempted; the price is memory held for tokens a request may not generate. The one spare
@@ -15,7 +26,9 @@ Policy (kept deliberately simple):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .llm_request import LlmRequest
@@ -51,6 +64,14 @@ class ScheduledRequests:
         return self.context_requests + self.generation_requests
 
 
+def _interleave(queues: list[list[LlmRequest]]) -> Iterator[LlmRequest]:
+    """The first item of each queue, then the second of each, ..."""
+    for rank in range(max((len(q) for q in queues), default=0)):
+        for queue in queues:
+            if rank < len(queue):
+                yield queue[rank]
+
+
 def kv_reservation_tokens(request: LlmRequest) -> int:
     """Tokens of KV a request reserves at admission (see the module policy)."""
     return request.max_num_tokens
@@ -74,6 +95,8 @@ class SimpleScheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.kv_cache_manager = kv_cache_manager
         self.seq_slot_manager = seq_slot_manager
+        # Groups with waiting requests, in turn order (see the module policy).
+        self._rotation: OrderedDict[Hashable, None] = OrderedDict()
 
     def validate(self, request: LlmRequest) -> str | None:
         """Why the request can never be scheduled (None when it can). Checked at submission."""
@@ -110,22 +133,45 @@ class SimpleScheduler:
                 continue
             scheduled.generation_requests.append(req)
             budget -= 1
-        blocked = False
+        served: list[Hashable] = []
+        for req in self._context_order(requests):
+            if scheduled.batch_size >= self.max_batch_size:
+                break
+            chunk = self._context_chunk(req, budget)
+            newly_admitted = req.seq_slot is None
+            if chunk == 0 or not self._admit(req):
+                break  # the head blocks the rest: no starvation (module docstring)
+            req.context_chunk_size = chunk
+            scheduled.context_requests.append(req)
+            budget -= chunk
+            if newly_admitted:
+                served.append(req.scheduling_key)
+        for group in served:  # their turn is used: to the back of the rotation
+            if group in self._rotation:
+                self._rotation.move_to_end(group)
+        return scheduled
+
+    def _context_order(self, requests: list[LlmRequest]) -> Iterator[LlmRequest]:
+        """Context requests in admission order: admitted ones (FCFS), then the waiting ones
+        interleaved over the groups in rotation order. Clears every stale chunk size first;
+        the order itself is produced lazily (admission usually stops after a few)."""
+        admitted: list[LlmRequest] = []
+        waiting: dict[Hashable, list[LlmRequest]] = {}
         for req in requests:
             if not req.is_context_init:
                 continue
             req.context_chunk_size = 0  # stale values from a previous step must not leak
-            if blocked or scheduled.batch_size >= self.max_batch_size:
-                blocked = True
-                continue
-            chunk = self._context_chunk(req, budget)
-            if chunk == 0 or not self._admit(req):
-                blocked = True
-                continue
-            req.context_chunk_size = chunk
-            scheduled.context_requests.append(req)
-            budget -= chunk
-        return scheduled
+            if req.seq_slot is not None:
+                admitted.append(req)
+            else:
+                waiting.setdefault(req.scheduling_key, []).append(req)
+        for group in [g for g in self._rotation if g not in waiting]:
+            del self._rotation[group]
+        for group in waiting:  # dict order = FCFS order of each new group's first request
+            if group not in self._rotation:
+                self._rotation[group] = None
+        queues = [waiting[group] for group in self._rotation]
+        return itertools.chain(admitted, _interleave(queues))
 
     def _context_chunk(self, req: LlmRequest, budget: int) -> int:
         remaining = req.context_remaining_length
