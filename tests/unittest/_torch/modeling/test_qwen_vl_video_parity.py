@@ -130,3 +130,32 @@ def test_video_pixels_equal_hf_video_processor(
     assert h % factor or w % factor or h * w > proc.video_config.max_pixels
     assert ours["pixel_values_videos"].dtype == torch.float32
     torch.testing.assert_close(ours["pixel_values_videos"], want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def test_video_logits_match_hf_on_resized_frames(
+    hf_video_processor: Any, family: str, tmp_path: Any
+) -> None:
+    """Our engine on our pixels vs the HF model on HF's video-processor pixels."""
+    from vl_parity_helpers import admit, build_stack, hf_logits, make_request, release
+
+    from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+    from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
+
+    stack = build_stack(family, write_tiny_checkpoint(family, tmp_path))
+    frames = _frames(2, 45, 100)  # 45x100 is no multiple of 28: every frame is resized
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Hm?"}]}]
+    req = make_request(
+        stack, 1, {"prompt": messages, "multi_modal_data": {"video": [VideoData(frames, 2.0)]}}
+    )
+    data = dict(req.hf_inputs)
+    pixels, grid = _hf_pixels(hf_video_processor, stack.processor, frames)
+    data["video"] = {**data["video"], "pixel_values_videos": pixels, "video_grid_thw": grid}
+    ids = list(req.prompt_token_ids)
+    admit(stack, req)
+    try:
+        req.context_chunk_size = req.prompt_len
+        ours = stack.engine.forward(ScheduledRequests([req], []), return_context_logits=True)
+        torch.testing.assert_close(ours.float(), hf_logits(stack, ids, data), atol=1e-4, rtol=0)
+    finally:
+        release(stack, req)
