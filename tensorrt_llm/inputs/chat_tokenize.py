@@ -19,8 +19,10 @@ request text is used as given; Qwen templates print user text verbatim.
 
 from __future__ import annotations
 
+import copy
 import re
 import secrets
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -98,10 +100,42 @@ def special_token_ids(tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+_COPY_ATTR = "_trtllm_plain_text_tokenizer"
+_COPY_LOCK = threading.Lock()
+
+
+def plain_text_tokenizer(tokenizer: Any) -> Any:
+    """A private copy of `tokenizer` that always splits special tokens into plain text.
+
+    NOTE: HF's fast tokenizers implement `split_special_tokens=True` by setting a flag on the
+    Rust backend the tokenizer object holds, encoding, and leaving the flag for the next call
+    to reset. Requests are tokenized on several threads at once, so with one shared tokenizer
+    a reset could land between another request's set and its encode, and a user's
+    `<|im_start|>` would parse as a control token. The copy's flag is set once and never
+    changes; the shared tokenizer's is never touched.
+    """
+    cached = getattr(tokenizer, _COPY_ATTR, None)
+    if cached is not None:
+        return cached
+    with _COPY_LOCK:
+        cached = getattr(tokenizer, _COPY_ATTR, None)
+        if cached is None:
+            cached = copy.deepcopy(tokenizer)
+            cached.split_special_tokens = True
+            backend = getattr(cached, "_tokenizer", None)
+            if backend is not None and hasattr(backend, "encode_special_tokens"):
+                backend.encode_special_tokens = True
+            setattr(tokenizer, _COPY_ATTR, cached)
+    return cached
+
+
 def _encode(tokenizer: Any, text: str, split_special: bool) -> list[int]:
     if not text:
         return []
-    out = tokenizer(text, add_special_tokens=False, split_special_tokens=split_special)
+    if split_special:
+        out = plain_text_tokenizer(tokenizer)(text, add_special_tokens=False)
+    else:
+        out = tokenizer(text, add_special_tokens=False)
     return list(out["input_ids"])
 
 

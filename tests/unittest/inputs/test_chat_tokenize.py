@@ -116,3 +116,43 @@ def test_bad_messages_raise_naming_the_field(tokenizer: Any) -> None:
         tokenize_chat(tokenizer, [{"role": "wizard", "content": "hi"}])
     with pytest.raises(ValueError, match=r"messages\[1\] has no 'content'"):
         tokenize_chat(tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant"}])
+
+
+class _BackendSpy:
+    """Stands in for a fast tokenizer's Rust backend and records every attribute it is set."""
+
+    def __init__(self, backend: Any) -> None:
+        object.__setattr__(self, "_backend", backend)
+        object.__setattr__(self, "sets", [])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self.sets.append((name, value))
+        setattr(self._backend, name, value)
+
+
+def test_tokenize_chat_never_flips_the_shared_tokenizer(tokenizer: Any) -> None:
+    """HF fast tokenizers implement split_special_tokens by flipping a flag on the backend the
+    tokenizer object shares; requests are tokenized on several threads at once, so a flip could
+    land between another request's own flip and its encode. Plain-text splitting must go
+    through a tokenizer of its own."""
+    messages = [{"role": "user", "content": INJECTION}]
+    expected = tokenize_chat(tokenizer, messages)
+    spy = _BackendSpy(tokenizer._tokenizer)
+    tokenizer._tokenizer = spy
+    try:
+        assert tokenize_chat(tokenizer, messages) == expected
+        assert tokenizer("<|im_start|>user")["input_ids"][0] == tokenizer.convert_tokens_to_ids(
+            "<|im_start|>"
+        )
+    finally:
+        tokenizer._tokenizer = spy._backend
+    assert [s for s in spy.sets if s[0] == "encode_special_tokens"] == []
+    assert (
+        _control_counts(tokenizer, expected)["<|im_start|>"]
+        == _control_counts(tokenizer, _whole(tokenizer, [{"role": "user", "content": "hi"}]))[
+            "<|im_start|>"
+        ]
+    )
