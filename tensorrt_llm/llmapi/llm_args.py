@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .._torch.attention_backend.interface import FLASH_ATTN_PAGE_MULTIPLE
+from ..inputs.validation import check_mm_processor_kwargs
 
 DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,
@@ -170,6 +171,8 @@ class LlmArgs:
         if not isinstance(self.mm_processor_kwargs, dict):
             kwargs = self.mm_processor_kwargs
             raise ValueError(f"mm_processor_kwargs must be a dict, got {kwargs!r}")
+        # The defaults apply to every request: a bad one fails here, not on each request.
+        check_mm_processor_kwargs(self.mm_processor_kwargs)
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was requested but no CUDA device is available")
 

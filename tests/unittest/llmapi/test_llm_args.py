@@ -59,6 +59,7 @@ def test_pathlike_model_is_normalised(tmp_path: Path) -> None:
         ("limit_mm_per_prompt", {"audio": 1}, "limit_mm_per_prompt key must be one of"),
         ("limit_mm_per_prompt", {"image": -1}, r"limit_mm_per_prompt\['image'\] must be >= 0"),
         ("mm_processor_kwargs", "x", "mm_processor_kwargs must be a dict"),
+        ("mm_processor_kwargs", {"fps": -1}, "mm_processor_kwargs.*fps"),
     ],
 )
 def test_bad_field_raises(model_dir: str, field: str, value: Any, match: str) -> None:
