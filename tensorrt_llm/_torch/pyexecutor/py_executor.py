@@ -188,6 +188,14 @@ class PyExecutor:
 
     def _accept(self, request: LlmRequest, callback: ResponseCallback | None) -> None:
         rid = request.request_id
+        if any(req.request_id == rid for req in self._active):
+            # NOTE: answered apart: the callback, sent count, slot and KV blocks keyed by this
+            # id belong to the live request, and `_finish` would free them.
+            request.set_error(f"request id {rid} is already in use", ERROR_ENGINE)
+            self._deliver(callback, self._response(request, []))
+            with self._stats_lock:
+                self._stats.num_failed += 1
+            return
         self._callbacks[rid] = callback
         self._num_sent[rid] = 0
         rejected = self._validate(request)
@@ -201,8 +209,6 @@ class PyExecutor:
         """(message, error code) when the request cannot be admitted."""
         if self._stopping:
             return SHUTDOWN_ERROR, ERROR_SHUTTING_DOWN
-        if any(req.request_id == request.request_id for req in self._active):
-            return f"request id {request.request_id} is already in use", ERROR_ENGINE
         reason = self.why_never_fits(request)
         return None if reason is None else (reason, ERROR_PROMPT_TOO_LONG)
 
@@ -328,8 +334,12 @@ class PyExecutor:
         if not new and not req.is_finished:
             return
         self._num_sent[rid] = sent + len(new)
-        response = LlmResponse(
-            request_id=rid,
+        self._deliver(self._callbacks.get(rid), self._response(req, new))
+
+    @staticmethod
+    def _response(req: LlmRequest, new: list[int]) -> LlmResponse:
+        return LlmResponse(
+            request_id=req.request_id,
             new_token_ids=list(new),
             finished=req.is_finished,
             finish_reason=req.finish_reason,
@@ -337,14 +347,15 @@ class PyExecutor:
             error=req.error,
             error_code=req.error_code,
         )
-        callback = self._callbacks.get(rid)
+
+    def _deliver(self, callback: ResponseCallback | None, response: LlmResponse) -> None:
         if callback is None:
             self.responses.put(response)
             return
         try:
             callback(response)
         except Exception:
-            logger.exception("response callback of request %s raised", rid)
+            logger.exception("response callback of request %s raised", response.request_id)
 
     def _finish(self, req: LlmRequest) -> None:
         """Free the request's resources, then send its final response.

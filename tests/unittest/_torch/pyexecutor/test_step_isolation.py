@@ -95,6 +95,28 @@ def test_input_error_fails_only_its_request() -> None:
     assert stats.num_failed == 2 and stats.num_completed == 3
 
 
+def test_duplicate_request_id_leaves_the_live_request_alone() -> None:
+    ex, engine = make_executor(max_batch_size=2)
+    col = Collector()
+    park_loop(ex, engine, col)
+    submit(ex, col, 1, [7, 8], max_tokens=4)
+    dup: list[LlmResponse] = []
+    got_dup = threading.Event()
+
+    def on_dup(resp: LlmResponse) -> None:
+        dup.append(resp)
+        got_dup.set()
+
+    ex.enqueue_request(LlmRequest(1, [3], SamplingParams(max_tokens=2)), on_dup)
+    engine.gate.set()
+    assert got_dup.wait(TIMEOUT)
+    assert dup[0].finished and "already in use" in (dup[0].error or "")
+    # The live request keeps its callback, its slot and its blocks, and finishes normally.
+    assert col.wait(1).finish_reason == "length" and col.tokens(1) == expected([7, 8], 4)
+    ex.shutdown()
+    assert_all_free(ex)
+
+
 # ---------------------------------------------------------------------------------- stats
 
 
