@@ -13,7 +13,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .._torch.pyexecutor.llm_request import ERROR_PROMPT_TOO_LONG, ERROR_SHUTTING_DOWN
+from .._torch.pyexecutor.llm_request import (
+    ERROR_INVALID_INPUT,
+    ERROR_PROMPT_TOO_LONG,
+    ERROR_SHUTTING_DOWN,
+)
 
 # OpenAI documents at most 4 stop sequences; a cap keeps the per-token stop check cheap.
 MAX_STOP_SEQUENCES = 4
@@ -63,9 +67,14 @@ class APIError(Exception):
         return ErrorResponse(error=info)
 
 
-# RequestOutput.error_code -> HTTP status: a prompt that can never fit is the client's error;
-# a shutdown is temporary; anything else is the engine's.
-_RESULT_ERROR_STATUS = {ERROR_PROMPT_TOO_LONG: 400, ERROR_SHUTTING_DOWN: 503}
+# RequestOutput.error_code -> HTTP status: a prompt that can never fit, or input the engine
+# refused before running it, is the client's error; a shutdown is temporary; anything else is
+# the engine's.
+_RESULT_ERROR_STATUS = {
+    ERROR_PROMPT_TOO_LONG: 400,
+    ERROR_INVALID_INPUT: 400,
+    ERROR_SHUTTING_DOWN: 503,
+}
 
 
 def result_error(message: str, error_code: str | None) -> APIError:

@@ -15,7 +15,13 @@ from tensorrt_llm.serve.openai_protocol import APIError, result_error
 
 @pytest.mark.parametrize(
     "error_code,status",
-    [("prompt_too_long", 400), ("shutting_down", 503), ("engine_error", 500), (None, 500)],
+    [
+        ("prompt_too_long", 400),
+        ("invalid_input", 400),
+        ("shutting_down", 503),
+        ("engine_error", 500),
+        (None, 500),
+    ],
 )
 def test_result_error_status_follows_the_code(error_code: str | None, status: int) -> None:
     # The message mentions max_seq_len either way: only the code decides.
