@@ -10,17 +10,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import PlainTextResponse, Response
 
 from .chat_utils import check_mm_limits, resolve_messages, to_sampling_params
+from .http_responses import (
+    HttpMetrics,
+    JSONBody,
+    SSEResponse,
+    abort_unfinished,
+    install_error_handlers,
+)
 from .lifecycle import DrainController, until_aborted
 from .llm_client import LLMClient
 from .media import make_media_http_client
@@ -53,13 +58,6 @@ logger = logging.getLogger(__name__)
 
 # Used when a request gives no max_tokens (clamped to what the context length leaves).
 DEFAULT_MAX_TOKENS = 256
-_KNOWN_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
-
-
-def _abort_unfinished(results: list[Any]) -> None:
-    for result in results:
-        if not result.finished:
-            result.abort()
 
 
 def _retrieve(future: asyncio.Future) -> None:
@@ -70,35 +68,6 @@ def _retrieve(future: asyncio.Future) -> None:
 def _arg(args: Any, name: str, default: Any) -> Any:
     value = getattr(args, name, None)
     return default if value is None else value
-
-
-class _SSEResponse(StreamingResponse):
-    """An SSE stream that aborts its requests however it ends.
-
-    NOTE: a stream whose client vanished before the first chunk is cancelled before its
-    generator ever runs, so the generator's own `finally` cannot be the only cleanup.
-    """
-
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        super().__init__(content, media_type="text/event-stream", headers=headers)
-        self._on_close = [on_close]
-
-    def add_close_hook(self, hook: Callable[[], None]) -> None:
-        self._on_close.append(hook)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            for hook in self._on_close:
-                hook()
-
-
-class _JSONResponse(JSONResponse):
-    # NOTE: ASCII-escaped, so a lone surrogate echoed from a request can never fail encoding.
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 async def _client_gone(request: Request) -> None:
@@ -170,7 +139,7 @@ class OpenAIServer:
         handed_over = False
         try:
             response = await handler
-            if isinstance(response, _SSEResponse):
+            if isinstance(response, SSEResponse):
                 response.add_close_hook(self._stream_closed)
                 handed_over = True
             return response
@@ -238,9 +207,9 @@ class OpenAIServer:
         param = "messages" if kind == "chat" else "prompt"
         results = await self._submit_all(body, prompts, max_tokens, explicit, param, ctx)
         if body.stream:
-            return _SSEResponse(
+            return SSEResponse(
                 self._count_in_flight(stream_response(ctx, results), results),
-                on_close=lambda: _abort_unfinished(results),
+                on_close=lambda: abort_unfinished(results),
             )
         self.metrics.on_request_start()
         try:
@@ -252,7 +221,7 @@ class OpenAIServer:
         for result in results:
             if result.error:
                 raise result_error(result.error, result.error_code)
-        return _JSONResponse(build_response(ctx, results).model_dump())
+        return JSONBody(build_response(ctx, results).model_dump())
 
     async def _submit_all(
         self,
@@ -277,7 +246,7 @@ class OpenAIServer:
                 results.append(result)
         except BaseException as exc:
             # One bad prompt of several fails the whole request: free the ones already queued.
-            _abort_unfinished(results)
+            abort_unfinished(results)
             if isinstance(exc, APIError):
                 exc.param = exc.param or param
             raise
@@ -314,7 +283,7 @@ class OpenAIServer:
             shutdown.cancel()
             if not work.done():
                 work.cancel()
-            _abort_unfinished(results)
+            abort_unfinished(results)
 
     async def _count_in_flight(
         self, stream: AsyncIterator[str], results: list[Any]
@@ -323,7 +292,7 @@ class OpenAIServer:
         try:
             async for event in until_aborted(stream, self.drain):
                 if event is None:  # the shutdown's abort phase: say so, then end the stream
-                    _abort_unfinished(results)
+                    abort_unfinished(results)
                     error = APIError(
                         503,
                         "the server shut down before this request finished",
@@ -343,53 +312,6 @@ class OpenAIServer:
         )
 
 
-def _error_response(exc: APIError) -> _JSONResponse:
-    return _JSONResponse(exc.to_response().model_dump(), status_code=exc.status)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> _JSONResponse:
-        return _error_response(exc)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> _JSONResponse:
-        return _error_response(APIError(exc.status_code, str(exc.detail), code=exc.status_code))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> _JSONResponse:
-        logger.exception("unhandled error while serving a request")
-        # NOTE: the details stay in the log; a client learns nothing about the internals.
-        return _error_response(APIError(500, "internal server error (see the server log)"))
-
-
-class _HttpMetrics:
-    """Pure ASGI middleware counting responses by path and status (keeps disconnect semantics
-    of streaming responses intact, unlike BaseHTTPMiddleware)."""
-
-    def __init__(self, app: Any, metrics: ServerMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-
-        async def send_and_record(message: dict) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_record)
-        finally:
-            path = scope.get("path", "")
-            self.metrics.on_http(path if path in _KNOWN_PATHS else "other", status)
-
-
 def build_app(llm: Any, args: argparse.Namespace | Any) -> FastAPI:
     """The FastAPI app serving `llm`. The app shuts the LLM down when its lifespan ends."""
     server = OpenAIServer(llm, args)
@@ -406,8 +328,8 @@ def build_app(llm: Any, args: argparse.Namespace | Any) -> FastAPI:
 
     app = FastAPI(title="trtllm-serve", lifespan=lifespan)
     app.state.server = server
-    _install_error_handlers(app)
-    app.add_middleware(_HttpMetrics, metrics=server.metrics)
+    install_error_handlers(app)
+    app.add_middleware(HttpMetrics, metrics=server.metrics)
 
     @app.get("/health")
     async def health() -> Response:
@@ -416,8 +338,8 @@ def build_app(llm: Any, args: argparse.Namespace | Any) -> FastAPI:
         return Response(status_code=200)
 
     @app.get("/v1/models")
-    async def models() -> _JSONResponse:
-        return _JSONResponse(server.models().model_dump())
+    async def models() -> JSONBody:
+        return JSONBody(server.models().model_dump())
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
