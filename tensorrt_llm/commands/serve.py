@@ -31,6 +31,7 @@ _LLM_FLAGS = (
     "attn_backend",
     "quantization",
     "kv_cache_dtype",
+    "load_format",
 )
 
 
@@ -94,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attn_backend", default=None, help="auto | vanilla | triton | flash_attn")
     p.add_argument("--quantization", default=None, help="fp8: FP8 weights+activations")
     p.add_argument("--kv_cache_dtype", default=None, help="auto | fp8 (e4m3 KV cache)")
+    p.add_argument(
+        "--load_format",
+        choices=("auto", "dummy"),
+        default=None,
+        help="dummy: random weights, no safetensors needed (benchmarks of a config's real size)",
+    )
     p.add_argument("--log_level", choices=LOG_LEVELS, default="info")
     p.add_argument("--default_max_tokens", type=int, default=256, help="when a request has none")
     p.add_argument(
