@@ -113,7 +113,8 @@ class LlmArgs:
     tokenizer: str | None = None
     dtype: str = "auto"
     device: str = "auto"
-    max_batch_size: int = 8
+    # None: sized at startup from the KV cache and per-slot state (8 on the CPU, <= 512 on CUDA).
+    max_batch_size: int | None = None
     max_num_tokens: int = 4096
     # None: take max_position_embeddings from the config, capped at DEFAULT_MAX_SEQ_LEN_CAP.
     max_seq_len: int | None = None
@@ -150,7 +151,7 @@ class LlmArgs:
         _check_choice("load_format", self.load_format, ["auto", "dummy"])
         _check_choice("quantization", self.quantization, [None, "fp8"])
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, list(KV_CACHE_DTYPES))
-        _check_int("max_batch_size", self.max_batch_size, 1)
+        _check_int("max_batch_size", self.max_batch_size, 1, allow_none=True)
         _check_int("max_num_tokens", self.max_num_tokens, 1)
         self._normalize_cuda_graph_config()
         _check_int("max_seq_len", self.max_seq_len, 1, allow_none=True)
@@ -253,7 +254,10 @@ class LlmArgs:
                 f"cuda_graph_config.piecewise_max_tokens {config.piecewise_max_tokens} exceeds "
                 f"max_num_tokens {self.max_num_tokens}"
             )
-        if config.largest(self.max_batch_size) > self.max_batch_size:
+        # With max_batch_size sized at startup, the engine checks the captured sizes then.
+        if self.max_batch_size is not None and config.largest(self.max_batch_size) > (
+            self.max_batch_size
+        ):
             raise ValueError(
                 f"cuda_graph_config captures batch size {config.largest(self.max_batch_size)}, "
                 f"more than max_batch_size {self.max_batch_size}"

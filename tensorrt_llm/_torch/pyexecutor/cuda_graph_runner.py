@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# Up to the default batch cap on CUDA (capacity.py); past 256 in steps of 64 so a batch
+# never pads to more than 25% extra rows.
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512)
 
 
 def graph_batch_sizes(config: CudaGraphConfig, max_batch_size: int) -> list[int]:

@@ -63,6 +63,13 @@ class KVCacheSpec:
         )
 
 
+def kv_bytes_per_token(spec: KVCacheSpec) -> int:
+    """Device bytes one cached token costs over every attention layer (K and V)."""
+    return KVCacheManager.bytes_per_block(
+        spec.num_layers, spec.num_kv_heads, spec.head_dim, 1, spec.dtype
+    )
+
+
 def _run_dummy(
     engine: PyTorchModelEngine,
     kv: KVCacheManager,
@@ -126,25 +133,31 @@ def choose_num_blocks(
     max_blocks_per_seq: int,
     free_memory_fraction: float,
     max_tokens: int | None,
+    activation_peak_bytes: int = 0,
 ) -> int:
-    """Blocks to allocate: enough for a full batch at max_seq_len, capped by memory.
+    """Blocks to allocate; `max_tokens` (kv_cache_max_tokens) caps the result either way.
 
-    On CUDA the cap is `free_memory_fraction` of the memory left after the probe; on the CPU the
-    full-batch figure is used (there is no separate device pool to size).
+    CUDA: `free_memory_fraction` of the memory left after the weights and the probe's activation
+    peak (`activation_peak_bytes` above the steady allocation), as upstream does; the default
+    batch size then follows from it (capacity.py). CPU: a full batch at max_seq_len (there is
+    no separate device pool to size).
     """
-    wanted = max_batch_size * max_blocks_per_seq
-    if max_tokens is not None:
-        wanted = min(wanted, max(1, -(-max_tokens // tokens_per_block)))
+    cap = None if max_tokens is None else max(1, -(-max_tokens // tokens_per_block))
     if device.type != "cuda":
-        return wanted
+        wanted = max_batch_size * max_blocks_per_seq
+        return wanted if cap is None else min(wanted, cap)
     per_block = KVCacheManager.bytes_per_block(
         spec.num_layers, spec.num_kv_heads, spec.head_dim, tokens_per_block, spec.dtype
     )
+    # NOTE: memory freed by the probe (or by an engine shut down earlier in this process) sits
+    # in the caching allocator, invisible to mem_get_info; the probe's peak is reserved below.
+    torch.cuda.empty_cache()
     free, _total = torch.cuda.mem_get_info(device)
-    budget = int(free * free_memory_fraction) // per_block
+    left = max(0, free - activation_peak_bytes)
+    budget = int(left * free_memory_fraction) // per_block
     if budget < max_blocks_per_seq:
         raise RuntimeError(
             f"not enough GPU memory for one max_seq_len sequence: {budget} KV blocks fit, "
             f"{max_blocks_per_seq} needed; lower max_seq_len or raise the memory fraction"
         )
-    return min(wanted, budget)
+    return budget if cap is None else min(budget, cap)

@@ -142,6 +142,16 @@ class PyExecutor:
                 self._commands.put(("shutdown", wait))
         if threading.current_thread() is not self._thread:
             self._thread.join()
+            self._release_device_state()
+
+    def _release_device_state(self) -> None:
+        """Drop the model, KV cache and graphs once the loop is gone, so a shut-down executor
+        that is still referenced (final stats, old result handles) holds no device memory: the
+        KV cache takes most of the GPU by default. `get_stats()` keeps its last snapshot."""
+        self.model_engine = None  # type: ignore[assignment]
+        self.kv_cache_manager = None  # type: ignore[assignment]
+        self.scheduler = None  # type: ignore[assignment]
+        self.sampler = None  # type: ignore[assignment]
 
     @property
     def is_alive(self) -> bool:

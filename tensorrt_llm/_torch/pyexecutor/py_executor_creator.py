@@ -7,6 +7,7 @@ text-only and a multimodal dummy request, size the KV cache from what is left, t
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,9 +18,18 @@ from ..models.modeling_auto import get_model_class
 from ..models.modeling_utils import ModelConfig
 from ..models.weight_loading import build_model_on_meta, load_model
 from ..modules.fp8_linear import quantize_model_fp8_
+from .capacity import (
+    BatchSizing,
+    batch_size_cap,
+    estimate_weight_bytes,
+    recurrent_state_bytes_per_slot,
+    size_from_kv,
+    size_hybrid_slots,
+    typical_request_tokens,
+)
 from .config_utils import load_pretrained_config, resolve_architecture
 from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
-from .kv_cache_creator import KVCacheSpec, choose_num_blocks, run_capacity_probe
+from .kv_cache_creator import KVCacheSpec, choose_num_blocks, kv_bytes_per_token, run_capacity_probe
 from .model_engine import PyTorchModelEngine
 from .piecewise_graph_runner import (
     DEFAULT_PIECEWISE_MAX_TOKENS,
@@ -111,6 +121,52 @@ def _build_model(
     return load_model(cls, model_config, device)
 
 
+def _presize_hybrid(
+    args: LlmArgs,
+    cls: type,
+    model_config: ModelConfig,
+    spec: KVCacheSpec,
+    text_config: Any,
+    max_seq_len: int,
+    device: torch.device,
+) -> BatchSizing | None:
+    """Seq slots of a hybrid model on CUDA when max_batch_size is not given (see capacity.py);
+    None for every other case."""
+    state = recurrent_state_bytes_per_slot(text_config, model_config.torch_dtype)
+    if args.max_batch_size is not None or device.type != "cuda" or not state:
+        return None
+    torch.cuda.empty_cache()
+    free, _total = torch.cuda.mem_get_info(device)
+    probe_config = replace(model_config, max_num_seq_slots=1)
+    return size_hybrid_slots(
+        model_config.max_num_seq_slots,
+        free,
+        estimate_weight_bytes(cls, probe_config),
+        args.kv_cache_free_gpu_memory_fraction,
+        state,
+        kv_bytes_per_token(spec),
+        typical_request_tokens(max_seq_len),
+    )
+
+
+def _final_sizing(
+    args: LlmArgs,
+    presized: BatchSizing | None,
+    num_slots: int,
+    num_blocks: int,
+    max_seq_len: int,
+    device: torch.device,
+) -> BatchSizing:
+    if args.max_batch_size is not None:
+        return BatchSizing(args.max_batch_size, "max_batch_size")
+    if presized is not None:
+        return presized
+    if device.type != "cuda":
+        return BatchSizing(num_slots, "cpu default")
+    typical = typical_request_tokens(max_seq_len)
+    return size_from_kv(num_slots, num_blocks, args.tokens_per_block, typical)
+
+
 def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> PyExecutor:
     config = load_pretrained_config(args.model)
     text_config = _text_config(config)
@@ -121,14 +177,20 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
     )
     max_seq_len = args.resolve_max_seq_len(getattr(text_config, "max_position_embeddings", None))
     attn_backend = _resolve_attn_backend(args.attn_backend, device)
+    kv_dtype = args.resolve_kv_cache_dtype(dtype)
+    spec = KVCacheSpec.from_text_config(text_config, kv_dtype)
     model_config = ModelConfig(
         pretrained_config=config,
         torch_dtype=dtype,
         attn_backend=attn_backend,
-        max_num_seq_slots=args.max_batch_size,
+        max_num_seq_slots=batch_size_cap(args.max_batch_size, device),
         max_num_tokens=args.max_num_tokens,
         checkpoint_dir=args.model,
     )
+    presized = _presize_hybrid(args, cls, model_config, spec, text_config, max_seq_len, device)
+    if presized is not None:
+        model_config = replace(model_config, max_num_seq_slots=presized.max_batch_size)
+    num_slots = model_config.max_num_seq_slots
     model = _build_model(cls, model_config, device, args.load_format, args.seed or 0)
     if args.quantization == "fp8":
         converted = quantize_model_fp8_(model)
@@ -137,7 +199,7 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
         model,
         device,
         max_num_tokens=args.max_num_tokens,
-        max_batch_size=args.max_batch_size,
+        max_batch_size=num_slots,
         max_seq_len=max_seq_len,
         tokens_per_block=args.tokens_per_block,
         image_token_id=getattr(config, "image_token_id", None),
@@ -163,39 +225,52 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
             # still runs eagerly: the runner joins the engine with the decode graphs.
             piecewise = PiecewiseCUDAGraphRunner(engine, piecewise_token_buckets(max_tokens))
             piecewise.capture_all()
-    spec = KVCacheSpec.from_text_config(text_config, args.resolve_kv_cache_dtype(dtype))
     has_vision = getattr(model, "visual", None) is not None
     dummies = _dummy_requests(input_processor, engine, max_seq_len, has_vision)
     peak = run_capacity_probe(engine, spec, dummies, args.tokens_per_block)
+    activation = max(0, peak - torch.cuda.memory_allocated(device)) if peak else 0
     num_blocks = choose_num_blocks(
         spec,
         device,
         args.tokens_per_block,
-        args.max_batch_size,
+        num_slots,
         engine.max_blocks_per_seq,
         args.kv_cache_free_gpu_memory_fraction,
         args.kv_cache_max_tokens,
+        activation_peak_bytes=activation,
     )
+    sizing = _final_sizing(args, presized, num_slots, num_blocks, max_seq_len, device)
+    max_batch_size = sizing.max_batch_size
     logger.info(
-        "capacity probe: %d dummy requests ok, peak %.1f MiB; KV cache: %d blocks of %d tokens",
+        "capacity probe: %d dummy requests ok, peak %.1f MiB (activations %.1f MiB); KV cache: "
+        "%d blocks of %d tokens; %s",
         len(dummies),
         peak / 2**20,
+        activation / 2**20,
         num_blocks,
         args.tokens_per_block,
+        sizing.describe(),
     )
     kv = spec.make_manager(args.tokens_per_block, num_blocks, engine.max_blocks_per_seq, device)
     engine.set_kv_cache_manager(kv)
-    slots = SeqSlotManager(args.max_batch_size)
+    # NOTE: the engine and the model keep `num_slots` rows (the dummy slot is the last one);
+    # the scheduler hands out only the first `max_batch_size` of them.
+    slots = SeqSlotManager(max_batch_size)
     scheduler = SimpleScheduler(
-        args.max_batch_size, args.max_num_tokens, args.enable_chunked_prefill, kv, slots
+        max_batch_size, args.max_num_tokens, args.enable_chunked_prefill, kv, slots
     )
     sampler = TorchSampler(
         model.vocab_size if hasattr(model, "vocab_size") else text_config.vocab_size, device
     )
     if device.type == "cuda" and graphs is not None and attn_backend != "vanilla":
+        if graphs.largest(max_batch_size) > max_batch_size:  # only with a sized default
+            raise ValueError(
+                f"cuda_graph_config captures batch size {graphs.largest(max_batch_size)}, more "
+                f"than the {sizing.describe()}; give max_batch_size explicitly"
+            )
         # NOTE: the vanilla backend syncs (boolean masks), so it cannot be captured.
         engine.cuda_graph_runner = CUDAGraphRunner(
-            engine, graph_batch_sizes(graphs, args.max_batch_size), graphs.enable_padding
+            engine, graph_batch_sizes(graphs, max_batch_size), graphs.enable_padding
         )
         engine.cuda_graph_runner.capture_all()
         engine.piecewise_graph_runner = piecewise

@@ -18,7 +18,7 @@ def model_dir(tmp_path: Path) -> str:
 
 def test_defaults(model_dir: str) -> None:
     args = LlmArgs.from_kwargs(model=model_dir)
-    assert args.max_batch_size == 8 and args.max_num_tokens == 4096
+    assert args.max_batch_size is None and args.max_num_tokens == 4096  # None: sized at startup
     assert args.kv_cache_free_gpu_memory_fraction == 0.9 and args.tokens_per_block == 32
     assert args.dtype == "auto" and args.device == "auto" and not args.enable_chunked_prefill
     assert args.max_seq_len is None and args.limit_mm_per_prompt is None
@@ -63,8 +63,10 @@ def test_pathlike_model_is_normalised(tmp_path: Path) -> None:
     ],
 )
 def test_bad_field_raises(model_dir: str, field: str, value: Any, match: str) -> None:
+    # An explicit max_batch_size, so the graph sizes are checked against it up front.
+    extra = {} if field == "max_batch_size" else {"max_batch_size": 8}
     with pytest.raises(ValueError, match=match):
-        LlmArgs.from_kwargs(model=model_dir, **{field: value})
+        LlmArgs.from_kwargs(model=model_dir, **{field: value, **extra})
 
 
 def test_unknown_kwargs_list_valid_ones(model_dir: str) -> None:
