@@ -101,10 +101,17 @@ class LLM:
             tokenizer=self._tokenizer,
             trust_remote_code=self.args.trust_remote_code,
         )
-        # Imported here: building the executor pulls in the model code.
-        from .._torch.pyexecutor.py_executor_creator import create_py_executor
+        if self.args.executor_mode == "process":
+            # The engine builds and runs in a child process; this process keeps the
+            # tokenizer and the input processor (it never loads the model).
+            from ..executor.proxy import GenerationExecutorProxy
 
-        self._executor = create_py_executor(self.args, self.input_processor, self._tokenizer)
+            self._executor = GenerationExecutorProxy(self.args)
+        else:
+            # Imported here: building the executor pulls in the model code.
+            from .._torch.pyexecutor.py_executor_creator import create_py_executor
+
+            self._executor = create_py_executor(self.args, self.input_processor, self._tokenizer)
         self._max_seq_len: int = self._executor.max_seq_len
         # Computed once: a prompt with more text bytes than max_seq_len tokens of this size can
         # hold is rejected before it is tokenized (tokenizing 10 MB takes seconds).
@@ -281,8 +288,10 @@ class LLM:
         if not ids:
             raise ValueError("the prompt is empty (0 tokens)")
         executor = self._live_executor()
-        vocab = getattr(executor.model_engine, "vocab_size", 0) or getattr(
-            executor.sampler, "vocab_size", 0
+        # The process-mode proxy reports the engine's vocab_size; PyExecutor has its parts.
+        vocab = getattr(executor, "vocab_size", 0) or (
+            getattr(executor.model_engine, "vocab_size", 0)
+            or getattr(executor.sampler, "vocab_size", 0)
         )
         if vocab and (max(ids) >= vocab or min(ids) < 0):
             raise ValueError(

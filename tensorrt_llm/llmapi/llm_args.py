@@ -30,6 +30,9 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8": torch.flo
 # neither of this project's machines has, so it is tested against a stand-in only.
 ATTN_BACKENDS = ("auto", "vanilla", "triton", "flash_attn")
 MODALITIES = ("image", "video")
+# "inproc": the executor loop runs in a thread of the caller's process; "process": in a child
+# process (tensorrt_llm/executor/), so the front end's GIL never slows the engine loop.
+EXECUTOR_MODES = ("inproc", "process")
 _BOOL_FIELDS = (
     "enable_chunked_prefill",
     "disable_overlap_scheduler",
@@ -142,6 +145,8 @@ class LlmArgs:
     trust_remote_code: bool = False
     # Free-form kwargs forwarded to the HF processor (e.g. min_pixels/max_pixels).
     mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Where the executor runs: EXECUTOR_MODES. "process" is opt-in until measured on the GPU.
+    executor_mode: str = "inproc"
 
     def __post_init__(self) -> None:
         self._validate_paths()
@@ -151,6 +156,7 @@ class LlmArgs:
         _check_choice("load_format", self.load_format, ["auto", "dummy"])
         _check_choice("quantization", self.quantization, [None, "fp8"])
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, list(KV_CACHE_DTYPES))
+        _check_choice("executor_mode", self.executor_mode, EXECUTOR_MODES)
         _check_int("max_batch_size", self.max_batch_size, 1, allow_none=True)
         _check_int("max_num_tokens", self.max_num_tokens, 1)
         self._normalize_cuda_graph_config()

@@ -1,0 +1,121 @@
+"""Messages between the front end (`GenerationExecutorProxy`) and the engine process.
+
+To the engine: (MSG_REQUEST, RequestMsg), (MSG_CANCEL, request_id), (MSG_SHUTDOWN, wait).
+To the front end: (MSG_READY, EngineInfo) or (MSG_ERROR, ...) once at startup, then
+(MSG_STEP, [response tuple, ...], stats dict) once per executor step, and (MSG_STOPPED, stats
+dict) after a shutdown command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._torch.pyexecutor.llm_request import LlmRequest
+from .._torch.pyexecutor.py_executor import LlmResponse
+from ..inputs.multimodal import MultimodalParams
+from ..sampling_params import SamplingParams
+
+MSG_REQUEST = "request"
+MSG_CANCEL = "cancel"
+MSG_SHUTDOWN = "shutdown"
+MSG_READY = "ready"
+MSG_ERROR = "error"
+MSG_STEP = "step"
+MSG_STOPPED = "stopped"
+
+
+@dataclass
+class RequestMsg:
+    """One request as sent to the engine: token ids and preprocessed multimodal tensors."""
+
+    request_id: int
+    prompt_token_ids: np.ndarray  # int64 [L]; pickled out of band
+    sampling_params: SamplingParams
+    multimodal_data: dict[str, Any] | None
+    scheduling_group: Hashable | None
+
+    @classmethod
+    def from_llm_request(cls, request: LlmRequest) -> RequestMsg:
+        mm = request.multimodal_params
+        return cls(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_array,
+            sampling_params=request.sampling_params,
+            multimodal_data=mm.multimodal_data if mm is not None else None,
+            scheduling_group=request.scheduling_group,
+        )
+
+    def to_llm_request(self) -> LlmRequest:
+        mm = MultimodalParams(self.multimodal_data) if self.multimodal_data else None
+        return LlmRequest(
+            self.request_id,
+            self.prompt_token_ids,
+            self.sampling_params,
+            mm,
+            scheduling_group=self.scheduling_group,
+        )
+
+
+def response_to_tuple(r: LlmResponse) -> tuple[Any, ...]:
+    # Tuples pickle smaller and faster than dataclass instances (one per request per step).
+    return (
+        r.request_id,
+        r.new_token_ids,
+        r.finished,
+        r.finish_reason,
+        r.stop_reason,
+        r.error,
+        r.error_code,
+    )
+
+
+def response_from_tuple(t: tuple[Any, ...]) -> LlmResponse:
+    return LlmResponse(*t)
+
+
+@dataclass(frozen=True)
+class KvLimits:
+    """The fixed sizes of the engine's KV cache that `SimpleScheduler.validate` reads."""
+
+    num_blocks: int
+    tokens_per_block: int
+    max_tokens_per_seq: int
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.tokens_per_block)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the engine reports once at startup; the front end answers limits from it."""
+
+    pid: int
+    max_seq_len: int
+    vocab_size: int
+    max_batch_size: int
+    max_num_tokens: int
+    enable_chunked_prefill: bool
+    kv_limits: KvLimits
+    stats: dict[str, Any]
+
+    @classmethod
+    def from_executor(cls, executor: Any, pid: int) -> EngineInfo:
+        from dataclasses import asdict
+
+        scheduler = executor.scheduler
+        kv = executor.kv_cache_manager
+        vocab = getattr(executor.model_engine, "vocab_size", 0) or executor.sampler.vocab_size
+        return cls(
+            pid=pid,
+            max_seq_len=executor.max_seq_len,
+            vocab_size=int(vocab),
+            max_batch_size=scheduler.max_batch_size,
+            max_num_tokens=scheduler.max_num_tokens,
+            enable_chunked_prefill=scheduler.enable_chunked_prefill,
+            kv_limits=KvLimits(kv.num_blocks, kv.tokens_per_block, kv.max_tokens_per_seq),
+            stats=asdict(executor.get_stats()),
+        )

@@ -1,0 +1,186 @@
+"""The engine process: builds the PyExecutor and serves it over the IPC sockets.
+
+Requests arrive as token ids plus preprocessed multimodal tensors (`protocol.RequestMsg`);
+the engine never tokenizes prompts or detokenizes outputs for the front end. NOTE: the
+executor still decodes output tails to check stop strings (`TorchSampler._check_stop_strings`),
+so this process loads the tokenizer; it also loads the input processor for the capacity
+probe's dummy prompts.
+
+The PyExecutor calls its callback once per request; the worker collects those responses and
+sends ONE message per executor step (from `on_step`, which the loop calls after each
+iteration), together with the step's stats snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import threading
+import traceback
+from dataclasses import asdict
+from typing import Any
+
+import zmq
+
+from . import ipc
+from .protocol import (
+    MSG_CANCEL,
+    MSG_ERROR,
+    MSG_READY,
+    MSG_REQUEST,
+    MSG_SHUTDOWN,
+    MSG_STEP,
+    MSG_STOPPED,
+    EngineInfo,
+    RequestMsg,
+    response_to_tuple,
+)
+
+logger = logging.getLogger(__name__)
+
+_POLL_MS = 100
+
+
+def _watch_parent() -> None:
+    """Exit when the front end disappears (SIGKILL, SIGTERM without cleanup): no orphans."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    multiprocessing.connection.wait([parent.sentinel])
+    os._exit(1)
+
+
+def _startup_error(exc: BaseException) -> tuple[str, bytes | None, str, str]:
+    """(kind, the pickled exception if it pickles, its type name, message + traceback)."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        blob: bytes | None = pickle.dumps(exc.with_traceback(None))
+        pickle.loads(blob)
+    except Exception:
+        blob = None
+    return MSG_ERROR, blob, type(exc).__name__ + ": " + str(exc), text
+
+
+def _build(args: Any) -> Any:
+    from ..inputs.registry import create_input_processor, load_tokenizer
+    from .._torch.pyexecutor.py_executor_creator import create_py_executor
+
+    if args.seed is not None:
+        import torch
+
+        torch.manual_seed(args.seed)
+    tokenizer = load_tokenizer(args.tokenizer or args.model, args.trust_remote_code)
+    processor = create_input_processor(
+        args.model, tokenizer=tokenizer, trust_remote_code=args.trust_remote_code
+    )
+    return create_py_executor(args, processor, tokenizer)
+
+
+class _EngineWorker:
+    """Owns the executor and the response socket of the engine process."""
+
+    def __init__(self, executor: Any, responses: zmq.Socket) -> None:
+        self.executor = executor
+        self._responses = responses
+        self._send_lock = threading.Lock()  # the loop thread and the main thread both send
+        self._pending: list[tuple[Any, ...]] = []
+        self._pending_lock = threading.Lock()
+        self._last_stats: dict[str, Any] | None = None
+        executor.on_step = self._flush
+
+    def _on_response(self, response: Any) -> None:
+        with self._pending_lock:
+            self._pending.append(response_to_tuple(response))
+
+    def _flush(self, stats: Any = None) -> None:
+        """Send every response collected since the last flush, with the stats, as one message."""
+        stats_dict = asdict(stats if stats is not None else self.executor.get_stats())
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+        if not batch and stats_dict == self._last_stats:
+            return
+        self._last_stats = stats_dict
+        self._send((MSG_STEP, batch, stats_dict))
+
+    def _send(self, message: Any) -> None:
+        with self._send_lock:
+            self._responses.send(pickle.dumps(message, protocol=5))
+
+    def info(self) -> EngineInfo:
+        return EngineInfo.from_executor(self.executor, os.getpid())
+
+    def handle(self, message: Any) -> bool:
+        """Apply one command; False once the executor has stopped."""
+        kind = message[0]
+        if kind == MSG_REQUEST:
+            self._enqueue(message[1])
+        elif kind == MSG_CANCEL:
+            self.executor.cancel_request(message[1])
+        elif kind == MSG_SHUTDOWN:
+            self.executor.shutdown(wait=message[1])
+            self._flush()
+            self._send((MSG_STOPPED, asdict(self.executor.get_stats())))
+            return False
+        return True
+
+    def _enqueue(self, msg: RequestMsg) -> None:
+        try:
+            request = msg.to_llm_request()
+            self.executor.enqueue_request(request, self._on_response)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            from .._torch.pyexecutor.llm_request import ERROR_INVALID_INPUT, ERROR_SHUTTING_DOWN
+            from .._torch.pyexecutor.py_executor import LlmResponse
+
+            code = ERROR_SHUTTING_DOWN if isinstance(exc, RuntimeError) else ERROR_INVALID_INPUT
+            response = LlmResponse(
+                msg.request_id, [], True, "error", error=str(exc), error_code=code
+            )
+            self._on_response(response)
+            self._flush()
+
+
+def _serve(worker: _EngineWorker, requests: zmq.Socket) -> int:
+    poller = zmq.Poller()
+    poller.register(requests, zmq.POLLIN)
+    while True:
+        if not poller.poll(_POLL_MS):
+            if not worker.executor.is_alive:
+                logger.error("the executor loop died; the engine process exits")
+                return 3
+            worker._flush()  # NOTE: a safety net; responses normally leave from on_step
+            continue
+        if not worker.handle(ipc.recv(requests)):
+            return 0
+
+
+def worker_main(args: Any, request_address: str, response_address: str) -> None:
+    """Entry point of the engine process (multiprocessing spawn target)."""
+    # Ctrl-C reaches the whole process group; the front end decides when the engine stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, name="parent-watch", daemon=True).start()
+    context = zmq.Context()
+    requests = ipc.make_socket(context, zmq.PULL, request_address, bind=False)
+    responses = ipc.make_socket(context, zmq.PUSH, response_address, bind=False)
+    code = 0
+    try:
+        try:
+            executor = _build(args)
+        except BaseException as exc:  # reported to LLM(...) as the same exception
+            responses.send(pickle.dumps(_startup_error(exc), protocol=5))
+            code = 2
+            return
+        worker = _EngineWorker(executor, responses)
+        responses.send(pickle.dumps((MSG_READY, worker.info()), protocol=5))
+        code = _serve(worker, requests)
+    finally:
+        requests.close()
+        # Give the last message (stopped / error) a moment to leave before the socket closes.
+        responses.setsockopt(zmq.LINGER, 2000)
+        responses.close()
+        context.term()
+        if code:
+            os._exit(code)
