@@ -13,6 +13,9 @@ class RequestTiming:
     first_token: float
     end: float
     num_output_tokens: int
+    # Arrival of the last token when the response goes on after it (a served stream still sends
+    # usage and [DONE]); None: `end` is the last token.
+    last_token: float | None = None
 
     @property
     def ttft(self) -> float:
@@ -22,7 +25,8 @@ class RequestTiming:
     def itl(self) -> float | None:
         if self.num_output_tokens < 2:
             return None
-        return (self.end - self.first_token) / (self.num_output_tokens - 1)
+        last = self.end if self.last_token is None else self.last_token
+        return (last - self.first_token) / (self.num_output_tokens - 1)
 
     @property
     def latency(self) -> float:
@@ -35,6 +39,7 @@ def summarize(timings: list[RequestTiming], wall: float, concurrency: int) -> di
     out: dict[str, float] = {
         "concurrency": concurrency,
         "requests": len(timings),
+        "output_tokens": tokens,
         "output_tok_s": tokens / wall,
         "wall_s": wall,
     }

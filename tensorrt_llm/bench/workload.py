@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +29,9 @@ class Workload:
 def prepare_model_folder(config_path: str | Path, out_dir: str | Path, image_size: int) -> Path:
     """A checkpoint folder without weights: the real-size config plus tokenizer/processor files.
 
-    The model runs with `load_format="dummy"` (random weights); prompts are token ids, so the
-    tiny tokenizer only serves construction and the chat template.
+    The model runs with `load_format="dummy"` (random weights). In-process prompts are token
+    ids; served prompts are text, sized with the tiny tokenizer, whose vocab is stretched to the
+    model's (`cover_vocab`) so that every sampled id streams back as text.
     """
     cfg = json.loads(Path(config_path).read_text(encoding="utf-8"))
     # The folder carries the tiny tokenizer, so the special ids follow it. With random weights
@@ -48,7 +51,34 @@ def prepare_model_folder(config_path: str | Path, out_dir: str | Path, image_siz
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
     write_processing_files(out, cfg, max_pixels=image_size * image_size)
+    cover_vocab(out / "tokenizer.json", int(text["vocab_size"]))
     return out
+
+
+def cover_vocab(tokenizer_json: Path, vocab_size: int) -> None:
+    """Give every id below `vocab_size` a word of its own in the tokenizer's BPE vocab.
+
+    A random-weight model samples ids across the real vocab, but the tiny tokenizer knows ~400;
+    the rest would decode to nothing, so a served stream would carry almost no text chunks (no
+    TTFT/ITL to measure) and the server's detokenizer would do no real work. The added words
+    ("Ġaaaa", ...) decode to " aaaa" etc.; no merge produces them, so encoding is unchanged.
+    """
+    data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    vocab: dict[str, int] = data["model"]["vocab"]
+    # NOTE: the special tokens enter the model vocab at their own ids. Without them the vocab
+    # would have a hole at 400..406, and transformers, seeing fewer entries than the highest
+    # id, re-adds the specials after the end: the placeholders would no longer match config.
+    for added in data.get("added_tokens", []):
+        vocab[added["content"]] = added["id"]
+    taken = set(vocab.values())
+    free = (i for i in range(vocab_size) if i not in taken)
+    words = ("\u0120" + "".join(p) for p in itertools.product(string.ascii_lowercase, repeat=4))
+    for token_id in free:
+        word = next(words)
+        while word in vocab:
+            word = next(words)
+        vocab[word] = token_id
+    tokenizer_json.write_text(json.dumps(data), encoding="utf-8")
 
 
 def vision_tokens_per_image(config: Any, image_size: int) -> int:

@@ -6,6 +6,13 @@
 Random weights at the config's real size (`load_format="dummy"`). Prints one row per concurrency
 (output tok/s, per-user tok/s, TTFT/ITL/latency p50/p90/p99) and, with --hf_baseline, HF
 transformers' figures on the same GPU and the ratio. --output writes everything as JSON.
+
+    trtllm-bench --config benchmarks/configs/qwen3_vl_8b.json --served --inprocess_too ...
+
+--served measures the served path instead: a `trtllm-serve` child on the same random-weight
+folder (or the server at --served_url), driven with streaming OpenAI chat requests (images as
+PNG data URLs). --inprocess_too runs the in-process figures first and prints the served /
+in-process ratio per concurrency.
 """
 
 from __future__ import annotations
@@ -21,6 +28,14 @@ from typing import Any
 import torch
 
 from ..bench.runner import run_concurrency, warm_up
+from ..bench.served import (
+    build_contents,
+    run_served_concurrency,
+    served_target,
+    single_token_words,
+    text_tokens_for_isl,
+    warm_up_served,
+)
 from ..bench.workload import Workload, make_requests, prepare_model_folder
 
 _COLUMNS = (
@@ -34,6 +49,10 @@ _COLUMNS = (
     "latency_ms_p50",
     "latency_ms_p99",
 )
+_SERVED_COLUMNS = (*_COLUMNS, "isl_mean")
+# In-process defaults of knobs that the served mode leaves to trtllm-serve unless given.
+_INPROCESS_MAX_NUM_TOKENS = 8192
+_INPROCESS_KV_FRACTION = 0.8
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,7 +73,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="auto")
     p.add_argument("--max_batch_size", type=int, default=None)
-    p.add_argument("--max_num_tokens", type=int, default=8192)
+    p.add_argument(
+        "--max_num_tokens",
+        type=int,
+        default=None,
+        help=f"default: {_INPROCESS_MAX_NUM_TOKENS} in process, the server's own with --served",
+    )
     p.add_argument("--attn_backend", default="auto")
     p.add_argument("--no_cuda_graph", action="store_true")
     p.add_argument(
@@ -73,7 +97,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="concurrencies for HF (default: the same list)",
     )
-    p.add_argument("--kv_cache_fraction", type=float, default=0.8)
+    p.add_argument(
+        "--kv_cache_fraction",
+        type=float,
+        default=None,
+        help=f"default: {_INPROCESS_KV_FRACTION} in process, the server's own with --served",
+    )
     p.add_argument(
         "--quantization",
         choices=["fp8"],
@@ -87,7 +116,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fp8: e4m3 KV cache (ours only)",
     )
     p.add_argument("--output", default=None, help="write results as JSON here")
-    return p.parse_args(argv)
+    _add_served_flags(p)
+    args = p.parse_args(argv)
+    if args.served_url:
+        args.served = True
+    if args.inprocess_too and not args.served:
+        p.error("--inprocess_too goes with --served (or --served_url)")
+    return args
+
+
+def _add_served_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("served mode")
+    g.add_argument(
+        "--served",
+        action="store_true",
+        help="benchmark a trtllm-serve child over HTTP (streaming chat, images as data URLs)",
+    )
+    g.add_argument(
+        "--served_url",
+        default=None,
+        help="http://host:port of a running trtllm-serve to benchmark instead of a child "
+        "(prompts are sized with --config's tokenizer)",
+    )
+    g.add_argument(
+        "--inprocess_too",
+        action="store_true",
+        help="with --served: run the in-process figures first and report served/in-process",
+    )
+    g.add_argument(
+        "--server_startup_timeout",
+        type=float,
+        default=1800.0,
+        help="seconds the trtllm-serve child gets to answer /health",
+    )
 
 
 def _table(rows: list[dict[str, float]], columns: tuple[str, ...]) -> str:
@@ -109,17 +170,21 @@ def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[
     from ..llmapi.llm import LLM
 
     max_batch = args.max_batch_size or max(args.concurrency)
+    max_num_tokens = args.max_num_tokens or _INPROCESS_MAX_NUM_TOKENS
+    kv_fraction = (
+        _INPROCESS_KV_FRACTION if args.kv_cache_fraction is None else args.kv_cache_fraction
+    )
     llm = LLM(
         model=str(folder),
         load_format="dummy",
         dtype=args.dtype,
         device=args.device,
         max_batch_size=max_batch,
-        max_num_tokens=args.max_num_tokens,
+        max_num_tokens=max_num_tokens,
         max_seq_len=args.isl + args.osl + 8,
         attn_backend=args.attn_backend,
         cuda_graph_config=_graph_config(args),
-        kv_cache_free_gpu_memory_fraction=args.kv_cache_fraction,
+        kv_cache_free_gpu_memory_fraction=kv_fraction,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
     )
@@ -139,6 +204,73 @@ def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[
     return rows
 
 
+def serve_flags(args: argparse.Namespace, folder: Path) -> list[str]:
+    """trtllm-serve's flags for the benchmark's knobs; unset knobs keep the server's defaults."""
+    if args.no_cuda_graph or args.piecewise_max_tokens is not None:
+        raise SystemExit(
+            "--served: trtllm-serve has no CUDA-graph flags yet; drop --no_cuda_graph and "
+            "--piecewise_max_tokens so both modes run the engine's default graphs"
+        )
+    flags = [str(folder), "--load_format", "dummy", "--dtype", args.dtype, "--device", args.device]
+    flags += ["--max_seq_len", str(args.isl + args.osl + 8), "--attn_backend", args.attn_backend]
+    flags += ["--kv_cache_dtype", args.kv_cache_dtype]
+    if args.quantization:
+        flags += ["--quantization", args.quantization]
+    for name, flag in (
+        ("max_batch_size", "--max_batch_size"),
+        ("max_num_tokens", "--max_num_tokens"),
+        ("kv_cache_fraction", "--kv_cache_free_gpu_memory_fraction"),
+    ):
+        if getattr(args, name) is not None:
+            flags += [flag, str(getattr(args, name))]
+    if args.images_per_request:
+        flags += ["--limit_mm_per_prompt", f"image={args.images_per_request}"]
+    # A benchmark that fails mid-wave leaves streams open; the stop should not wait 30 s on them.
+    return flags + ["--timeout_graceful_shutdown", "2"]
+
+
+def _run_served(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[str, float]]:
+    words = single_token_words(folder / "tokenizer.json")
+    flags = [] if args.served_url else serve_flags(args, folder)
+    log = folder / "trtllm-serve.log"
+    rows = []
+    with served_target(args.served_url, flags, log, args.server_startup_timeout) as target:
+        probe = Workload(
+            args.isl, args.osl, args.images_per_request, args.image_size, 1, args.ignore_eos
+        )
+        num_text = text_tokens_for_isl(target, config, probe, words)
+        for c in args.concurrency:
+            n = args.num_requests or max(c, 2)
+            workload = Workload(
+                args.isl, args.osl, args.images_per_request, args.image_size, n, args.ignore_eos
+            )
+            contents = build_contents(config, workload, words, num_text)
+            warm_up_served(target, contents)
+            rows.append(run_served_concurrency(target, contents, workload, c))
+            print("served\n" + _table(rows[-1:], _SERVED_COLUMNS), flush=True)
+    return rows
+
+
+def _ratios(num: list[dict[str, float]], den: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Per concurrency present in both: throughput, TTFT p50 and ITL p50 of num over den."""
+    out = []
+    for row in num:
+        match = next((r for r in den if r["concurrency"] == row["concurrency"]), None)
+        if match is None:
+            continue
+        ratio = {"concurrency": row["concurrency"]}
+        for key in ("output_tok_s", "ttft_ms_p50", "itl_ms_p50"):
+            ratio[f"{key}_ratio"] = row[key] / match[key] if match[key] else float("nan")
+        out.append(ratio)
+    return out
+
+
+def _free_accelerator() -> None:
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def _run_hf(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[str, float]]:
     from ..bench.hf_baseline import build_hf_model, run_hf_baseline
 
@@ -156,6 +288,33 @@ def _run_hf(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[st
     return rows
 
 
+def _report(args: argparse.Namespace, result: dict[str, Any], hf: list[dict[str, float]]) -> None:
+    """Print the tables and ratios, and add the ratios to `result`."""
+    ours, served = result.get("ours"), result.get("served")
+    if ours is not None:
+        print("\nours (in process)\n" + _table(ours, _COLUMNS))
+    if served is not None:
+        print("\nserved (trtllm-serve over HTTP)\n" + _table(served, _SERVED_COLUMNS))
+    if ours is not None and served is not None:
+        result["served_vs_inprocess"] = _ratios(served, ours)
+        for r in result["served_vs_inprocess"]:
+            print(
+                f"c={r['concurrency']}: served/in-process throughput "
+                f"{r['output_tok_s_ratio']:.3f}, TTFT p50 {r['ttft_ms_p50_ratio']:.3f}, "
+                f"ITL p50 {r['itl_ms_p50_ratio']:.3f}"
+            )
+    if args.hf_baseline:
+        # The headline is the served figure when there is one.
+        headline = served if served is not None else ours
+        result["hf"] = hf
+        result["ratios"] = [
+            {"concurrency": r["concurrency"], "throughput_ratio": r["output_tok_s_ratio"]}
+            for r in _ratios(headline or [], hf)
+        ]
+        for r in result["ratios"]:
+            print(f"c={r['concurrency']}: ours/HF throughput {r['throughput_ratio']:.1f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from .._torch.pyexecutor.config_utils import load_pretrained_config
@@ -166,22 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     config = load_pretrained_config(folder)
     # HF first: its model is freed before ours sizes the KV cache from free memory.
     hf = _run_hf(args, folder, config) if args.hf_baseline else []
-    ours = _run_ours(args, folder, config)
-    result: dict[str, Any] = {"args": vars(args), "ours": ours}
-    print("\nours\n" + _table(ours, _COLUMNS))
-    if args.hf_baseline:
-        result["hf"] = hf
-        ratios = []
-        for row in hf:
-            match = next((r for r in ours if r["concurrency"] == row["concurrency"]), None)
-            if match:
-                ratio = match["output_tok_s"] / row["output_tok_s"]
-                ratios.append({"concurrency": row["concurrency"], "throughput_ratio": ratio})
-                print(
-                    f"c={row['concurrency']}: ours {match['output_tok_s']:.0f} tok/s, "
-                    f"HF {row['output_tok_s']:.0f} tok/s, ratio {ratio:.1f}x"
-                )
-        result["ratios"] = ratios
+    result: dict[str, Any] = {"args": vars(args)}
+    if not args.served or args.inprocess_too:
+        result["ours"] = _run_ours(args, folder, config)
+        _free_accelerator()  # the served child sizes its KV cache from what is free now
+    if args.served:
+        result["served"] = _run_served(args, folder, config)
+    _report(args, result, hf)
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=2), encoding="utf-8")
     return 0

@@ -1,0 +1,199 @@
+"""The benchmark workload over HTTP: streaming OpenAI chat requests to a running trtllm-serve.
+
+Each request is one user message: the workload's image(s) as PNG data URLs, then text of
+single-token words, sized so that the server's `usage.prompt_tokens` (chat template and vision
+tokens included) is `isl`. One probe request measures the fixed part (template + vision) so
+the text fills the rest exactly; every timed request reports its prompt tokens back, and the
+row carries their mean (`isl_mean`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import time
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .metrics import RequestTiming, summarize
+from .server_process import ServerProcess
+from .sse_client import ServedRequestError, StreamResult, get_json, post_stream
+from .workload import Workload, make_requests, vision_tokens_per_image
+
+CHAT_PATH = "/v1/chat/completions"
+_PROBE_WORDS = 8
+
+
+@dataclass(frozen=True)
+class ServedTarget:
+    host: str
+    port: int
+    model: str
+
+
+def parse_served_url(url: str) -> tuple[str, int]:
+    """'http://host:port' (a trailing '/' or '/v1' is fine) -> (host, port)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"--served_url must look like http://host:port, got {url!r}")
+    if parts.path.rstrip("/") not in ("", "/v1") or parts.query:
+        raise ValueError(f"--served_url takes the server's root (http://host:port), got {url!r}")
+    return parts.hostname, parts.port or 80
+
+
+def connect(host: str, port: int) -> ServedTarget:
+    """The target at host:port, with the model id the server reports."""
+    try:
+        healthy = get_json(host, port, "/health") is not None
+        models = get_json(host, port, "/v1/models") if healthy else None
+    except OSError as exc:
+        raise RuntimeError(f"no trtllm-serve answers at http://{host}:{port}: {exc}") from None
+    if not healthy or not models or not models.get("data"):
+        raise RuntimeError(f"the server at http://{host}:{port} is not healthy or lists no model")
+    return ServedTarget(host, port, str(models["data"][0]["id"]))
+
+
+@contextmanager
+def served_target(
+    served_url: str | None, serve_flags: list[str], log_path: Path, startup_timeout: float
+) -> Iterator[ServedTarget]:
+    """Connect to `served_url`, or run a `trtllm-serve` child for the duration of the block."""
+    if served_url:
+        yield connect(*parse_served_url(served_url))
+        return
+    server = ServerProcess(serve_flags, log_path)
+    print(f"trtllm-serve child pid {server.pid} on port {server.port}, log {log_path}", flush=True)
+    try:
+        server.wait_ready(startup_timeout)
+        yield connect(server.host, server.port)
+    finally:
+        code = server.stop()
+        print(f"trtllm-serve child {server.pid} stopped (exit code {code})", flush=True)
+
+
+def single_token_words(tokenizer_json: Path, limit: int = 4096) -> list[str]:
+    """Alphabetic words that the tokenizer encodes, after a space, as exactly one token."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    texts = [tok.decode([i]) for i in range(tok.get_vocab_size(with_added_tokens=False))]
+    candidates = [t for t in texts if len(t) > 1 and t[0] == " " and t[1:].isascii()]
+    candidates = [t for t in candidates if t[1:].isalpha()]
+    encoded = tok.encode_batch(candidates, add_special_tokens=False)
+    words = [t[1:] for t, enc in zip(candidates, encoded, strict=True) if len(enc.ids) == 1]
+    if len(words) < 8:
+        raise ValueError(f"{tokenizer_json} has too few single-token words to size prompts")
+    return sorted(set(words))[:limit]
+
+
+def png_data_url(image: Any) -> str:
+    buf = io.BytesIO()
+    # Level 1: the benchmark's own encoding stays quick; the server decodes it either way.
+    image.save(buf, "PNG", compress_level=1)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def build_contents(
+    config: Any, workload: Workload, words: list[str], num_text: int
+) -> list[list[dict[str, Any]]]:
+    """Message contents: the in-process workload's images as data URLs, then `num_text` words."""
+    rng = np.random.default_rng(workload.seed + 1)
+    contents = []
+    for images in _images(config, workload):
+        parts: list[dict[str, Any]] = [
+            {"type": "image_url", "image_url": {"url": png_data_url(image)}} for image in images
+        ]
+        # A leading space on every word: each is then one token, whatever precedes it.
+        text = "".join(" " + words[i] for i in rng.integers(0, len(words), num_text))
+        parts.append({"type": "text", "text": text})
+        contents.append(parts)
+    return contents
+
+
+def _images(config: Any, workload: Workload) -> list[list[Any]]:
+    """The in-process workload's images (same generator and seed), per request."""
+    # make_requests also draws token-id text, sized by isl; only its images are used here, so
+    # ask for the smallest prompt that fits them.
+    per_image = vision_tokens_per_image(config, workload.image_size) + 2
+    small = replace(workload, isl=workload.images_per_request * per_image + 1)
+    return [req["multi_modal_data"].get("image", []) for req in make_requests(config, small)]
+
+
+def chat_body(
+    target: ServedTarget, content: list[dict[str, Any]], max_tokens: int, ignore_eos: bool
+) -> bytes:
+    return json.dumps(
+        {
+            "model": target.model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": ignore_eos,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode("utf-8")
+
+
+def text_tokens_for_isl(
+    target: ServedTarget, config: Any, workload: Workload, words: list[str]
+) -> int:
+    """How many words make the prompt `isl` tokens: one probe measures the rest of it."""
+    probe = build_contents(config, replace(workload, num_requests=1), words, _PROBE_WORDS)[0]
+    body = chat_body(target, probe, 1, True)
+    result = asyncio.run(post_stream(target.host, target.port, CHAT_PATH, body))
+    if result.prompt_tokens < 0:
+        raise ServedRequestError("the server sent no usage chunk (stream_options.include_usage)")
+    fixed = result.prompt_tokens - _PROBE_WORDS
+    if workload.isl - fixed < 1:
+        raise ValueError(
+            f"isl {workload.isl} leaves no room for text: the chat template and "
+            f"{workload.images_per_request} image(s) already take {fixed} tokens"
+        )
+    return workload.isl - fixed
+
+
+async def _run_wave(
+    target: ServedTarget, bodies: list[bytes], concurrency: int
+) -> list[StreamResult]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def guarded(body: bytes) -> StreamResult:
+        async with gate:
+            return await post_stream(target.host, target.port, CHAT_PATH, body)
+
+    return list(await asyncio.gather(*(guarded(b) for b in bodies)))
+
+
+def _timing(res: StreamResult) -> RequestTiming:
+    first = res.first_token if res.first_token is not None else res.end
+    return RequestTiming(res.start, first, res.end, res.completion_tokens, res.last_token)
+
+
+def run_served_concurrency(
+    target: ServedTarget,
+    contents: list[list[dict[str, Any]]],
+    workload: Workload,
+    concurrency: int,
+) -> dict[str, float]:
+    """One row of the table, over HTTP; the bodies are encoded before the clock starts."""
+    bodies = [chat_body(target, c, workload.osl, workload.ignore_eos) for c in contents]
+    start = time.perf_counter()
+    results = asyncio.run(_run_wave(target, bodies, concurrency))
+    row = summarize([_timing(r) for r in results], time.perf_counter() - start, concurrency)
+    row["isl_mean"] = float(np.mean([r.prompt_tokens for r in results]))
+    return row
+
+
+def warm_up_served(target: ServedTarget, contents: list[list[dict[str, Any]]]) -> None:
+    """A few short requests first, as in-process: capture and autotuning stay out of the row."""
+    bodies = [chat_body(target, c, 8, True) for c in contents[:4]]
+    asyncio.run(_run_wave(target, bodies, len(bodies)))
