@@ -66,8 +66,8 @@ def _startup_error(exc: BaseException) -> tuple[str, bytes | None, str, str]:
 
 
 def _build(args: Any) -> Any:
-    from ..inputs.registry import create_input_processor, load_tokenizer
     from .._torch.pyexecutor.py_executor_creator import create_py_executor
+    from ..inputs.registry import create_input_processor, load_tokenizer
 
     if args.seed is not None:
         import torch
