@@ -32,6 +32,7 @@ _LLM_FLAGS = (
     "quantization",
     "kv_cache_dtype",
     "load_format",
+    "executor_mode",
 )
 
 
@@ -100,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "dummy"),
         default=None,
         help="dummy: random weights, no safetensors needed (benchmarks of a config's real size)",
+    )
+    p.add_argument(
+        "--executor_mode",
+        choices=("inproc", "process"),
+        default=None,
+        help="process: the engine runs in its own process (ZeroMQ); inproc: a thread of this one",
     )
     p.add_argument("--log_level", choices=LOG_LEVELS, default="info")
     p.add_argument("--default_max_tokens", type=int, default=256, help="when a request has none")
@@ -253,8 +260,11 @@ def main(argv: list[str] | None = None) -> None:
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=args.timeout_graceful_shutdown,
+        engine_alive=app.state.server.client.engine_alive,
     )
     server.run()
+    if server.engine_died:
+        sys.exit("trtllm-serve: the engine died; every pending request was failed")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import h11
@@ -141,11 +141,27 @@ class GuardedH11Protocol(H11Protocol):
 
 
 class TrtllmServer(uvicorn.Server):
-    """uvicorn's server whose shutdown first drains the app's generation requests."""
+    """uvicorn's server whose shutdown first drains the app's generation requests, and which
+    stops (`engine_died` set) when `engine_alive()` turns False: a server whose engine is gone
+    must exit non-zero so a supervisor restarts it, not answer 503s forever."""
 
-    def __init__(self, config: uvicorn.Config, drain: DrainController) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain: DrainController,
+        engine_alive: Callable[[], bool] | None = None,
+    ) -> None:
         super().__init__(config)
         self.drain = drain
+        self.engine_alive = engine_alive
+        self.engine_died = False
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.engine_alive is not None and not self.engine_died and not self.engine_alive():
+            logger.error("the engine died: stopping the server")
+            self.engine_died = True
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[Any] | None = None) -> None:
         # NOTE: the listeners stay open while draining, so a request arriving now gets a 503
@@ -158,6 +174,7 @@ def make_server(
     app: Any,
     drain: DrainController,
     header_read_timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S,
+    engine_alive: Callable[[], bool] | None = None,
     **config_kwargs: Any,
 ) -> TrtllmServer:
     """A `TrtllmServer` for `app` using the guarded h11 protocol."""
@@ -167,4 +184,4 @@ def make_server(
         "TrtllmH11Protocol", (GuardedH11Protocol,), {"header_read_timeout_s": header_read_timeout_s}
     )
     config = uvicorn.Config(app, http=protocol, **config_kwargs)
-    return TrtllmServer(config, drain)
+    return TrtllmServer(config, drain, engine_alive)

@@ -114,6 +114,13 @@ class LLMClient:
                 return executor
         return None
 
+    def engine_alive(self) -> bool:
+        """False once the engine stopped by itself (e.g. its process died), not when the LLM was
+        shut down on purpose."""
+        if bool(getattr(self.llm, "is_shutdown", False)):
+            return True
+        return getattr(self._executor(), "is_alive", True) is not False
+
     @property
     def is_shut_down(self) -> bool:
         executor = self._executor()
