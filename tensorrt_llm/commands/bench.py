@@ -115,6 +115,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="fp8: e4m3 KV cache (ours only)",
     )
+    p.add_argument(
+        "--executor_mode",
+        choices=("inproc", "process"),
+        default=None,
+        help="where the engine runs (both modes; default: the LLM's / the server's default)",
+    )
     p.add_argument("--output", default=None, help="write results as JSON here")
     _add_served_flags(p)
     args = p.parse_args(argv)
@@ -187,6 +193,7 @@ def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[
         kv_cache_free_gpu_memory_fraction=kv_fraction,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        **({"executor_mode": args.executor_mode} if args.executor_mode else {}),
     )
     rows = []
     try:
@@ -214,6 +221,8 @@ def serve_flags(args: argparse.Namespace, folder: Path) -> list[str]:
     flags = [str(folder), "--load_format", "dummy", "--dtype", args.dtype, "--device", args.device]
     flags += ["--max_seq_len", str(args.isl + args.osl + 8), "--attn_backend", args.attn_backend]
     flags += ["--kv_cache_dtype", args.kv_cache_dtype]
+    if args.executor_mode:
+        flags += ["--executor_mode", args.executor_mode]
     if args.quantization:
         flags += ["--quantization", args.quantization]
     for name, flag in (
