@@ -8,6 +8,7 @@ cannot serve text-only or multimodal requests fails here, at startup, with the r
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -151,6 +152,7 @@ def choose_num_blocks(
     )
     # NOTE: memory freed by the probe (or by an engine shut down earlier in this process) sits
     # in the caching allocator, invisible to mem_get_info; the probe's peak is reserved below.
+    gc.collect()  # engines shut down earlier may sit in reference cycles
     torch.cuda.empty_cache()
     free, _total = torch.cuda.mem_get_info(device)
     left = max(0, free - activation_peak_bytes)

@@ -11,6 +11,7 @@ through the command queue (`enqueue_request`, `cancel_request`, `shutdown`) and 
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import threading
@@ -148,10 +149,16 @@ class PyExecutor:
         """Drop the model, KV cache and graphs once the loop is gone, so a shut-down executor
         that is still referenced (final stats, old result handles) holds no device memory: the
         KV cache takes most of the GPU by default. `get_stats()` keeps its last snapshot."""
+        device = getattr(self.model_engine, "device", None)
         self.model_engine = None  # type: ignore[assignment]
         self.kv_cache_manager = None  # type: ignore[assignment]
         self.scheduler = None  # type: ignore[assignment]
         self.sampler = None  # type: ignore[assignment]
+        # The engine and its graph runners reference each other: collect the cycle now, so the
+        # memory is back before the next engine of this process measures what is free.
+        gc.collect()
+        if device is not None and device.type == "cuda":
+            torch.cuda.empty_cache()
 
     @property
     def is_alive(self) -> bool:

@@ -25,7 +25,8 @@ def _start_and_generate(family: str, root: Path, device: str) -> list[int]:
     try:
         # The probe ran a decode step on a seq slot; every slot and block is free again.
         assert executor.kv_cache_manager.num_used_blocks == 0
-        assert executor.seq_slot_manager.num_free == 8
+        assert executor.seq_slot_manager.num_free == executor.scheduler.max_batch_size
+        assert executor.scheduler.max_batch_size == (8 if device == "cpu" else 512)  # sized
         ids, extra = proc({"prompt": "hello there, how are you"}, None)
         params = MultimodalParams(extra.get("multimodal_data", {})) if extra else None
         req = LlmRequest(
