@@ -262,7 +262,11 @@ def main(argv: list[str] | None = None) -> None:
         timeout_graceful_shutdown=args.timeout_graceful_shutdown,
         engine_alive=app.state.server.client.engine_alive,
     )
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        # uvicorn re-raises Ctrl-C after its (already finished) graceful shutdown.
+        pass
     if server.engine_died:
         sys.exit("trtllm-serve: the engine died; every pending request was failed")
 
