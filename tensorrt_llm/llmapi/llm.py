@@ -15,48 +15,26 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import logging
 import threading
 from collections.abc import Hashable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from .._torch.pyexecutor.llm_request import LlmRequest
-from ..inputs.data import as_prompt_dict
-from ..inputs.multimodal import MultimodalParams
 from ..inputs.registry import create_input_processor, load_tokenizer
-from ..inputs.utils import collect_multimodal_data, media_from_messages
-from ..inputs.validation import (
-    check_chat_messages,
-    check_mm_processor_kwargs,
-    check_prompt_token_ids,
-    longest_token_bytes,
-    max_prompt_bytes,
-    prompt_text_bytes,
-)
 from ..sampling_params import SamplingParams
 from .errors import PromptTooLongError
+from .input_preparer import InputPreparer, PreparedRequest
 from .llm_args import LlmArgs
 from .result import GenerationResult
 
 logger = logging.getLogger(__name__)
 
 _SEED_MOD = 2**64
-
-
-@dataclass
-class _PreparedRequest:
-    """One input after host-side processing, ready to submit."""
-
-    prompt: str | None
-    prompt_token_ids: list[int]
-    multimodal_params: MultimodalParams | None
-    sampling_params: SamplingParams
 
 
 def _is_chat(inputs: Any) -> bool:
@@ -66,18 +44,6 @@ def _is_chat(inputs: Any) -> bool:
         and bool(inputs)
         and all(isinstance(m, dict) and "role" in m for m in inputs)
     )
-
-
-def _generation_eos_ids(model_dir: str) -> list[int]:
-    """End ids from generation_config.json (Qwen lists both <|im_end|> and <|endoftext|>)."""
-    path = Path(model_dir) / "generation_config.json"
-    try:
-        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
-    except (OSError, ValueError):
-        return []
-    if isinstance(eos, int):
-        return [eos]
-    return [int(e) for e in eos] if isinstance(eos, list) else []
 
 
 class LLM:
@@ -113,12 +79,9 @@ class LLM:
 
             self._executor = create_py_executor(self.args, self.input_processor, self._tokenizer)
         self._max_seq_len: int = self._executor.max_seq_len
-        # Computed once: a prompt with more text bytes than max_seq_len tokens of this size can
-        # hold is rejected before it is tokenized (tokenizing 10 MB takes seconds).
-        self._max_prompt_bytes = max_prompt_bytes(
-            self._max_seq_len, longest_token_bytes(self._tokenizer)
+        self._preparer = InputPreparer(
+            self.args, self._tokenizer, self.input_processor, self._max_seq_len
         )
-        self._extra_eos_ids = _generation_eos_ids(self.args.model)
         self._ids = itertools.count()
         self._ids_lock = threading.Lock()
 
@@ -202,86 +165,14 @@ class LLM:
         return [sampling_params] * n
 
     # ---- host-side preparation -----------------------------------------------------------------
-    def _prepare(self, inputs: Any, sampling_params: SamplingParams | None) -> _PreparedRequest:
+    def _prepare(self, inputs: Any, sampling_params: SamplingParams | None) -> PreparedRequest:
         self._live_executor()  # fail fast, before any input processing
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        if not isinstance(sampling_params, SamplingParams):
-            raise ValueError(
-                f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}"
-            )
-        sampling_params = self._with_end_ids(sampling_params)
-        prompt = as_prompt_dict(inputs)
-        self._check_prompt_fields(prompt)
-        self._check_mm_limits(prompt)
-        defaults = self.args.mm_processor_kwargs
-        if defaults:
-            given = prompt.get("mm_processor_kwargs") or {}
-            prompt["mm_processor_kwargs"] = {**defaults, **given}
-        prompt["mm_processor_kwargs"] = check_mm_processor_kwargs(prompt.get("mm_processor_kwargs"))
-        try:
-            ids, extra = self.input_processor(prompt, sampling_params)
-        except (ValueError, TypeError):
-            raise  # our own checks: the message names the field
-        except Exception as exc:  # a processor failing deep inside PIL or numpy
-            # NOTE: the raw text can expose internals (object reprs, C-level overflow texts);
-            # the caller gets the stage and the type, the log gets the traceback.
-            logger.warning("input processing failed", exc_info=True)
-            raise ValueError(
-                f"input processing failed ({type(exc).__name__}); check the prompt's media "
-                f"and mm_processor_kwargs"
-            ) from exc
-        mm_data = (extra or {}).get("multimodal_data")
-        mm_params = MultimodalParams(multimodal_data=mm_data) if mm_data else None
-        self._check_request(ids, sampling_params)
-        text = prompt.get("prompt")
-        return _PreparedRequest(
-            prompt=text if isinstance(text, str) else None,
-            prompt_token_ids=list(ids),
-            multimodal_params=mm_params,
-            sampling_params=sampling_params,
-        )
-
-    def _check_prompt_fields(self, prompt: dict[str, Any]) -> None:
-        """Field types first, then a prompt too long by its byte count alone, untokenized."""
-        text = prompt.get("prompt")
-        if "prompt_token_ids" in prompt:
-            prompt["prompt_token_ids"] = check_prompt_token_ids(prompt["prompt_token_ids"])
-        elif isinstance(text, list):
-            check_chat_messages(text, field="prompt")
-        size = prompt_text_bytes(text)
-        if size > self._max_prompt_bytes:
-            raise PromptTooLongError(
-                f"the prompt has {size} bytes of text, more than max_seq_len="
-                f"{self._max_seq_len} tokens can hold (at most {self._max_prompt_bytes} bytes)"
-            )
+        prepared = self._preparer.prepare(inputs, sampling_params)
+        self._check_request(prepared.prompt_token_ids, prepared.sampling_params)
+        return prepared
 
     def _with_end_ids(self, sp: SamplingParams) -> SamplingParams:
-        """Fill end/pad ids from the tokenizer; with the default end id, the checkpoint's
-        generation_config end ids stop generation too (as they do in HF generate)."""
-        default_end = sp.end_id is None
-        sp = sp.with_tokenizer(self._tokenizer)
-        extra = [e for e in self._extra_eos_ids if e != sp.end_id]
-        if default_end and not sp.ignore_eos and extra:
-            have = list(sp.stop_token_ids or [])
-            sp = replace(sp, stop_token_ids=have + [e for e in extra if e not in have])
-        return sp
-
-    def _check_mm_limits(self, prompt: dict[str, Any]) -> None:
-        limits = self.args.limit_mm_per_prompt
-        if not limits:
-            return
-        data = collect_multimodal_data(prompt.get("multi_modal_data"))
-        counts = {k: len(v) for k, v in data.items()}
-        if isinstance(prompt.get("prompt"), list):
-            for k, v in media_from_messages(prompt["prompt"]).items():
-                counts[k] = counts.get(k, 0) + len(v)
-        for modality, limit in limits.items():
-            if counts.get(modality, 0) > limit:
-                raise ValueError(
-                    f"too many {modality} inputs: {counts[modality]} given, "
-                    f"limit_mm_per_prompt allows {limit}"
-                )
+        return self._preparer.with_end_ids(sp)
 
     def _check_request(self, ids: list[int], sp: SamplingParams) -> None:
         """The executor's own checks, run here so a bad input raises in the caller."""
@@ -314,7 +205,7 @@ class LLM:
 
     def _submit(
         self,
-        prepared: _PreparedRequest,
+        prepared: PreparedRequest,
         streaming: bool,
         scheduling_group: Hashable | None = None,
     ) -> GenerationResult:
