@@ -185,6 +185,13 @@ def _add_request_bounds(p: argparse.ArgumentParser) -> None:
         help="seconds to receive a request's headers before the connection is closed",
     )
     g.add_argument(
+        "--num_preprocess_workers",
+        type=int,
+        default=None,
+        help="worker processes for tokenizing and image/video preprocessing (default: half the "
+        "CPU cores, at most 8, on a GPU server; 0 on a CPU one: the server's own threads)",
+    )
+    g.add_argument(
         "--max_prompts_per_request",
         type=int,
         default=DEFAULT_MAX_PROMPTS,
@@ -220,6 +227,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("body_read_timeout", "header_read_timeout", "media_fetch_timeout"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name} must be positive")
+    if args.num_preprocess_workers is not None and args.num_preprocess_workers < 0:
+        parser.error("--num_preprocess_workers must be >= 0")
     if args.timeout_graceful_shutdown < 0:
         parser.error("--timeout_graceful_shutdown must be >= 0")
     return args

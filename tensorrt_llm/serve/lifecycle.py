@@ -91,6 +91,21 @@ async def until_aborted(stream: AsyncIterator[str], drain: DrainController) -> A
         abort.cancel()
 
 
+async def monitor_loop_lag(report: Callable[[float], None], period_s: float = 0.05) -> None:
+    """Report, once a second, the largest lateness of a `period_s` sleep over that second: how
+    long a ready callback waited for the loop (CPU work on the loop shows up here)."""
+    loop = asyncio.get_running_loop()
+    worst, window_start = 0.0, loop.time()
+    while True:
+        before = loop.time()
+        await asyncio.sleep(period_s)
+        now = loop.time()
+        worst = max(worst, now - before - period_s)
+        if now - window_start >= 1.0:
+            report(worst)
+            worst, window_start = 0.0, now
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol plus a deadline on receiving a request's headers.
 

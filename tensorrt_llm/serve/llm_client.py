@@ -19,9 +19,10 @@ from .openai_protocol import APIError
 class LLMClient:
     """Wraps an `LLM` (or any object with `generate_async`, `tokenizer`, `shutdown`)."""
 
-    def __init__(self, llm: Any, model_name: str | None = None) -> None:
+    def __init__(self, llm: Any, model_name: str | None = None, pool: Any = None) -> None:
         self.llm = llm
         self.model_name = model_name or self._default_name()
+        self.pool = pool  # a PreprocessPool, or None: input processing on the server's threads
 
     def _default_name(self) -> str:
         model = getattr(getattr(self.llm, "args", None), "model", None)
@@ -50,7 +51,10 @@ class LLMClient:
     ) -> Any:
         kwargs = {} if group is None else {"scheduling_group": group}
         if clamp and self._can_clamp():
-            return self._submit_clamped(prompt, params, streaming, kwargs)
+            # NOTE: input processing (tokenizing, image preprocessing) runs outside any lock,
+            # so one huge prompt never stalls the submissions of other requests.
+            prepared = self.llm._prepare(prompt, replace(params, max_tokens=1))
+            return self._submit_prepared(prepared, params, streaming, clamp, kwargs)
         return self.llm.generate_async(
             prompt, sampling_params=params, streaming=streaming, **kwargs
         )
@@ -58,24 +62,35 @@ class LLMClient:
     def _can_clamp(self) -> bool:
         return all(hasattr(self.llm, n) for n in ("_prepare", "_check_request", "_submit"))
 
-    def _submit_clamped(
-        self, prompt: Any, params: Any, streaming: bool, kwargs: dict[str, Any]
+    def _submit_prepared(
+        self, prepared: Any, params: Any, streaming: bool, clamp: bool, kwargs: dict[str, Any]
     ) -> Any:
-        """Submit with max_tokens cut to what the context leaves after the prompt.
+        """Run the LLM's engine-side checks on a prepared request and submit it.
 
-        The prompt length (vision tokens included) is only known after input processing, so
-        this prepares with max_tokens=1 first, then re-runs the LLM's checks with the final
-        value. NOTE: uses the LLM's private two-phase API until SamplingParams can say
-        "max_tokens=None: fill the context" itself.
+        With `clamp`, max_tokens is cut to what the context leaves after the prompt: the
+        prompt length (vision tokens included) is only known after input processing, so the
+        request was prepared with max_tokens=1 and the checks run again with the final value.
+        NOTE: uses the LLM's private two-phase API until SamplingParams can say "max_tokens=None:
+        fill the context" itself.
         """
-        # NOTE: input processing (tokenizing, image preprocessing) runs outside any lock, so
-        # one huge prompt never stalls the submissions of other requests.
-        prepared = self.llm._prepare(prompt, replace(params, max_tokens=1))
-        room = self.llm.max_seq_len - len(prepared.prompt_token_ids)
-        final = replace(prepared.sampling_params, max_tokens=max(1, min(params.max_tokens, room)))
+        final = prepared.sampling_params
+        if clamp:
+            room = self.llm.max_seq_len - len(prepared.prompt_token_ids)
+            final = replace(final, max_tokens=max(1, min(params.max_tokens, room)))
         self.llm._check_request(prepared.prompt_token_ids, final)
         prepared.sampling_params = final
         return self.llm._submit(prepared, streaming=streaming, **kwargs)
+
+    async def _submit_via_pool(
+        self, prompt: Any, params: Any, streaming: bool, clamp: bool, group: Any
+    ) -> Any:
+        assert self.pool is not None
+        kwargs = {} if group is None else {"scheduling_group": group}
+        first = replace(params, max_tokens=1) if clamp else params
+        prepared = await self.pool.prepare(prompt, first)
+        return await asyncio.to_thread(
+            self._submit_prepared, prepared, params, streaming, clamp, kwargs
+        )
 
     async def submit(
         self,
@@ -90,8 +105,13 @@ class LLMClient:
         clamp: params.max_tokens is a default, not the client's; lower it to fit the context.
         scheduling_group: prompts of one HTTP request share it, so the engine admits them
         round-robin against other requests instead of ahead of them all.
+        With a preprocess pool the input processing runs in its worker processes.
         """
         try:
+            if self.pool is not None and self._can_clamp():
+                return await self._submit_via_pool(
+                    prompt, params, streaming, clamp, scheduling_group
+                )
             return await asyncio.to_thread(
                 self._submit_sync, prompt, params, streaming, clamp, scheduling_group
             )

@@ -159,6 +159,7 @@ class ServerMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.in_flight = 0
+        self.event_loop_lag_s = 0.0  # set by the app's lag monitor
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
@@ -168,6 +169,10 @@ class ServerMetrics:
         with self._lock:
             key = (endpoint, str(status))
             self._http[key] = self._http.get(key, 0) + 1
+
+    def set_event_loop_lag(self, seconds: float) -> None:
+        with self._lock:
+            self.event_loop_lag_s = seconds
 
     def on_request_start(self) -> None:
         with self._lock:
@@ -233,6 +238,12 @@ class ServerMetrics:
                 out.append(f"{family(metric, 'counter', help_text)}{_labels(base)} {value}")
             name = family("num_requests_in_flight", "gauge", "HTTP requests being served.")
             out.append(f"{name}{_labels(base)} {self.in_flight}")
+            name = family(
+                "event_loop_lag_seconds",
+                "gauge",
+                "Largest delay of the server's asyncio loop over the last second.",
+            )
+            out.append(f"{name}{_labels(base)} {_num(self.event_loop_lag_s)}")
             for metric, help_text, hist in (
                 ("time_to_first_token_seconds", "Time to first token.", self.ttft),
                 ("inter_token_latency_seconds", "Time between output tokens.", self.itl),

@@ -18,6 +18,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
+from ..llmapi.llm_args import LlmArgs
 from .chat_utils import check_mm_limits, resolve_messages, to_sampling_params
 from .http_responses import (
     HttpMetrics,
@@ -26,7 +27,7 @@ from .http_responses import (
     abort_unfinished,
     install_error_handlers,
 )
-from .lifecycle import DrainController, until_aborted
+from .lifecycle import DrainController, monitor_loop_lag, until_aborted
 from .llm_client import LLMClient
 from .media import make_media_http_client
 from .metrics import ServerMetrics
@@ -40,6 +41,7 @@ from .openai_protocol import (
     result_error,
 )
 from .postprocess_handlers import RequestContext, build_response, drain, sse, stream_response
+from .preprocess_pool import PreprocessPool, default_num_workers
 from .request_body import (
     DEFAULT_BODY_READ_TIMEOUT_S,
     DEFAULT_MAX_REQUEST_BODY_BYTES,
@@ -82,7 +84,8 @@ class OpenAIServer:
     """Request handlers plus the state they share (LLM client, metrics, media settings)."""
 
     def __init__(self, llm: Any, args: argparse.Namespace | Any) -> None:
-        self.client = LLMClient(llm, getattr(args, "served_model_name", None))
+        self.pool = _make_pool(llm, getattr(args, "num_preprocess_workers", None))
+        self.client = LLMClient(llm, getattr(args, "served_model_name", None), self.pool)
         self.model_name = self.client.model_name
         self.media_config = media_config_from_args(args)
         self.mm_limits = getattr(args, "limit_mm_per_prompt", None)
@@ -312,6 +315,20 @@ class OpenAIServer:
         )
 
 
+def _make_pool(llm: Any, num_workers: int | None) -> PreprocessPool | None:
+    """The preprocess pool for a real LLM (None: input processing on the server's threads)."""
+    args = getattr(llm, "args", None)
+    if not isinstance(args, LlmArgs):
+        if num_workers:
+            raise ValueError("--num_preprocess_workers needs a real LLM")
+        return None
+    if num_workers is None:
+        num_workers = default_num_workers(args.resolve_device().type)
+    if num_workers < 0:
+        raise ValueError(f"num_preprocess_workers must be >= 0, got {num_workers}")
+    return PreprocessPool(args, llm.max_seq_len, num_workers) if num_workers else None
+
+
 def build_app(llm: Any, args: argparse.Namespace | Any) -> FastAPI:
     """The FastAPI app serving `llm`. The app shuts the LLM down when its lifespan ends."""
     server = OpenAIServer(llm, args)
@@ -319,10 +336,17 @@ def build_app(llm: Any, args: argparse.Namespace | Any) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         server.http = make_media_http_client(server.media_config)
+        lag = asyncio.ensure_future(monitor_loop_lag(server.metrics.set_event_loop_lag))
+        if server.pool is not None:
+            await server.pool.start()
+            logger.info("input preprocessing: %d worker processes", server.pool.num_workers)
         try:
             yield
         finally:
+            lag.cancel()
             await server.http.aclose()
+            if server.pool is not None:
+                await asyncio.to_thread(server.pool.shutdown)
             if getattr(args, "shutdown_llm", True):
                 await asyncio.to_thread(server.client.shutdown)
 

@@ -1,0 +1,97 @@
+"""Input preparation for trtllm-serve in a pool of worker processes.
+
+Tokenizing chat prompts and running the HF image/video processor are CPU-heavy and hold the
+GIL for much of their time; done on the server's own threads they stall the asyncio loop (and,
+with the engine in-process, the engine loop too), which showed as multi-second TTFTs for waves
+of image requests. Each worker process holds its own tokenizer and input processor (an
+`InputPreparer`) and returns the prepared request: token ids, multimodal tensors, sampling
+params. The engine-side checks and the submission stay in the server process.
+
+Media fetching and image decoding stay in the server (fetching is async I/O with the address
+guard; PIL releases the GIL while decoding); the decoded images travel to the worker pickled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import multiprocessing
+import os
+from typing import Any
+
+from ..llmapi.input_preparer import InputPreparer, PreparedRequest
+from ..llmapi.llm_args import LlmArgs
+from ..sampling_params import SamplingParams
+
+# The pool's size when --num_preprocess_workers is not given, on a CUDA server.
+MAX_DEFAULT_WORKERS = 8
+
+_PREPARER: InputPreparer | None = None
+
+
+def default_num_workers(device_type: str) -> int:
+    """Half the CPU cores, at most 8, on a GPU server; 0 (the server's threads) on a CPU one,
+    whose cores the engine itself needs."""
+    if device_type != "cuda":
+        return 0
+    return max(0, min(MAX_DEFAULT_WORKERS, (os.cpu_count() or 1) // 2))
+
+
+def _init_worker(args: LlmArgs, max_seq_len: int) -> None:
+    global _PREPARER
+    import torch
+
+    from ..inputs.registry import create_input_processor, load_tokenizer
+
+    # NOTE: many workers sharing the cores: one intra-op thread each.
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer(args.tokenizer or args.model, args.trust_remote_code)
+    processor = create_input_processor(
+        args.model, tokenizer=tokenizer, trust_remote_code=args.trust_remote_code
+    )
+    _PREPARER = InputPreparer(args, tokenizer, processor, max_seq_len)
+
+
+def _prepare(prompt: Any, params: SamplingParams | None) -> PreparedRequest:
+    assert _PREPARER is not None, "worker not initialised"
+    return _PREPARER.prepare(prompt, params)
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+class PreprocessPool:
+    """`num_workers` spawned processes running `InputPreparer.prepare`."""
+
+    def __init__(self, args: LlmArgs, max_seq_len: int, num_workers: int) -> None:
+        if num_workers < 1:
+            raise ValueError(f"a preprocess pool needs >= 1 worker, got {num_workers}")
+        self.num_workers = num_workers
+        self._pool = concurrent.futures.ProcessPoolExecutor(
+            num_workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(args, max_seq_len),
+        )
+
+    async def start(self) -> None:
+        """Start every worker now (imports and processor loading take seconds), not on the
+        first requests."""
+        loop = asyncio.get_running_loop()
+        pids = await asyncio.gather(
+            *(loop.run_in_executor(self._pool, _ready) for _ in range(self.num_workers * 2))
+        )
+        if not pids:
+            raise RuntimeError("the preprocess pool did not start")
+
+    async def prepare(self, prompt: Any, params: SamplingParams | None) -> PreparedRequest:
+        """The prepared request; the worker's ValueError/TypeError re-raised here as is.
+
+        A worker that dies takes the pool down (BrokenProcessPool): that is a server fault and
+        surfaces as such."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, _prepare, prompt, params)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

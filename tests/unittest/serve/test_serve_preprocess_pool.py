@@ -1,0 +1,73 @@
+"""Input preparation in worker processes (--num_preprocess_workers): the same answers and the
+same errors as on the server's threads, and the loop-lag gauge."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from serve_helpers import ServeHandle, data_url, image_part, metric, png_bytes, start_server, user
+
+from tensorrt_llm.serve.preprocess_pool import default_num_workers
+
+IMAGE = data_url(png_bytes(size=(64, 40), color=(12, 140, 220)))
+
+
+@pytest.fixture(scope="module")
+def pooled(served: ServeHandle) -> Iterator[ServeHandle]:
+    handle = start_server(["--demo", "--num_preprocess_workers", "2"], llm=served.llm)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def _ask(handle: ServeHandle, messages: list, **extra: object) -> httpx.Response:
+    body = {"model": handle.model, "messages": messages, "max_tokens": 6, "temperature": 0}
+    body.update(extra)
+    return httpx.post(handle.base_url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def test_pool_gives_the_same_answers(served: ServeHandle, pooled: ServeHandle) -> None:
+    pool = pooled.server.config.app.state.server.pool
+    assert pool is not None and pool.num_workers == 2
+    calls = []
+    prepare = pool.prepare
+
+    async def counted(*args: object) -> object:
+        calls.append(1)
+        return await prepare(*args)
+
+    pool.prepare = counted  # type: ignore[method-assign]
+    try:
+        for messages in (user("What is next?"), user(image_part(IMAGE), "Describe it.")):
+            want = _ask(served, messages)
+            got = _ask(pooled, messages)
+            assert got.status_code == want.status_code == 200, got.text
+            assert got.json()["choices"][0]["message"] == want.json()["choices"][0]["message"]
+            assert got.json()["usage"] == want.json()["usage"]
+    finally:
+        pool.prepare = prepare  # type: ignore[method-assign]
+    assert len(calls) == 2  # the pooled server prepared both in its workers
+
+
+def test_pool_errors_are_the_same_400s(served: ServeHandle, pooled: ServeHandle) -> None:
+    cases = [
+        user("x" * 2000),  # longer than max_seq_len: prompt_too_long from the worker
+        [{"role": "wizard", "content": "hi"}],
+    ]
+    for messages in cases:
+        want, got = _ask(served, messages), _ask(pooled, messages)
+        assert got.status_code == want.status_code == 400, (got.text, want.text)
+        assert got.json()["error"]["code"] == want.json()["error"]["code"]
+        assert got.json()["error"]["message"] == want.json()["error"]["message"]
+
+
+def test_event_loop_lag_is_exported(pooled: ServeHandle) -> None:
+    assert metric(pooled.metrics(), "trtllm_event_loop_lag_seconds") >= 0.0
+
+
+def test_default_pool_size() -> None:
+    assert default_num_workers("cpu") == 0
+    assert 0 <= default_num_workers("cuda") <= 8
