@@ -188,8 +188,8 @@ def _add_request_bounds(p: argparse.ArgumentParser) -> None:
         "--num_preprocess_workers",
         type=int,
         default=None,
-        help="worker processes for tokenizing and image/video preprocessing (default: half the "
-        "CPU cores, at most 8, on a GPU server; 0 on a CPU one: the server's own threads)",
+        help="worker processes for tokenizing and image/video preprocessing (default 0: the "
+        "server's own threads)",
     )
     g.add_argument(
         "--max_prompts_per_request",

@@ -69,5 +69,5 @@ def test_event_loop_lag_is_exported(pooled: ServeHandle) -> None:
 
 
 def test_default_pool_size() -> None:
-    assert default_num_workers("cpu") == 0
-    assert 0 <= default_num_workers("cuda") <= 8
+    # Opt-in until a measured default exists (see the function's note).
+    assert default_num_workers("cpu") == 0 and default_num_workers("cuda") == 0
