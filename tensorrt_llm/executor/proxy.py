@@ -35,6 +35,7 @@ from .._torch.pyexecutor.py_executor import (
     ExecutorStats,
     LlmResponse,
     PyExecutor,
+    deliver_response,
 )
 from .._torch.pyexecutor.scheduler import SimpleScheduler
 from . import ipc
@@ -261,13 +262,7 @@ class GenerationExecutorProxy:
             self._deliver(pending.callback, response)
 
     def _deliver(self, callback: ResponseCallback | None, response: LlmResponse) -> None:
-        if callback is None:
-            self.responses.put(response)
-            return
-        try:
-            callback(response)
-        except Exception:
-            logger.exception("response callback of request %s raised", response.request_id)
+        deliver_response(callback, response, self.responses)
 
     def _on_death(self, code: int) -> None:
         if self._closed:

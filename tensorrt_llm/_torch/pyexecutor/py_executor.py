@@ -77,6 +77,20 @@ class ExecutorStats:
 ResponseCallback = Callable[[LlmResponse], None]
 
 
+def deliver_response(
+    callback: ResponseCallback | None, response: LlmResponse, responses: queue.Queue
+) -> None:
+    """Hand a response to its callback (errors logged, never raised into the loop), or to the
+    `responses` queue when the request has none."""
+    if callback is None:
+        responses.put(response)
+        return
+    try:
+        callback(response)
+    except Exception:
+        logger.exception("response callback of request %s raised", response.request_id)
+
+
 class PyExecutor:
     """Runs the serving loop in a daemon thread, started by the constructor."""
 
@@ -366,13 +380,7 @@ class PyExecutor:
         )
 
     def _deliver(self, callback: ResponseCallback | None, response: LlmResponse) -> None:
-        if callback is None:
-            self.responses.put(response)
-            return
-        try:
-            callback(response)
-        except Exception:
-            logger.exception("response callback of request %s raised", response.request_id)
+        deliver_response(callback, response, self.responses)
 
     def _finish(self, req: LlmRequest) -> None:
         """Free the request's resources, then send its final response.

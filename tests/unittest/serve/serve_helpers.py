@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import io
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -153,3 +155,37 @@ def image_part(url: str) -> dict[str, Any]:
 def user(*parts: dict[str, Any] | str) -> list[dict[str, Any]]:
     content = [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts]
     return [{"role": "user", "content": content}]
+
+
+# ---------------------------------------------------------------- the real command
+
+
+def spawn_server(extra_args: list[str]) -> tuple[subprocess.Popen, str, str]:
+    """`python -m tensorrt_llm.commands.serve --demo --device cpu ...` on a free loopback port,
+    waited for until /health answers: (process, base URL, model id). The caller stops it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "tensorrt_llm.commands.serve", "--demo", "--device", "cpu"]
+    cmd += ["--port", str(port), "--host", "127.0.0.1", "--log_level", "warning", *extra_args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(proc.stderr.read().decode()[-2000:])  # type: ignore[union-attr]
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.2)
+        model = httpx.get(base + "/v1/models", timeout=5).json()["data"][0]["id"]
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, base, model

@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from serve_helpers import spawn_server
 
 
 def _children(pid: int) -> list[tuple[int, str]]:
@@ -50,24 +42,8 @@ def _engine_pid(server_pid: int) -> int:
 
 
 def test_engine_process_death_fails_requests_and_exits_nonzero() -> None:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "tensorrt_llm.commands.serve", "--demo", "--device", "cpu"]
-    cmd += ["--port", str(port), "--host", "127.0.0.1", "--executor_mode", "process"]
-    cmd += ["--max_seq_len", "512", "--log_level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
+    proc, base, model = spawn_server(["--executor_mode", "process", "--max_seq_len", "512"])
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
-        model = httpx.get(base + "/v1/models", timeout=5).json()["data"][0]["id"]
         out: dict[str, Any] = {}
 
         def ask() -> None:

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
 
 import httpx
-from serve_helpers import ServeHandle, start_server, user, wait_until_idle
+from serve_helpers import ServeHandle, spawn_server, start_server, user, wait_until_idle
 
 GRACE_S = 2.0
 LONG_TOKENS = 480  # far more than the demo model makes in GRACE_S on a CPU
@@ -91,32 +88,10 @@ def test_shutdown_finishes_what_it_can_and_answers_the_rest(served: ServeHandle)
     assert served.llm.get_stats().num_running == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_sigint_with_requests_in_flight_answers_every_client() -> None:
     """The real command: SIGINT while 8 long requests run; every client gets a clear end."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "tensorrt_llm.commands.serve", "--demo", "--device", "cpu"]
-    cmd += ["--port", str(port), "--host", "127.0.0.1", "--max_seq_len", "512"]
-    cmd += ["--timeout_graceful_shutdown", "1", "--log_level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc, base, model = spawn_server(["--max_seq_len", "512", "--timeout_graceful_shutdown", "1"])
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
-        model = httpx.get(base + "/v1/models", timeout=5).json()["data"][0]["id"]
         handle = ServeHandle(base, model, None, None, None)  # type: ignore[arg-type]
         out: dict[str, Any] = {}
         threads = [
