@@ -17,12 +17,18 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..._utils import async_tensor_h2d
+from .executor_types import (  # noqa: F401 (re-exported: the executor's public types)
+    SHUTDOWN_ERROR,
+    ExecutorStats,
+    LlmResponse,
+    ResponseCallback,
+    deliver_response,
+)
 from .llm_request import (
     ERROR_ENGINE,
     ERROR_INVALID_INPUT,
@@ -38,57 +44,6 @@ if TYPE_CHECKING:
     from .scheduler import ScheduledRequests, SimpleScheduler
 
 logger = logging.getLogger(__name__)
-
-SHUTDOWN_ERROR = "the executor was shut down before the request finished"
-
-
-@dataclass
-class LlmResponse:
-    """One update of one request: tokens generated since the previous response."""
-
-    request_id: int
-    new_token_ids: list[int]
-    finished: bool = False
-    finish_reason: str | None = None  # see llm_request.FINISH_REASONS
-    stop_reason: int | str | None = None
-    error: str | None = None
-    error_code: str | None = None  # llm_request.ERROR_CODES, set with `error`
-
-
-@dataclass
-class ExecutorStats:
-    """A snapshot for metrics, published after every step."""
-
-    num_running: int = 0  # admitted requests (hold a seq slot)
-    num_waiting: int = 0  # accepted, not admitted yet
-    num_free_seq_slots: int = 0
-    num_total_seq_slots: int = 0
-    kv_cache_usage: float = 0.0  # fraction of KV blocks in use
-    num_free_kv_blocks: int = 0
-    num_total_kv_blocks: int = 0
-    num_steps: int = 0
-    num_completed: int = 0  # finished normally (stop / length)
-    num_failed: int = 0  # errors, including validation failures
-    num_cancelled: int = 0
-    last_step_num_tokens: int = 0
-    last_step_time_s: float = 0.0
-
-
-ResponseCallback = Callable[[LlmResponse], None]
-
-
-def deliver_response(
-    callback: ResponseCallback | None, response: LlmResponse, responses: queue.Queue
-) -> None:
-    """Hand a response to its callback (errors logged, never raised into the loop), or to the
-    `responses` queue when the request has none."""
-    if callback is None:
-        responses.put(response)
-        return
-    try:
-        callback(response)
-    except Exception:
-        logger.exception("response callback of request %s raised", response.request_id)
 
 
 class PyExecutor:
