@@ -164,12 +164,54 @@ class LLM:
             return list(sampling_params)
         return [sampling_params] * n
 
+    # ---- the engine-client interface (engine_client.py): what trtllm-serve uses --------------
+    def prepare(
+        self,
+        inputs: Any,
+        sampling_params: SamplingParams | None = None,
+        fit_max_tokens: bool = False,
+    ) -> PreparedRequest:
+        """Process one input on the host and run the engine's checks; raises ValueError /
+        TypeError (PromptTooLongError included) for bad input. See `finalize` for
+        `fit_max_tokens`."""
+        self._live_executor()  # fail fast, before any input processing
+        return self.finalize(self._preparer.prepare(inputs, sampling_params), fit_max_tokens)
+
+    def finalize(self, prepared: PreparedRequest, fit_max_tokens: bool = False) -> PreparedRequest:
+        """The engine's checks on a request prepared here or by an `InputPreparer` elsewhere
+        (a preprocess worker). fit_max_tokens: the request's max_tokens is a default, not the
+        caller's: cut it to what max_seq_len leaves after the prompt (vision tokens included,
+        so only known now), at least 1."""
+        sp = prepared.sampling_params
+        if fit_max_tokens:
+            room = self._max_seq_len - len(prepared.prompt_token_ids)
+            sp = replace(sp, max_tokens=max(1, min(sp.max_tokens, room)))
+        self._check_request(prepared.prompt_token_ids, sp)
+        return replace(prepared, sampling_params=sp)
+
+    def submit(
+        self,
+        prepared: PreparedRequest,
+        streaming: bool = False,
+        scheduling_group: Hashable | None = None,
+    ) -> GenerationResult:
+        """Hand a finalized request to the engine; its handle at once."""
+        return self._submit(prepared, streaming=streaming, scheduling_group=scheduling_group)
+
+    def preparer_spec(self) -> tuple[LlmArgs, int]:
+        """(args, max_seq_len): what an `InputPreparer` in another process is built from."""
+        return self.args, self._max_seq_len
+
+    @property
+    def engine_alive(self) -> bool:
+        """False once the engine stopped by itself (e.g. its process died); True after a
+        deliberate shutdown()."""
+        executor = self._executor
+        return executor is None or bool(getattr(executor, "is_alive", True))
+
     # ---- host-side preparation -----------------------------------------------------------------
     def _prepare(self, inputs: Any, sampling_params: SamplingParams | None) -> PreparedRequest:
-        self._live_executor()  # fail fast, before any input processing
-        prepared = self._preparer.prepare(inputs, sampling_params)
-        self._check_request(prepared.prompt_token_ids, prepared.sampling_params)
-        return prepared
+        return self.prepare(inputs, sampling_params)
 
     def _with_end_ids(self, sp: SamplingParams) -> SamplingParams:
         return self._preparer.with_end_ids(sp)

@@ -7,11 +7,10 @@ never reaches into engine internals, and tests can hand the app a fake LLM of th
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+from ..llmapi.engine_client import EngineClient
 from ..llmapi.errors import PromptTooLongError
 from .openai_protocol import APIError
 
@@ -23,6 +22,8 @@ class LLMClient:
         self.llm = llm
         self.model_name = model_name or self._default_name()
         self.pool = pool  # a PreprocessPool, or None: input processing on the server's threads
+        # An LLM (the engine-client interface), or a stand-in with generate_async only (tests).
+        self._is_engine_client = isinstance(llm, EngineClient)
 
     def _default_name(self) -> str:
         model = getattr(getattr(self.llm, "args", None), "model", None)
@@ -49,48 +50,19 @@ class LLMClient:
     def _submit_sync(
         self, prompt: Any, params: Any, streaming: bool, clamp: bool, group: Any
     ) -> Any:
-        kwargs = {} if group is None else {"scheduling_group": group}
-        if clamp and self._can_clamp():
-            # NOTE: input processing (tokenizing, image preprocessing) runs outside any lock,
-            # so one huge prompt never stalls the submissions of other requests.
-            prepared = self.llm._prepare(prompt, replace(params, max_tokens=1))
-            return self._submit_prepared(prepared, params, streaming, clamp, kwargs)
-        return self.llm.generate_async(
-            prompt, sampling_params=params, streaming=streaming, **kwargs
-        )
+        if not self._is_engine_client:  # a stand-in with generate_async only (tests)
+            kwargs = {} if group is None else {"scheduling_group": group}
+            return self.llm.generate_async(
+                prompt, sampling_params=params, streaming=streaming, **kwargs
+            )
+        # NOTE: input processing (tokenizing, image preprocessing) runs outside any lock, so
+        # one huge prompt never stalls the submissions of other requests.
+        prepared = self.llm.prepare(prompt, params, fit_max_tokens=clamp)
+        return self.llm.submit(prepared, streaming=streaming, scheduling_group=group)
 
-    def _can_clamp(self) -> bool:
-        return all(hasattr(self.llm, n) for n in ("_prepare", "_check_request", "_submit"))
-
-    def _submit_prepared(
-        self, prepared: Any, params: Any, streaming: bool, clamp: bool, kwargs: dict[str, Any]
-    ) -> Any:
-        """Run the LLM's engine-side checks on a prepared request and submit it.
-
-        With `clamp`, max_tokens is cut to what the context leaves after the prompt: the
-        prompt length (vision tokens included) is only known after input processing, so the
-        request was prepared with max_tokens=1 and the checks run again with the final value.
-        NOTE: uses the LLM's private two-phase API until SamplingParams can say "max_tokens=None:
-        fill the context" itself.
-        """
-        final = prepared.sampling_params
-        if clamp:
-            room = self.llm.max_seq_len - len(prepared.prompt_token_ids)
-            final = replace(final, max_tokens=max(1, min(params.max_tokens, room)))
-        self.llm._check_request(prepared.prompt_token_ids, final)
-        prepared.sampling_params = final
-        return self.llm._submit(prepared, streaming=streaming, **kwargs)
-
-    async def _submit_via_pool(
-        self, prompt: Any, params: Any, streaming: bool, clamp: bool, group: Any
-    ) -> Any:
-        assert self.pool is not None
-        kwargs = {} if group is None else {"scheduling_group": group}
-        first = replace(params, max_tokens=1) if clamp else params
-        prepared = await self.pool.prepare(prompt, first)
-        return await asyncio.to_thread(
-            self._submit_prepared, prepared, params, streaming, clamp, kwargs
-        )
+    def _finish_sync(self, prepared: Any, streaming: bool, clamp: bool, group: Any) -> Any:
+        prepared = self.llm.finalize(prepared, fit_max_tokens=clamp)
+        return self.llm.submit(prepared, streaming=streaming, scheduling_group=group)
 
     async def submit(
         self,
@@ -108,9 +80,10 @@ class LLMClient:
         With a preprocess pool the input processing runs in its worker processes.
         """
         try:
-            if self.pool is not None and self._can_clamp():
-                return await self._submit_via_pool(
-                    prompt, params, streaming, clamp, scheduling_group
+            if self.pool is not None and self._is_engine_client:
+                prepared = await self.pool.prepare(prompt, params)
+                return await asyncio.to_thread(
+                    self._finish_sync, prepared, streaming, clamp, scheduling_group
                 )
             return await asyncio.to_thread(
                 self._submit_sync, prompt, params, streaming, clamp, scheduling_group
@@ -127,43 +100,20 @@ class LLMClient:
             raise
 
     # ---- health and stats ----------------------------------------------------------------------
-    def _executor(self) -> Any:
-        for name in ("_executor", "executor", "py_executor", "_py_executor"):
-            executor = getattr(self.llm, name, None)
-            if executor is not None:
-                return executor
-        return None
-
     def engine_alive(self) -> bool:
         """False once the engine stopped by itself (e.g. its process died), not when the LLM was
         shut down on purpose."""
-        if bool(getattr(self.llm, "is_shutdown", False)):
-            return True
-        return getattr(self._executor(), "is_alive", True) is not False
+        return bool(getattr(self.llm, "engine_alive", True))
 
     @property
     def is_shut_down(self) -> bool:
-        executor = self._executor()
-        alive = getattr(executor, "is_alive", None)
-        return alive is False or bool(getattr(self.llm, "is_shutdown", False))
+        return bool(getattr(self.llm, "is_shutdown", False)) or not self.engine_alive()
 
     def stats(self) -> Any:
-        """Executor stats plus totals (seq slots, KV blocks), or None when unavailable."""
+        """The engine's stats (running/waiting, seq slots and KV blocks free and total), or
+        None when the LLM has none."""
         get = getattr(self.llm, "get_stats", None)
-        executor = self._executor()
-        if get is None and executor is not None:
-            get = getattr(executor, "get_stats", None)
-        if get is None:
-            return None
-        stats = SimpleNamespace(**vars(get()))
-        if executor is not None:
-            slots = getattr(executor, "seq_slot_manager", None)
-            kv = getattr(executor, "kv_cache_manager", None)
-            if getattr(stats, "num_total_seq_slots", None) is None and slots is not None:
-                stats.num_total_seq_slots = getattr(slots, "max_num_slots", None)
-            if getattr(stats, "num_total_kv_blocks", None) is None and kv is not None:
-                stats.num_total_kv_blocks = getattr(kv, "num_blocks", None)
-        return stats
+        return None if get is None else get()
 
     def shutdown(self) -> None:
         shutdown = getattr(self.llm, "shutdown", None)

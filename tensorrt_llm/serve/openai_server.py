@@ -18,7 +18,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from ..llmapi.llm_args import LlmArgs
+from ..llmapi.engine_client import EngineClient
 from .chat_utils import check_mm_limits, resolve_messages, to_sampling_params
 from .http_responses import (
     HttpMetrics,
@@ -317,16 +317,16 @@ class OpenAIServer:
 
 def _make_pool(llm: Any, num_workers: int | None) -> PreprocessPool | None:
     """The preprocess pool for a real LLM (None: input processing on the server's threads)."""
-    args = getattr(llm, "args", None)
-    if not isinstance(args, LlmArgs):
+    if not isinstance(llm, EngineClient):
         if num_workers:
             raise ValueError("--num_preprocess_workers needs a real LLM")
         return None
+    args, max_seq_len = llm.preparer_spec()
     if num_workers is None:
         num_workers = default_num_workers(args.resolve_device().type)
     if num_workers < 0:
         raise ValueError(f"num_preprocess_workers must be >= 0, got {num_workers}")
-    return PreprocessPool(args, llm.max_seq_len, num_workers) if num_workers else None
+    return PreprocessPool(args, max_seq_len, num_workers) if num_workers else None
 
 
 def build_app(llm: Any, args: argparse.Namespace | Any) -> FastAPI:
