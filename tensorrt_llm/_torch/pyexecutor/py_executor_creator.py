@@ -77,6 +77,12 @@ def _dummy_requests(
         ids, extra = input_processor(
             input_processor.get_dummy_multimodal_prompt(image_budget), None
         )
+        if len(ids) + 2 > max_seq_len:  # prompt, one decode step, the overlap's spare token
+            raise ValueError(
+                f"max_seq_len={max_seq_len} cannot hold the smallest image prompt of this "
+                f"checkpoint ({len(ids)} tokens with its chat template) plus a generated token; "
+                f"raise max_seq_len"
+            )
         dummies.append((ids, MultimodalParams(extra["multimodal_data"])))
     return dummies
 

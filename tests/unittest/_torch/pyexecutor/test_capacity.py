@@ -150,3 +150,11 @@ def test_gpu_default_batch_is_capacity_sized(tmp_path: Path) -> None:
         executor.shutdown()
     free, total = torch.cuda.mem_get_info()
     assert free > 0.5 * total  # the shut-down executor's KV cache went back to the device
+
+
+def test_too_short_max_seq_len_for_an_image_is_a_clear_error(tmp_path: Path) -> None:
+    ckpt = str(write_tiny_checkpoint("qwen2_vl", tmp_path))
+    proc = create_input_processor(ckpt)
+    args = LlmArgs(model=ckpt, device="cpu", max_seq_len=17)
+    with pytest.raises(ValueError, match="max_seq_len=17 cannot hold the smallest image prompt"):
+        create_py_executor(args, proc, proc.tokenizer)
