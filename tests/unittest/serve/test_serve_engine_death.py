@@ -72,3 +72,27 @@ def test_engine_process_death_fails_requests_and_exits_nonzero() -> None:
     assert out["status"] == 500, out
     assert "engine process died" in out["body"]["error"]["message"]
     assert code not in (0, None)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, only not yet reaped
+
+
+def test_sigterm_leaves_no_engine_process() -> None:
+    proc, _base, _model = spawn_server(["--executor_mode", "process", "--max_seq_len", "512"])
+    try:
+        engine = _engine_pid(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while _alive(engine) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(engine), f"engine process {engine} outlived trtllm-serve"
