@@ -42,9 +42,7 @@ def main() -> None:
         ModelConfig(config, max_num_seq_slots=n, checkpoint_dir=str(ckpt)),
         "cpu",
     )
-    engine = PyTorchModelEngine(
-        model, torch.device("cpu"), 4096, n, 1024, 32, config.image_token_id, config.video_token_id
-    )
+    engine = PyTorchModelEngine(model, torch.device("cpu"), 4096, n, 1024, 32)
     text = config.text_config
     kv = KVCacheManager(
         text.num_hidden_layers,

@@ -121,7 +121,7 @@ class LLM:
         prepared = []
         for i, (item, sp) in enumerate(zip(items, params, strict=True)):
             try:
-                prepared.append(self._prepare(item, sp))
+                prepared.append(self.prepare(item, sp))
             except (ValueError, TypeError) as exc:
                 # The input's index added; a PromptTooLongError (or TypeError) stays one.
                 cls = type(exc) if isinstance(exc, PromptTooLongError | TypeError) else ValueError
@@ -149,7 +149,7 @@ class LLM:
         (the server gives all prompts of one HTTP request one group); by default each input
         is its own group.
         """
-        prepared = self._prepare(inputs, sampling_params)
+        prepared = self.prepare(inputs, sampling_params)
         return self._submit(prepared, streaming=streaming, scheduling_group=scheduling_group)
 
     def _params_per_item(
@@ -210,9 +210,6 @@ class LLM:
         return executor is None or bool(getattr(executor, "is_alive", True))
 
     # ---- host-side preparation -----------------------------------------------------------------
-    def _prepare(self, inputs: Any, sampling_params: SamplingParams | None) -> PreparedRequest:
-        return self.prepare(inputs, sampling_params)
-
     def _with_end_ids(self, sp: SamplingParams) -> SamplingParams:
         return self._preparer.with_end_ids(sp)
 

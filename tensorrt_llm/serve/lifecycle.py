@@ -46,10 +46,6 @@ class DrainController:
             self._abort = asyncio.Event()
         return self._abort
 
-    @property
-    def aborting(self) -> bool:
-        return self._abort is not None and self._abort.is_set()
-
     async def drain(self, grace_s: float) -> None:
         """Phase 1 for up to `grace_s`, then phase 2 for whatever is left."""
         self.draining = True

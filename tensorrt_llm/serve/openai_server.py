@@ -53,6 +53,7 @@ from .server_args import (
     DEFAULT_MAX_PROMPTS,
     DEFAULT_MAX_SEQUENCES,
     DEFAULT_MM_LIMITS,
+    arg_or,
     media_config_from_args,
 )
 
@@ -65,11 +66,6 @@ DEFAULT_MAX_TOKENS = 256
 def _retrieve(future: asyncio.Future) -> None:
     if not future.cancelled():
         future.exception()
-
-
-def _arg(args: Any, name: str, default: Any) -> Any:
-    value = getattr(args, name, None)
-    return default if value is None else value
 
 
 async def _client_gone(request: Request) -> None:
@@ -93,11 +89,11 @@ class OpenAIServer:
             self.mm_limits = self.client.limit_mm_per_prompt or dict(DEFAULT_MM_LIMITS)
         self.default_max_tokens = getattr(args, "default_max_tokens", None) or DEFAULT_MAX_TOKENS
         self.body_limits = BodyLimits(
-            max_bytes=_arg(args, "max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES),
-            read_timeout_s=_arg(args, "body_read_timeout", DEFAULT_BODY_READ_TIMEOUT_S),
+            max_bytes=arg_or(args, "max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES),
+            read_timeout_s=arg_or(args, "body_read_timeout", DEFAULT_BODY_READ_TIMEOUT_S),
         )
-        self.max_prompts = _arg(args, "max_prompts_per_request", DEFAULT_MAX_PROMPTS)
-        self.max_sequences = _arg(args, "max_sequences_per_request", DEFAULT_MAX_SEQUENCES)
+        self.max_prompts = arg_or(args, "max_prompts_per_request", DEFAULT_MAX_PROMPTS)
+        self.max_sequences = arg_or(args, "max_sequences_per_request", DEFAULT_MAX_SEQUENCES)
         self.metrics = ServerMetrics(self.model_name, self.client.stats)
         self.drain = DrainController()
         self.http: httpx.AsyncClient | None = None

@@ -18,14 +18,17 @@ DEFAULT_MAX_PROMPTS = 64
 DEFAULT_MAX_SEQUENCES = 256
 
 
-def _given(args: Any, name: str) -> Any:
-    return getattr(args, name, None)
+def arg_or(args: Any, name: str, default: Any = None) -> Any:
+    """`args.name`, or `default` when it is missing or None (a flag left unset, or an app
+    built from a namespace without it)."""
+    value = getattr(args, name, None)
+    return default if value is None else value
 
 
 def media_config_from_args(args: Any) -> MediaConfig:
     """The MediaConfig of the server's flags; a flag left unset keeps MediaConfig's default."""
     kwargs: dict[str, Any] = {}
-    root = _given(args, "allowed_local_media_path")
+    root = arg_or(args, "allowed_local_media_path")
     if root:
         kwargs["allowed_local_media_path"] = Path(root)
     for flag, field in (
@@ -34,12 +37,12 @@ def media_config_from_args(args: Any) -> MediaConfig:
         ("max_media_pixels", "max_image_pixels"),
         ("max_video_pixels", "max_video_pixels"),
     ):
-        value = _given(args, flag)
+        value = arg_or(args, flag)
         if value is not None:
             kwargs[field] = value
     for flag in ("allow_remote_media", "allow_private_media_addresses"):
-        kwargs[flag] = bool(_given(args, flag))
-    domains = _given(args, "allowed_media_domains")
+        kwargs[flag] = bool(arg_or(args, flag))
+    domains = arg_or(args, "allowed_media_domains")
     if domains:
         kwargs["allowed_media_domains"] = tuple(domains)
     return MediaConfig(**kwargs)

@@ -50,8 +50,6 @@ class PyTorchModelEngine:
         max_batch_size: int,
         max_seq_len: int,
         tokens_per_block: int,
-        image_token_id: int | None = None,
-        video_token_id: int | None = None,
     ) -> None:
         self.model = model
         self.device = torch.device(device)
@@ -63,10 +61,8 @@ class PyTorchModelEngine:
         # for text-only batches, so one code path (and one graph shape) serves every request.
         self.use_mrope = hasattr(model, "multimodal_data_device_paths")
         self.device_paths: list[str] = list(getattr(model, "multimodal_data_device_paths", []))
-        # NOTE: kept for callers only. Vision rows come from each request's placeholder spans;
-        # comparing step tokens with these ids broke steps where a decode row sampled a pad.
-        self.image_token_id = image_token_id
-        self.video_token_id = video_token_id
+        # NOTE: no image/video token ids here: vision rows come from each request's placeholder
+        # spans; comparing step tokens with pad ids broke steps where a decode row sampled one.
         self.vocab_size: int = int(getattr(model, "vocab_size", 0))
         self.kv_cache_manager: KVCacheManager | None = None
         self.cuda_graph_runner: CUDAGraphRunner | None = None  # set by create_py_executor

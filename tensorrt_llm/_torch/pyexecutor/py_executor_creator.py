@@ -208,8 +208,6 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
         max_batch_size=num_slots,
         max_seq_len=max_seq_len,
         tokens_per_block=args.tokens_per_block,
-        image_token_id=getattr(config, "image_token_id", None),
-        video_token_id=getattr(config, "video_token_id", None),
     )
     graphs = args.cuda_graph_config
     piecewise = None

@@ -75,8 +75,6 @@ def _build_stack(family: str, ckpt: Path, device: str = "cpu") -> Stack:
         max_batch_size=8,
         max_seq_len=1024,
         tokens_per_block=16,
-        image_token_id=config.image_token_id,
-        video_token_id=config.video_token_id,
     )
     text = config.text_config
     kv = KVCacheManager(
@@ -225,8 +223,6 @@ def test_language_model_only_rejects_media(tmp_path: Path) -> None:
         max_batch_size=2,
         max_seq_len=512,
         tokens_per_block=16,
-        image_token_id=config.image_token_id,
-        video_token_id=config.video_token_id,
     )
     engine.set_kv_cache_manager(
         KVCacheManager(4, 2, 64, 16, 64, 32, dtype=torch.float32, device="cpu")

@@ -121,7 +121,7 @@ def test_chunk_boundary_inside_image_block(stack: Stack) -> None:
 
 
 def req_image_id(stack: Stack) -> int:
-    return stack.engine.image_token_id  # type: ignore[return-value]
+    return stack.engine.model.image_token_id  # type: ignore[return-value]
 
 
 def test_recycled_slot_uses_its_own_delta(stack: Stack) -> None:

@@ -268,7 +268,7 @@ def test_text_only_fast_path(family: str, procs: dict[str, Any]) -> None:
     spy = mock.MagicMock(side_effect=AssertionError("image processor called"))
     with (
         mock.patch.object(proc, "image_processor", spy),
-        mock.patch("tensorrt_llm._torch.models.modeling_qwen2vl.preprocess_frames", spy),
+        mock.patch("tensorrt_llm._torch.models.modeling_qwen2vl_inputs.preprocess_frames", spy),
     ):
         ids, extra = proc({"prompt": "Just text, no pictures.", "mm_processor_kwargs": {}})
         chat_ids, _ = proc({"prompt": [{"role": "user", "content": "hello"}]})

@@ -84,8 +84,6 @@ def build_stack(
         max_batch_size=8,
         max_seq_len=1024,
         tokens_per_block=16,
-        image_token_id=config.image_token_id,
-        video_token_id=config.video_token_id,
     )
     text = config.text_config
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads

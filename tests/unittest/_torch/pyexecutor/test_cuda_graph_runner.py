@@ -48,8 +48,6 @@ class _Stack:
             8,
             512,
             16,
-            config.image_token_id,
-            config.video_token_id,
         )
         text = config.text_config
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
