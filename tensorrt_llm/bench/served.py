@@ -25,11 +25,14 @@ import numpy as np
 
 from .metrics import RequestTiming, summarize
 from .server_process import ServerProcess
-from .sse_client import ServedRequestError, StreamResult, get_json, post_stream
+from .sse_client import ServedRequestError, StreamResult, get_body, get_json, post_stream
 from .workload import Workload, make_requests, vision_tokens_per_image
 
 CHAT_PATH = "/v1/chat/completions"
 _PROBE_WORDS = 8
+# The server's per-request stages before the first token (trtllm_request_stage_seconds).
+STAGES = ("parse", "media", "prepare", "first_token")
+STAGE_COLUMNS = tuple(f"{stage}_ms_mean" for stage in STAGES)
 
 
 @dataclass(frozen=True)
@@ -178,18 +181,58 @@ def _timing(res: StreamResult) -> RequestTiming:
     return RequestTiming(res.start, first, res.end, res.completion_tokens, res.last_token)
 
 
+def _stage_sums(target: ServedTarget) -> dict[str, tuple[float, float]] | None:
+    """{stage: (sum s, count)} from the server's /metrics; None if it has none."""
+    from ..serve.metrics import parse_prometheus
+
+    body = get_body(target.host, target.port, "/metrics")
+    if body is None:
+        return None
+    samples = parse_prometheus(body.decode())
+    out = {}
+    for stage in STAGES:
+        sums = [v for k, v in samples.items() if _is_stage(k, "sum", stage)]
+        counts = [v for k, v in samples.items() if _is_stage(k, "count", stage)]
+        out[stage] = (sum(sums), sum(counts))
+    return out
+
+
+def _is_stage(key: str, what: str, stage: str) -> bool:
+    return key.startswith(f"trtllm_request_stage_seconds_{what}{{") and f'stage="{stage}"' in key
+
+
+def stage_means(
+    before: dict[str, tuple[float, float]] | None, after: dict[str, tuple[float, float]] | None
+) -> dict[str, float]:
+    """Mean ms per request in each server stage between two scrapes (nan when unknown)."""
+    row = {}
+    for stage, column in zip(STAGES, STAGE_COLUMNS, strict=True):
+        if before is None or after is None:
+            row[column] = float("nan")
+            continue
+        total = after[stage][0] - before[stage][0]
+        count = after[stage][1] - before[stage][1]
+        row[column] = 1000.0 * total / count if count else float("nan")
+    return row
+
+
 def run_served_concurrency(
     target: ServedTarget,
     contents: list[list[dict[str, Any]]],
     workload: Workload,
     concurrency: int,
 ) -> dict[str, float]:
-    """One row of the table, over HTTP; the bodies are encoded before the clock starts."""
+    """One row of the table, over HTTP; the bodies are encoded before the clock starts.
+
+    The row also carries the server's own mean time per stage before the first token
+    (`STAGE_COLUMNS`, from its /metrics around the wave): where the TTFT goes."""
     bodies = [chat_body(target, c, workload.osl, workload.ignore_eos) for c in contents]
+    before = _stage_sums(target)
     start = time.perf_counter()
     results = asyncio.run(_run_wave(target, bodies, concurrency))
     row = summarize([_timing(r) for r in results], time.perf_counter() - start, concurrency)
     row["isl_mean"] = float(np.mean([r.prompt_tokens for r in results]))
+    row.update(stage_means(before, _stage_sums(target)))
     return row
 
 

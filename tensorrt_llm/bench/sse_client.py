@@ -142,8 +142,9 @@ async def post_stream(host: str, port: int, path: str, body: bytes) -> StreamRes
             pass  # the server closed first; nothing left to flush
 
 
-def get_json(host: str, port: int, path: str, timeout: float = 10.0) -> Any:
-    """A blocking GET for the control endpoints (/health, /v1/models); None on a non-200."""
+def get_body(host: str, port: int, path: str, timeout: float = 10.0) -> bytes | None:
+    """A blocking GET for the control endpoints (/health, /v1/models, /metrics); None on a
+    non-200."""
     import http.client
 
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
@@ -151,8 +152,14 @@ def get_json(host: str, port: int, path: str, timeout: float = 10.0) -> Any:
         conn.request("GET", path)
         resp = conn.getresponse()
         body = resp.read()
-        if resp.status != 200:
-            return None
-        return json.loads(body) if body else {}
+        return body if resp.status == 200 else None
     finally:
         conn.close()
+
+
+def get_json(host: str, port: int, path: str, timeout: float = 10.0) -> Any:
+    """`get_body` decoded as JSON; None on a non-200."""
+    body = get_body(host, port, path, timeout)
+    if body is None:
+        return None
+    return json.loads(body) if body else {}

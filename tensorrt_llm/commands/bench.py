@@ -29,6 +29,7 @@ import torch
 
 from ..bench.runner import run_concurrency, warm_up
 from ..bench.served import (
+    STAGE_COLUMNS,
     build_contents,
     run_served_concurrency,
     served_target,
@@ -49,7 +50,7 @@ _COLUMNS = (
     "latency_ms_p50",
     "latency_ms_p99",
 )
-_SERVED_COLUMNS = (*_COLUMNS, "isl_mean")
+_SERVED_COLUMNS = (*_COLUMNS, "isl_mean", *STAGE_COLUMNS)
 # In-process defaults of knobs that the served mode leaves to trtllm-serve unless given.
 _INPROCESS_MAX_NUM_TOKENS = 8192
 _INPROCESS_KV_FRACTION = 0.8

@@ -1,10 +1,9 @@
 """The engine process: builds the PyExecutor and serves it over the IPC sockets.
 
 Requests arrive as token ids plus preprocessed multimodal tensors (`protocol.RequestMsg`);
-the engine never tokenizes prompts or detokenizes outputs for the front end. NOTE: the
-executor still decodes output tails to check stop strings (`TorchSampler._check_stop_strings`),
-so this process loads the tokenizer; it also loads the input processor for the capacity
-probe's dummy prompts.
+the engine never tokenizes prompts, decodes media or detokenizes outputs (stop strings are the
+front end's: `llmapi/outputs.py`). NOTE: it loads the input processor (and so a tokenizer)
+once, for the capacity probe's dummy prompts at startup.
 
 The PyExecutor calls its callback once per request; the worker collects those responses and
 sends ONE message per executor step (from `on_step`, which the loop calls after each
@@ -77,7 +76,7 @@ def _build(args: Any) -> Any:
     processor = create_input_processor(
         args.model, tokenizer=tokenizer, trust_remote_code=args.trust_remote_code
     )
-    return create_py_executor(args, processor, tokenizer)
+    return create_py_executor(args, processor)
 
 
 class _EngineWorker:

@@ -17,7 +17,7 @@ import copy
 import itertools
 import logging
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Any
 
@@ -44,6 +44,28 @@ def _is_chat(inputs: Any) -> bool:
         and bool(inputs)
         and all(isinstance(m, dict) and "role" in m for m in inputs)
     )
+
+
+def _wait_all(results: list[GenerationResult], on_finished: Callable[[int], Any]) -> None:
+    """Wait for every result, applying each one's responses as they arrive (not in turn).
+
+    NOTE: stop strings are found where responses are applied; waiting on the results one by
+    one would leave a later request generating past its stop string until its turn came.
+    """
+    event = threading.Event()
+    for result in results:
+        result.listener = event
+    running = list(results)
+    while running:
+        event.clear()  # before applying: a response arriving from here on sets it again
+        for result in running:
+            result._process()
+        still = [r for r in running if not r.finished]
+        if len(still) < len(running):
+            on_finished(len(running) - len(still))
+        running = still
+        if running:
+            event.wait(1.0)
 
 
 class LLM:
@@ -77,7 +99,7 @@ class LLM:
             # Imported here: building the executor pulls in the model code.
             from .._torch.pyexecutor.py_executor_creator import create_py_executor
 
-            self._executor = create_py_executor(self.args, self.input_processor, self._tokenizer)
+            self._executor = create_py_executor(self.args, self.input_processor)
         self._max_seq_len: int = self._executor.max_seq_len
         self._preparer = InputPreparer(
             self.args, self._tokenizer, self.input_processor, self._max_seq_len
@@ -129,9 +151,7 @@ class LLM:
         results = [self._submit(p, streaming=False) for p in prepared]
         show = use_tqdm and is_batch and len(results) > 1
         with tqdm(total=len(results), desc="Processed prompts", disable=not show) as bar:
-            for result in results:
-                result.result()
-                bar.update(1)
+            _wait_all(results, bar.update)
         return results if is_batch else results[0]
 
     def generate_async(

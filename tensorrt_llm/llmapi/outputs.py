@@ -2,7 +2,9 @@
 
 `CompletionState` turns the token ids of one completion into text as they arrive: it detokenizes
 incrementally (only a short window of tokens is decoded per update, so long streams stay linear)
-and cuts the text at the first stop string.
+and cuts the text at the first stop string. This is the only place stop strings are checked:
+the engine stops on token ids only and is cancelled when a stop string shows up here.
+A non-streaming completion without stop strings decodes once, when it finishes.
 """
 
 from __future__ import annotations
@@ -109,6 +111,10 @@ class IncrementalDetokenizer:
             return ""
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
+    def append(self, new_ids: list[int]) -> None:
+        """Append tokens without decoding (the text is made by `finish`)."""
+        self.token_ids.extend(new_ids)
+
     def add(self, new_ids: list[int]) -> str:
         """Append tokens; return the newly completed text (may be "" mid-character)."""
         self.token_ids.extend(new_ids)
@@ -134,6 +140,8 @@ class CompletionState:
     Stop strings: the text is cut before the first stop string (or after it with
     `include_stop_str_in_output`). While the completion runs, the last `max_stop_len - 1`
     characters are held back, so a streamed prefix never shows text a stop string later removes.
+    final_text_only: nobody reads the text before the end (not streaming) and there are no stop
+    strings to look for: decode once in `finish` instead of on every update.
     """
 
     def __init__(
@@ -143,9 +151,11 @@ class CompletionState:
         stop: list[str],
         include_stop_str: bool = False,
         detokenize: bool = True,
+        final_text_only: bool = False,
     ) -> None:
         self.output = output
         self._stop = stop
+        self._lazy = final_text_only and not stop
         self._include_stop = include_stop_str
         self._holdback = max((len(s) for s in stop), default=1) - 1
         self._searched = 0  # text before this offset (minus the holdback) holds no stop string
@@ -167,6 +177,9 @@ class CompletionState:
             return False
         self.output.token_ids.extend(new_ids)
         if self._detok is None:
+            return False
+        if self._lazy:
+            self._detok.append(new_ids if text_ids is None else text_ids)
             return False
         self._detok.add(new_ids if text_ids is None else text_ids)
         return self._refresh_text(self._detok.text, final=False)

@@ -4,9 +4,12 @@ It is a `RequestOutput` that fills in as executor responses arrive. Use `.result
 `await handle` in asyncio code, and `async for out in handle` (or plain `for`) to stream
 snapshots with `text_diff`/`token_ids_diff` of each update.
 
-Threading: the executor thread only appends responses to a locked list and wakes waiters;
-detokenization and stop-string checks run in the consumer's thread, so a slow tokenizer never
-stalls the engine loop.
+Threading: the executor thread (or, with the engine in its own process, the proxy's receiver
+thread) only appends responses to a locked list and wakes waiters; detokenization and the
+stop-string checks run in the consumer's thread, so a slow tokenizer never stalls the engine
+loop. A stop string found there cancels the engine's request.
+Without streaming the text is decoded once at the end (unless stop strings need it sooner);
+iterating such a handle shows token ids as they come and the text when it finishes.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class GenerationResult(RequestOutput):
                 sampling_params.stop_strings,
                 include_stop_str=sampling_params.include_stop_str_in_output,
                 detokenize=sampling_params.detokenize,
+                final_text_only=not streaming,
             )
             for out in outputs
         ]
@@ -68,6 +72,8 @@ class GenerationResult(RequestOutput):
         self._aio_event: asyncio.Event | None = None
         self._aio_waker: LoopWaker | None = None
         self._wake_scheduled = False  # a call_soon_threadsafe(event.set) is queued
+        # Set on every response: `LLM.generate` waits on one event for a whole batch.
+        self.listener: threading.Event | None = None
 
     # ---- producer side (executor thread) -------------------------------------------------------
     def _on_response(self, response: LlmResponse) -> None:
@@ -79,6 +85,9 @@ class GenerationResult(RequestOutput):
             wake = waker is not None and event is not None and not self._wake_scheduled
             if wake:
                 self._wake_scheduled = True
+            listener = self.listener
+        if listener is not None:
+            listener.set()
         if wake:
             waker.set_soon(event)
 

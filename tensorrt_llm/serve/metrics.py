@@ -79,6 +79,13 @@ E2E_BUCKETS = (
     60.0,
     120.0,
 )
+# Where a request's time goes before its first token, in order (the `stage` label):
+# parse: body read, JSON decode, validation; media: fetching and decoding images/videos;
+# prepare: chat template, tokenization, the HF processor, the engine's checks, the enqueue;
+# first_token: from the enqueue to the first token seen by the handler (engine queue, prefill,
+# delivery).
+REQUEST_STAGES = ("parse", "media", "prepare", "first_token")
+STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 # (metric name, help, stats field); every field is optional on the stats object.
 _EXECUTOR_GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -163,6 +170,7 @@ class ServerMetrics:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
+        self.stages = {stage: Histogram(STAGE_BUCKETS) for stage in REQUEST_STAGES}
 
     # ---- updates -------------------------------------------------------------------------------
     def on_http(self, endpoint: str, status: int) -> None:
@@ -185,6 +193,11 @@ class ServerMetrics:
     def on_first_token(self, seconds: float) -> None:
         with self._lock:
             self.ttft.observe(seconds)
+
+    def on_stage(self, stage: str, seconds: float) -> None:
+        """One request spent `seconds` in `stage` (one of REQUEST_STAGES)."""
+        with self._lock:
+            self.stages[stage].observe(seconds)
 
     def on_tokens(self, gap_s: float, num_tokens: int) -> None:
         """`num_tokens` arrived `gap_s` after the previous update: each counts gap/num once."""
@@ -250,6 +263,13 @@ class ServerMetrics:
                 ("e2e_request_latency_seconds", "End-to-end request latency.", self.e2e),
             ):
                 out.extend(hist.render(family(metric, "histogram", help_text), base))
+            name = family(
+                "request_stage_seconds",
+                "histogram",
+                "Time per request in each stage before its first token (see REQUEST_STAGES).",
+            )
+            for stage, hist in self.stages.items():
+                out.extend(hist.render(name, {**base, "stage": stage}))
         self._render_executor(out, family, base)
         return "\n".join(out) + "\n"
 

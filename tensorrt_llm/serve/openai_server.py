@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -150,22 +151,28 @@ class OpenAIServer:
         self.drain.in_flight -= 1
 
     async def _chat_completions(self, request: Request) -> Response:
+        start = time.perf_counter()
         body = await parse_body(request, ChatCompletionRequest, self.body_limits)
+        parsed = time.perf_counter()
+        self.metrics.on_stage("parse", parsed - start)
         self._check_request(body)
         check_mm_limits(body.messages, self.mm_limits)
         assert self.http is not None, "the app's lifespan did not start"
         messages = await resolve_messages(body.messages, self.media_config, self.http)
-        return await self._generate(request, body, "chat", [{"prompt": messages}])
+        self.metrics.on_stage("media", time.perf_counter() - parsed)
+        return await self._generate(request, body, "chat", [{"prompt": messages}], start)
 
     async def _completions(self, request: Request) -> Response:
+        start = time.perf_counter()
         body = await parse_body(request, CompletionRequest, self.body_limits)
+        self.metrics.on_stage("parse", time.perf_counter() - start)
         self._check_request(body)
         prompts: list[Any] = [
             {"prompt_token_ids": p} if isinstance(p, list) else {"prompt": p}
             for p in body.prompts()
         ]
         self._check_request_size(len(prompts), body.n)
-        return await self._generate(request, body, "completion", prompts)
+        return await self._generate(request, body, "completion", prompts, start)
 
     def _check_request_size(self, num_prompts: int, n: int) -> None:
         if num_prompts > self.max_prompts:
@@ -192,7 +199,9 @@ class OpenAIServer:
         body: ChatCompletionRequest | CompletionRequest,
         kind: str,
         prompts: list[Any],
+        start: float,
     ) -> Response:
+        """start: when the handler began (TTFT is measured from there)."""
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         ctx = RequestContext(
             kind=kind,  # type: ignore[arg-type]
@@ -201,10 +210,14 @@ class OpenAIServer:
             n=body.n,
             metrics=self.metrics,
             include_usage=include_usage,
+            start=start,
         )
         max_tokens, explicit = self._max_tokens(body)
         param = "messages" if kind == "chat" else "prompt"
+        preparing = time.perf_counter()
         results = await self._submit_all(body, prompts, max_tokens, explicit, param, ctx)
+        ctx.submitted = time.perf_counter()
+        self.metrics.on_stage("prepare", ctx.submitted - preparing)
         if body.stream:
             return SSEResponse(
                 self._count_in_flight(stream_response(ctx, results), results),
@@ -255,9 +268,7 @@ class OpenAIServer:
         """Wait for every result; abort them and return False if the client disconnects.
 
         Raises APIError(503) when the shutdown's abort phase comes first."""
-        work = asyncio.ensure_future(
-            asyncio.gather(*(drain(r, self.metrics, ctx.start) for r in results))
-        )
+        work = asyncio.ensure_future(asyncio.gather(*(drain(r, ctx) for r in results)))
         # NOTE: a cancelled or failed gather nobody awaits would log "exception was never
         # retrieved" once per disconnect; this callback retrieves it.
         work.add_done_callback(_retrieve)

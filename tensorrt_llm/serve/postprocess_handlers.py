@@ -42,7 +42,8 @@ class RequestContext:
     metrics: ServerMetrics
     include_usage: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
-    start: float = field(default_factory=time.perf_counter)
+    start: float = field(default_factory=time.perf_counter)  # the handler began (TTFT origin)
+    submitted: float | None = None  # every prompt is in the engine's queue
 
 
 def _usage(results: list[Any]) -> UsageInfo:
@@ -60,28 +61,28 @@ def _finish_reason(reason: str | None) -> str | None:
 class _Timing:
     """TTFT / ITL bookkeeping of one result."""
 
-    def __init__(self, start: float) -> None:
-        self.start = start
+    def __init__(self, ctx: RequestContext) -> None:
+        self.ctx = ctx
         self.last: float | None = None
-        self.tokens = 0
 
     def update(self, metrics: ServerMetrics, num_new: int) -> None:
         if num_new <= 0:
             return
         now = time.perf_counter()
         if self.last is None:
-            metrics.on_first_token(now - self.start)
+            metrics.on_first_token(now - self.ctx.start)
+            if self.ctx.submitted is not None:
+                metrics.on_stage("first_token", now - self.ctx.submitted)
             num_new -= 1  # the first token has no inter-token gap
         else:
             metrics.on_tokens(now - self.last, num_new)
         self.last = now
 
 
-async def track(
-    result: Any, metrics: ServerMetrics, start: float
-) -> AsyncIterator[tuple[Any, list[int]]]:
+async def track(result: Any, ctx: RequestContext) -> AsyncIterator[tuple[Any, list[int]]]:
     """Yield (snapshot, new token count per output) for each update; record metrics."""
-    timing = _Timing(start)
+    metrics = ctx.metrics
+    timing = _Timing(ctx)
     seen = [0] * len(result.outputs)
     async for snapshot in result:
         counts = [len(o.token_ids) - seen[i] for i, o in enumerate(snapshot.outputs)]
@@ -92,12 +93,12 @@ async def track(
         (o.finish_reason for o in result.outputs),
         len(result.prompt_token_ids),
         sum(len(o.token_ids) for o in result.outputs),
-        time.perf_counter() - start,
+        time.perf_counter() - ctx.start,
     )
 
 
-async def drain(result: Any, metrics: ServerMetrics, start: float) -> Any:
-    async for _ in track(result, metrics, start):
+async def drain(result: Any, ctx: RequestContext) -> Any:
+    async for _ in track(result, ctx):
         pass
     return result
 
@@ -161,19 +162,17 @@ def _delta_choice(ctx: RequestContext, index: int, text: str, reason: str | None
     return CompletionChoice(index=index, text=text, finish_reason=reason)
 
 
-async def _merge(
-    results: list[Any], metrics: ServerMetrics, start: float
-) -> AsyncIterator[tuple[int, Any]]:
+async def _merge(results: list[Any], ctx: RequestContext) -> AsyncIterator[tuple[int, Any]]:
     """(prompt index, snapshot) from every result, in arrival order."""
     if len(results) == 1:
-        async for snapshot, _ in track(results[0], metrics, start):
+        async for snapshot, _ in track(results[0], ctx):
             yield 0, snapshot
         return
     queue: asyncio.Queue[tuple[int, Any] | None] = asyncio.Queue()
 
     async def pump(i: int, result: Any) -> None:
         try:
-            async for snapshot, _ in track(result, metrics, start):
+            async for snapshot, _ in track(result, ctx):
                 await queue.put((i, snapshot))
         finally:
             await queue.put(None)
@@ -196,7 +195,6 @@ async def _merge(
 
 async def stream_response(ctx: RequestContext, results: list[Any]) -> AsyncIterator[str]:
     """SSE events of a streamed response; aborts every unfinished result when closed early."""
-    metrics = ctx.metrics
     try:
         if ctx.kind == "chat":
             first = [
@@ -206,7 +204,7 @@ async def stream_response(ctx: RequestContext, results: list[Any]) -> AsyncItera
             yield sse(_chunk_json(ctx, first))
         sent: dict[int, int] = {}
         done: set[int] = set()
-        async for i, snapshot in _merge(results, metrics, ctx.start):
+        async for i, snapshot in _merge(results, ctx):
             choices = []
             for j, out in enumerate(snapshot.outputs):
                 index = i * ctx.n + j

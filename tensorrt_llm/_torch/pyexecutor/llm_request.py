@@ -79,10 +79,8 @@ class LlmRequest:
         self.context_chunk_size = 0  # prompt tokens scheduled for the current step
         self.output_token_ids: list[int] = []
         self.finish_reason: str | None = None
-        # Why a "stop" finish happened: the token id (end_id or a stop token) or the stop string.
+        # Why a "stop" finish happened: the token id (end_id or a stop token).
         self.stop_reason: int | str | None = None
-        # For stop strings: keep `text[:stop_text_end]` of the detokenized output.
-        self.stop_text_end: int | None = None
         self.error: str | None = None
         self.error_code: str | None = None  # one of ERROR_CODES once `error` is set
 

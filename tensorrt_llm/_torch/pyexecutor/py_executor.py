@@ -56,7 +56,6 @@ class PyExecutor:
         sampler: TorchSampler,
         kv_cache_manager: KVCacheManager,
         seq_slot_manager: SeqSlotManager,
-        tokenizer: Any = None,
         max_seq_len: int = 4096,
         on_step: Callable[[ExecutorStats], None] | None = None,
     ) -> None:
@@ -67,7 +66,6 @@ class PyExecutor:
         self.sampler = sampler
         self.kv_cache_manager = kv_cache_manager
         self.seq_slot_manager = seq_slot_manager
-        self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
         self.on_step = on_step
         # Responses of requests enqueued without a callback land here.
@@ -302,7 +300,7 @@ class PyExecutor:
         for req in ctx_not_final:
             req.move_to_next_context_chunk()
         if sampled:
-            self.sampler.update_requests(sampled, host_tokens, self.tokenizer)
+            self.sampler.update_requests(sampled, host_tokens)
 
     def _wait_for_command(self, timeout: float) -> None:
         try:

@@ -173,7 +173,7 @@ def _final_sizing(
     return size_from_kv(num_slots, num_blocks, args.tokens_per_block, typical)
 
 
-def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> PyExecutor:
+def create_py_executor(args: LlmArgs, input_processor: Any) -> PyExecutor:
     config = load_pretrained_config(args.model)
     text_config = _text_config(config)
     cls = get_model_class(resolve_architecture(config))
@@ -281,4 +281,4 @@ def create_py_executor(args: LlmArgs, input_processor: Any, tokenizer: Any) -> P
     if device.type == "cuda":
         torch.cuda.empty_cache()
     executor_cls = PyExecutor if args.disable_overlap_scheduler else OverlapPyExecutor
-    return executor_cls(engine, scheduler, sampler, kv, slots, tokenizer, max_seq_len)
+    return executor_cls(engine, scheduler, sampler, kv, slots, max_seq_len)

@@ -144,7 +144,7 @@ class OverlapPyExecutor(PyExecutor):
             del req.output_token_ids[slot:]
             if req.first_token_time is None:
                 req.first_token_time = now
-            self.sampler.update_requests([req], [token], self.tokenizer)
+            self.sampler.update_requests([req], [token])
             req.last_token_time = now
             if not req.is_finished:
                 req.output_token_ids.extend(later)

@@ -15,9 +15,6 @@ import torch
 from ..._utils import async_tensor_d2h, async_tensor_h2d
 from .llm_request import LlmRequest
 
-# NOTE: stop-string offsets (`LlmRequest.stop_text_end`) index text decoded with these kwargs;
-# consumers must decode the same way (use `detokenize_output`).
-DETOKENIZE_KWARGS: dict[str, Any] = {"skip_special_tokens": True}
 _MIN_TEMPERATURE = 1e-5  # avoids inf logits for tiny positive temperatures
 
 
@@ -121,14 +118,12 @@ class TorchSampler:
         self._generators.pop(request_id, None)
 
     # ---- host side -----------------------------------------------------------------------------
-    def update_requests(
-        self,
-        requests: Sequence[LlmRequest],
-        new_tokens: Sequence[int],
-        tokenizer: Any = None,
-    ) -> None:
-        """Append each request's token and apply its stop conditions.
+    def update_requests(self, requests: Sequence[LlmRequest], new_tokens: Sequence[int]) -> None:
+        """Append each request's token and apply its token stop conditions.
 
+        The engine stops on token ids only (end id, stop tokens, max_tokens). Stop strings are
+        text: the front end finds them while detokenizing and cancels the request
+        (`llmapi/outputs.py`), so the engine never decodes.
         A context request whose prompt is not fully prefilled yet (a non-final chunk) produced
         no real token: its entry is ignored. So are requests that already finished.
         """
@@ -141,11 +136,11 @@ class TorchSampler:
             if req.is_context_init and not req.is_last_context_chunk:
                 continue
             req.add_new_token(token)
-            self._check_stop(req, token, tokenizer)
+            self._check_stop(req, token)
             if req.is_finished:
                 self.release(req.request_id)
 
-    def _check_stop(self, req: LlmRequest, token: int, tokenizer: Any) -> None:
+    def _check_stop(self, req: LlmRequest, token: int) -> None:
         params = req.sampling_params
         if not params.ignore_eos and params.end_id is not None and token == params.end_id:
             req.stop_reason = token
@@ -155,44 +150,5 @@ class TorchSampler:
             req.stop_reason = token
             req.finish("stop")
             return
-        stops = params.stop_strings
-        if stops and self._check_stop_strings(req, stops, tokenizer):
-            return
         if req.num_generated_tokens >= params.max_tokens:
             req.finish("length")
-
-    def _check_stop_strings(self, req: LlmRequest, stops: list[str], tokenizer: Any) -> bool:
-        if tokenizer is None:
-            raise ValueError(
-                f"request {req.request_id} has stop strings but update_requests got no tokenizer"
-            )
-        # A stop string of n chars spans at most ~4n byte-level tokens (multi-byte characters
-        # split across tokens); a few more give a clean boundary before it.
-        window = 4 * max(len(s) for s in stops) + 4
-        tail = tokenizer.decode(req.output_token_ids[-window:], **DETOKENIZE_KWARGS)
-        if not any(s in tail for s in stops):
-            return False
-        # Rare (once per request): locate the stop in the full text, which consumers decode.
-        text = tokenizer.decode(req.output_token_ids, **DETOKENIZE_KWARGS)
-        hits = [(text.find(s), s) for s in stops if s in text]
-        if hits:
-            start, stop = min(hits)
-            end = start + len(stop) if req.sampling_params.include_stop_str_in_output else start
-            req.stop_text_end = end
-            req.stop_reason = stop
-        else:  # the tail decoded differently from the full text; stop without cutting
-            req.stop_reason = next(s for s in stops if s in tail)
-        req.finish("stop")
-        return True
-
-
-def detokenize_output(request: LlmRequest, tokenizer: Any) -> str:
-    """The request's output text with stop tokens / strings removed as its params ask."""
-    ids = request.output_token_ids
-    stop_on_token = request.finish_reason == "stop" and isinstance(request.stop_reason, int)
-    if stop_on_token and ids and not request.sampling_params.include_stop_str_in_output:
-        ids = ids[:-1]
-    text = tokenizer.decode(ids, **DETOKENIZE_KWARGS)
-    if request.stop_text_end is not None:
-        text = text[: request.stop_text_end]
-    return text

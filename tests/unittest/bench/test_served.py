@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorrt_llm.bench.served import parse_served_url, single_token_words
+from tensorrt_llm.bench.served import STAGE_COLUMNS, parse_served_url, single_token_words
 from tensorrt_llm.bench.server_process import ServerProcess
 from tensorrt_llm.bench.workload import prepare_model_folder
 from tensorrt_llm.commands.bench import main, parse_args, serve_flags
@@ -87,6 +87,10 @@ def test_served_child_and_in_process_side_by_side(
     _check_rows(result["ours"])
     # The server's own count of every prompt: chat template and vision tokens included.
     assert all(r["isl_mean"] == ISL for r in result["served"])
+    for row in result["served"]:  # the server's time per stage before the first token
+        stages = [row[c] for c in STAGE_COLUMNS]
+        assert all(t > 0 for t in stages), stages
+        assert sum(stages) <= row["ttft_ms_p99"]
     ratios = result["served_vs_inprocess"]
     assert [r["concurrency"] for r in ratios] == [1, 2]
     for ratio, served, ours in zip(ratios, result["served"], result["ours"], strict=True):

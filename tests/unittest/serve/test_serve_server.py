@@ -54,6 +54,28 @@ def test_models_health_and_metrics(served: ServeHandle) -> None:
     assert metric(samples, "trtllm_kv_cache_total_blocks") >= 1
 
 
+def test_request_stage_times(served: ServeHandle) -> None:
+    # Each stage before the first token is timed once per request, and together they fit in
+    # the TTFT (measured from the same handler start).
+    stages = ("parse", "media", "prepare", "first_token")
+
+    def read(samples: dict[str, float], what: str) -> list[float]:
+        name = "trtllm_request_stage_seconds_" + what
+        return [metric(samples, name, stage=s) for s in stages]
+
+    before = served.metrics()
+    _chat(served, user(image_part(data_url(png_bytes())), "What is in the image?"))
+    after = served.metrics()
+    counts = [a - b for a, b in zip(read(after, "count"), read(before, "count"), strict=True)]
+    assert counts == [1, 1, 1, 1]
+    spent = [a - b for a, b in zip(read(after, "sum"), read(before, "sum"), strict=True)]
+    assert all(t > 0 for t in spent), spent
+    ttft = metric(after, "trtllm_time_to_first_token_seconds_sum") - metric(
+        before, "trtllm_time_to_first_token_seconds_sum"
+    )
+    assert sum(spent) <= ttft + 1e-6
+
+
 def test_chat_one_image_matches_llm_api(served: ServeHandle) -> None:
     png = png_bytes()
     response = _chat(served, user(image_part(data_url(png)), "What is in the image?"))

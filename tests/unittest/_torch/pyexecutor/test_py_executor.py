@@ -82,15 +82,6 @@ class FakeEngine:
         return logits
 
 
-class FakeTokenizer:
-    """One letter per token id."""
-
-    eos_token_id = None
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return "".join(chr(ord("a") + i % 26) for i in ids)
-
-
 class Collector:
     def __init__(self) -> None:
         self.responses: dict[int, list[LlmResponse]] = {}
@@ -128,9 +119,7 @@ def make_executor(
     slots = SeqSlotManager(max_batch_size)
     scheduler = SimpleScheduler(max_batch_size, max_num_tokens, chunked, kv, slots)
     sampler = TorchSampler(VOCAB, "cpu")
-    executor = PyExecutor(
-        engine, scheduler, sampler, kv, slots, FakeTokenizer(), max_seq_len, on_step=on_step
-    )
+    executor = PyExecutor(engine, scheduler, sampler, kv, slots, max_seq_len, on_step=on_step)
     return executor, engine
 
 
@@ -275,7 +264,7 @@ def test_stop_conditions_flow_through() -> None:
     col = Collector()
     submit(ex, col, 1, [1], max_tokens=10, end_id=5)  # tokens 2,3,4,5 -> stops at end id
     submit(ex, col, 2, [1], max_tokens=10, stop_token_ids=[4])
-    submit(ex, col, 3, [1], max_tokens=10, stop="fg")  # letters: c d e f g ...
+    submit(ex, col, 3, [1], max_tokens=5, stop="fg")  # stop strings are the front end's
     submit(ex, col, 4, [1], max_tokens=10, end_id=5, ignore_eos=True)
     final = col.wait(1)
     assert (final.finish_reason, final.stop_reason) == ("stop", 5)
@@ -283,7 +272,7 @@ def test_stop_conditions_flow_through() -> None:
     final = col.wait(2)
     assert (final.finish_reason, final.stop_reason) == ("stop", 4)
     final = col.wait(3)
-    assert (final.finish_reason, final.stop_reason) == ("stop", "fg")
+    assert (final.finish_reason, final.stop_reason) == ("length", None)
     assert col.tokens(3) == [2, 3, 4, 5, 6]
     assert col.wait(4).finish_reason == "length" and len(col.tokens(4)) == 10
     ex.shutdown()
