@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -129,6 +130,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.served = True
     if args.inprocess_too and not args.served:
         p.error("--inprocess_too goes with --served (or --served_url)")
+    if args.serve_args and (args.served_url or not args.served):
+        p.error("--serve_args goes with --served (a child server), not --served_url")
     return args
 
 
@@ -149,6 +152,12 @@ def _add_served_flags(p: argparse.ArgumentParser) -> None:
         "--inprocess_too",
         action="store_true",
         help="with --served: run the in-process figures first and report served/in-process",
+    )
+    g.add_argument(
+        "--serve_args",
+        default="",
+        help="more trtllm-serve flags for the child, as one shell-quoted string "
+        '(e.g. "--num_preprocess_workers 8")',
     )
     g.add_argument(
         "--server_startup_timeout",
@@ -236,7 +245,7 @@ def serve_flags(args: argparse.Namespace, folder: Path) -> list[str]:
     if args.images_per_request:
         flags += ["--limit_mm_per_prompt", f"image={args.images_per_request}"]
     # A benchmark that fails mid-wave leaves streams open; the stop should not wait 30 s on them.
-    return flags + ["--timeout_graceful_shutdown", "2"]
+    return flags + ["--timeout_graceful_shutdown", "2", *shlex.split(args.serve_args)]
 
 
 def _run_served(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[str, float]]:

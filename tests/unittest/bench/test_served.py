@@ -176,6 +176,17 @@ def test_serve_flags_leave_server_defaults_alone(tiny_config: Path, tmp_path: Pa
         serve_flags(parse_args(["--config", str(tiny_config), "--no_cuda_graph"]), tmp_path)
 
 
+def test_serve_args_reach_the_child(tiny_config: Path, tmp_path: Path) -> None:
+    base = ["--config", str(tiny_config), *_TINY]
+    args = parse_args([*base, "--served", "--serve_args", "--num_preprocess_workers 3"])
+    flags = serve_flags(args, tmp_path)
+    assert flags[-2:] == ["--num_preprocess_workers", "3"]
+    assert serve_parse_args(flags).num_preprocess_workers == 3
+    for bad in (["--serve_args", "--x 1"], ["--served_url", "http://h:1", "--serve_args", "--x"]):
+        with pytest.raises(SystemExit):
+            parse_args([*base, *bad])
+
+
 def test_served_url_parsing() -> None:
     assert parse_served_url("http://127.0.0.1:8123") == ("127.0.0.1", 8123)
     assert parse_served_url("http://localhost:8000/v1/") == ("localhost", 8000)
