@@ -56,14 +56,29 @@ def _tensor_from_shm(
 ) -> torch.Tensor:
     segment = shared_memory.SharedMemory(name=name)
     try:
-        out = np.empty(nbytes, dtype=np.uint8)
-        view = np.frombuffer(segment.buf, dtype=np.uint8, count=nbytes)
-        out[:] = view
-        del view  # NOTE: close() refuses while a view of the buffer is alive
+        out = torch.empty(nbytes, dtype=torch.uint8)
+        _copy_bytes(out, segment.buf, nbytes, to_buffer=False)
     finally:
         segment.close()
         segment.unlink()
-    return torch.from_numpy(out).view(dtype).reshape(shape)
+    return out.view(dtype).reshape(shape)
+
+
+def _copy_bytes(tensor: torch.Tensor, buf: Any, nbytes: int, to_buffer: bool) -> None:
+    """Copy `nbytes` between a uint8 tensor and a shared-memory buffer.
+
+    NOTE: a torch copy, not a memoryview slice assignment: torch drops the GIL while it copies
+    (and takes the first-touch page faults of a fresh segment), so the server's other threads
+    (the event loop, input preparation) keep running during a multi-megabyte copy.
+    """
+    view = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
+    try:
+        if to_buffer:
+            view.copy_(tensor)
+        else:
+            tensor.copy_(view)
+    finally:
+        del view  # close() refuses while a view of the buffer is alive
 
 
 def _new_segment(nbytes: int) -> shared_memory.SharedMemory:
@@ -91,7 +106,7 @@ class _Pickler(pickle.Pickler):
             return _tensor_from_buffer, (pickle.PickleBuffer(raw), tensor.dtype, shape)
         segment = _new_segment(raw.nbytes)
         try:
-            segment.buf[: raw.nbytes] = raw.data
+            _copy_bytes(torch.from_numpy(raw), segment.buf, raw.nbytes, to_buffer=True)
         finally:
             segment.close()
         self._shm_names.append(segment.name)

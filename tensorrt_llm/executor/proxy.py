@@ -191,7 +191,8 @@ class GenerationExecutorProxy:
             raise RuntimeError("the executor is shut down; no new requests are accepted")
         if self._dead_message is not None:
             raise RuntimeError(self._dead_message)
-        encoded = ipc.encode((MSG_REQUEST, RequestMsg.from_llm_request(request)))
+        message = RequestMsg.from_llm_request(request, self.info.pixel_dtype)
+        encoded = ipc.encode((MSG_REQUEST, message))
         with self._pending_lock:
             self._pending[request.request_id] = _Pending(callback, encoded.shm_names)
         try:

@@ -82,3 +82,20 @@ def test_detokenize_off_keeps_ids_only(tokenizer: Any) -> None:
     state.add_tokens([5, 6])
     state.finish("length")
     assert state.output.text == "" and state.output.token_ids == [5, 6]
+
+
+def test_backend_decode_equals_the_tokenizers_decode(tokenizer: Any) -> None:
+    # The detokenizer decodes through the Rust tokenizer directly; it must give what
+    # tokenizer.decode gives, special tokens (skipped) and split characters included.
+    import random
+
+    from tensorrt_llm.llmapi.outputs import _backend_decoder
+
+    assert _backend_decoder(tokenizer) is not None
+    rng = random.Random(0)
+    ids = tokenizer(TEXT)["input_ids"] + list(tokenizer.all_special_ids)
+    for _ in range(200):
+        sample = rng.sample(ids, rng.randint(1, 12))
+        detok = IncrementalDetokenizer(tokenizer)
+        detok.add(sample)
+        assert detok.finish() == tokenizer.decode(sample, skip_special_tokens=True)
