@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from ..sampling_params import SamplingParams
-from .media import MediaConfig, MediaError, load_image_url, load_video_url
+from .media import MediaConfig, MediaError, fetch_media_url, load_image_url, load_video_url
 from .openai_protocol import (
     APIError,
     ChatCompletionRequest,
@@ -53,9 +53,16 @@ async def _resolve_part(
     param: str,
     config: MediaConfig,
     client: httpx.AsyncClient,
+    decode: bool,
 ) -> dict[str, Any]:
     if isinstance(part, TextPart):
         return {"type": "text", "text": part.text}
+    if not decode:
+        kind = "image" if isinstance(part, ImageURLPart) else "video"
+        fps = part.fps if isinstance(part, VideoURLPart) else None
+        where = f"{param}.{kind}_url"
+        pending = await fetch_media_url(part.url, kind, config, client, fps=fps, param=where)
+        return {"type": kind, kind: pending}
     if isinstance(part, ImageURLPart):
         image = await load_image_url(part.url, config, client, param=f"{param}.image_url")
         return {"type": "image", "image": image}
@@ -64,9 +71,15 @@ async def _resolve_part(
 
 
 async def resolve_messages(
-    messages: list[ChatMessage], config: MediaConfig, client: httpx.AsyncClient
+    messages: list[ChatMessage],
+    config: MediaConfig,
+    client: httpx.AsyncClient,
+    decode: bool = True,
 ) -> list[dict[str, Any]]:
     """Chat messages in the LLM API's form, every media URL loaded (concurrently).
+
+    decode=False: media are fetched but left as `PendingMedia`, for a preprocess worker to
+    decode (`media.decode_pending`).
 
     Text-only messages keep a plain string content so any chat template can render them.
     Raises APIError(400) for a media problem, naming the offending content part.
@@ -81,7 +94,7 @@ async def resolve_messages(
             continue
         shapes.append((role, False, len(message.content)))
         for j, part in enumerate(message.content):
-            jobs.append(_resolve_part(part, f"messages.{i}.content.{j}", config, client))
+            jobs.append(_resolve_part(part, f"messages.{i}.content.{j}", config, client, decode))
     try:
         resolved = await asyncio.gather(*jobs)
     except MediaError as exc:

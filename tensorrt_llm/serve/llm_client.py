@@ -12,6 +12,7 @@ from typing import Any
 
 from ..llmapi.engine_client import EngineClient
 from ..llmapi.errors import PromptTooLongError
+from .media_config import MediaError
 from .openai_protocol import APIError
 
 
@@ -88,6 +89,8 @@ class LLMClient:
             return await asyncio.to_thread(
                 self._submit_sync, prompt, params, streaming, clamp, scheduling_group
             )
+        except MediaError as exc:  # decoded in a preprocess worker
+            raise APIError(400, str(exc), code=exc.code, param=exc.param) from None
         except (ValueError, TypeError) as exc:
             message = str(exc) or type(exc).__name__
             code = "prompt_too_long" if isinstance(exc, PromptTooLongError) else "invalid_prompt"

@@ -23,6 +23,7 @@ import mimetypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import httpx
@@ -48,6 +49,9 @@ __all__ = [
     "MAX_VIDEO_FRAMES",
     "MediaConfig",
     "MediaError",
+    "PendingMedia",
+    "decode_pending",
+    "fetch_media_url",
     "load_image_url",
     "load_video_url",
     "make_media_http_client",
@@ -296,14 +300,48 @@ def _decode_video(
     return VideoData(frames=frames, fps=fps)
 
 
+@dataclass(frozen=True)
+class PendingMedia:
+    """A fetched image or video whose bytes are not decoded yet.
+
+    The server fetches (async I/O, with the address guard) and hands these on; with a preprocess
+    pool they are decoded in its worker processes, so the server process never runs the
+    decoders. Picklable: bytes and settings only.
+    """
+
+    kind: str  # "image" or "video"
+    blob: _Blob
+    param: str | None
+    fps: float | None = None
+
+    def decode(self, config: MediaConfig) -> Image.Image | VideoData:
+        """The RGB image, or the video's frames + fps. Raises MediaError."""
+        if self.kind == "image":
+            return _decode_image(self.blob, config, self.param)
+        return _decode_video(self.blob, self.fps, config, self.param)
+
+
+async def fetch_media_url(
+    url: str,
+    kind: str,
+    config: MediaConfig,
+    client: httpx.AsyncClient,
+    fps: float | None = None,
+    param: str | None = None,
+) -> PendingMedia:
+    """Read a data:/file:/http(s) URL (or a local frame folder) without decoding it."""
+    blob = await _get_blob(url, kind, config, client, param)
+    if blob.folder is None:
+        _check_mime(blob.mime, kind, blob.where, param)
+    return PendingMedia(kind, blob, param, fps)
+
+
 async def load_image_url(
     url: str, config: MediaConfig, client: httpx.AsyncClient, param: str | None = None
 ) -> Image.Image:
     """An RGB image from a data:/file:/http(s) URL. Raises MediaError."""
-    blob = await _get_blob(url, "image", config, client, param)
-    if blob.folder is None:
-        _check_mime(blob.mime, "image", blob.where, param)
-    return await asyncio.to_thread(_decode_image, blob, config, param)
+    pending = await fetch_media_url(url, "image", config, client, param=param)
+    return await asyncio.to_thread(pending.decode, config)  # type: ignore[return-value]
 
 
 async def load_video_url(
@@ -314,7 +352,28 @@ async def load_video_url(
     param: str | None = None,
 ) -> VideoData:
     """A video (RGB frames + fps) from a data:/file:/http(s) URL or a local frame folder."""
-    blob = await _get_blob(url, "video", config, client, param)
-    if blob.folder is None:
-        _check_mime(blob.mime, "video", blob.where, param)
-    return await asyncio.to_thread(_decode_video, blob, fps, config, param)
+    pending = await fetch_media_url(url, "video", config, client, fps=fps, param=param)
+    return await asyncio.to_thread(pending.decode, config)  # type: ignore[return-value]
+
+
+def decode_pending(prompt: Any, config: MediaConfig) -> Any:
+    """`prompt` ({"prompt": chat messages} or anything else) with every PendingMedia of its
+    messages decoded; other prompts are returned as they are."""
+    messages = prompt.get("prompt") if isinstance(prompt, dict) else None
+    if not isinstance(messages, list):
+        return prompt
+    out = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            message = {**message, "content": [_decoded_part(p, config) for p in content]}
+        out.append(message)
+    return {**prompt, "prompt": out}
+
+
+def _decoded_part(part: Any, config: MediaConfig) -> Any:
+    if isinstance(part, dict):
+        value = part.get(part.get("type", ""))
+        if isinstance(value, PendingMedia):
+            return {**part, value.kind: value.decode(config)}
+    return part

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..inputs.image_formats import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_VIDEO_PIXELS
 
@@ -23,6 +24,10 @@ class MediaError(ValueError):
         super().__init__(message)
         self.param = param
         self.code = code
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in a preprocess worker, it crosses back to the server pickled.
+        return type(self), (str(self), self.param, self.code)
 
 
 def _normalise_domain(entry: object) -> str:

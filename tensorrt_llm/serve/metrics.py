@@ -80,7 +80,8 @@ E2E_BUCKETS = (
     120.0,
 )
 # Where a request's time goes before its first token, in order (the `stage` label):
-# parse: body read, JSON decode, validation; media: fetching and decoding images/videos;
+# parse: body read, JSON decode, validation; media: fetching images/videos and, without a
+# preprocess pool, decoding them (a pool decodes in its workers, inside "prepare");
 # prepare: chat template, tokenization, the HF processor, the engine's checks, the enqueue;
 # first_token: from the enqueue to the first token seen by the handler (engine queue, prefill,
 # delivery).

@@ -30,7 +30,7 @@ from .http_responses import (
 )
 from .lifecycle import DrainController, monitor_loop_lag, until_aborted
 from .llm_client import LLMClient
-from .media import make_media_http_client
+from .media import MediaConfig, make_media_http_client
 from .metrics import ServerMetrics
 from .openai_protocol import (
     APIError,
@@ -81,10 +81,12 @@ class OpenAIServer:
     """Request handlers plus the state they share (LLM client, metrics, media settings)."""
 
     def __init__(self, llm: Any, args: argparse.Namespace | Any) -> None:
-        self.pool = _make_pool(llm, getattr(args, "num_preprocess_workers", None))
+        self.media_config = media_config_from_args(args)
+        self.pool = _make_pool(
+            llm, getattr(args, "num_preprocess_workers", None), self.media_config
+        )
         self.client = LLMClient(llm, getattr(args, "served_model_name", None), self.pool)
         self.model_name = self.client.model_name
-        self.media_config = media_config_from_args(args)
         self.mm_limits = getattr(args, "limit_mm_per_prompt", None)
         if self.mm_limits is None:
             self.mm_limits = self.client.limit_mm_per_prompt or dict(DEFAULT_MM_LIMITS)
@@ -158,7 +160,9 @@ class OpenAIServer:
         self._check_request(body)
         check_mm_limits(body.messages, self.mm_limits)
         assert self.http is not None, "the app's lifespan did not start"
-        messages = await resolve_messages(body.messages, self.media_config, self.http)
+        # With a preprocess pool the media are decoded in its workers, not here.
+        decode = self.pool is None
+        messages = await resolve_messages(body.messages, self.media_config, self.http, decode)
         self.metrics.on_stage("media", time.perf_counter() - parsed)
         return await self._generate(request, body, "chat", [{"prompt": messages}], start)
 
@@ -322,7 +326,9 @@ class OpenAIServer:
         )
 
 
-def _make_pool(llm: Any, num_workers: int | None) -> PreprocessPool | None:
+def _make_pool(
+    llm: Any, num_workers: int | None, media_config: MediaConfig
+) -> PreprocessPool | None:
     """The preprocess pool for a real LLM (None: input processing on the server's threads)."""
     if not isinstance(llm, EngineClient):
         if num_workers:
@@ -333,7 +339,9 @@ def _make_pool(llm: Any, num_workers: int | None) -> PreprocessPool | None:
         num_workers = default_num_workers(args.resolve_device().type)
     if num_workers < 0:
         raise ValueError(f"num_preprocess_workers must be >= 0, got {num_workers}")
-    return PreprocessPool(args, max_seq_len, num_workers) if num_workers else None
+    if not num_workers:
+        return None
+    return PreprocessPool(args, max_seq_len, num_workers, media_config)
 
 
 def build_app(llm: Any, args: argparse.Namespace | Any) -> FastAPI:

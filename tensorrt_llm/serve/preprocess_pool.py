@@ -7,8 +7,9 @@ of image requests. Each worker process holds its own tokenizer and input process
 `InputPreparer`) and returns the prepared request: token ids, multimodal tensors, sampling
 params. The engine-side checks and the submission stay in the server process.
 
-Media fetching and image decoding stay in the server (fetching is async I/O with the address
-guard; PIL releases the GIL while decoding); the decoded images travel to the worker pickled.
+Media fetching stays in the server (async I/O with the address guard); the fetched bytes
+travel to the worker (`PendingMedia`), which decodes them, so no decoder runs in the server
+process either. Media errors raised there come back as the same MediaError (HTTP 400).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from typing import Any
 from ..llmapi.input_preparer import InputPreparer, PreparedRequest
 from ..llmapi.llm_args import LlmArgs
 from ..sampling_params import SamplingParams
+from .media import MediaConfig, decode_pending
 
 _PREPARER: InputPreparer | None = None
+_MEDIA_CONFIG: MediaConfig | None = None
 
 
 def default_num_workers(device_type: str) -> int:
@@ -38,8 +41,8 @@ def default_num_workers(device_type: str) -> int:
     return 0
 
 
-def _init_worker(args: LlmArgs, max_seq_len: int) -> None:
-    global _PREPARER
+def _init_worker(args: LlmArgs, max_seq_len: int, media_config: MediaConfig) -> None:
+    global _PREPARER, _MEDIA_CONFIG
     import torch
 
     from ..inputs.registry import create_input_processor, load_tokenizer
@@ -51,11 +54,12 @@ def _init_worker(args: LlmArgs, max_seq_len: int) -> None:
         args.model, tokenizer=tokenizer, trust_remote_code=args.trust_remote_code
     )
     _PREPARER = InputPreparer(args, tokenizer, processor, max_seq_len)
+    _MEDIA_CONFIG = media_config
 
 
 def _prepare(prompt: Any, params: SamplingParams | None) -> PreparedRequest:
-    assert _PREPARER is not None, "worker not initialised"
-    return _PREPARER.prepare(prompt, params)
+    assert _PREPARER is not None and _MEDIA_CONFIG is not None, "worker not initialised"
+    return _PREPARER.prepare(decode_pending(prompt, _MEDIA_CONFIG), params)
 
 
 def _ready() -> int:
@@ -65,7 +69,9 @@ def _ready() -> int:
 class PreprocessPool:
     """`num_workers` spawned processes running `InputPreparer.prepare`."""
 
-    def __init__(self, args: LlmArgs, max_seq_len: int, num_workers: int) -> None:
+    def __init__(
+        self, args: LlmArgs, max_seq_len: int, num_workers: int, media_config: MediaConfig
+    ) -> None:
         if num_workers < 1:
             raise ValueError(f"a preprocess pool needs >= 1 worker, got {num_workers}")
         self.num_workers = num_workers
@@ -73,7 +79,7 @@ class PreprocessPool:
             num_workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(args, max_seq_len),
+            initargs=(args, max_seq_len, media_config),
         )
 
     async def start(self) -> None:

@@ -3,12 +3,19 @@ same errors as on the server's threads, and the loop-lag gauge."""
 
 from __future__ import annotations
 
+import base64
+import io
+import pickle
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
+from PIL import Image
 from serve_helpers import ServeHandle, data_url, image_part, metric, png_bytes, start_server, user
 
+from tensorrt_llm.serve import media
+from tensorrt_llm.serve.media_config import MediaError
 from tensorrt_llm.serve.preprocess_pool import default_num_workers
 
 IMAGE = data_url(png_bytes(size=(64, 40), color=(12, 140, 220)))
@@ -62,6 +69,35 @@ def test_pool_errors_are_the_same_400s(served: ServeHandle, pooled: ServeHandle)
         assert got.status_code == want.status_code == 400, (got.text, want.text)
         assert got.json()["error"]["code"] == want.json()["error"]["code"]
         assert got.json()["error"]["message"] == want.json()["error"]["message"]
+
+
+def test_media_errors_from_the_workers_are_the_same_400s(
+    served: ServeHandle, pooled: ServeHandle
+) -> None:
+    # Decoded in a worker, a bad image still names its code, field and reason.
+    corrupt = "data:image/png;base64," + base64.b64encode(png_bytes()[:60]).decode()
+    ico = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(ico, format="ICO")  # a format outside the allowlist
+    unsupported = "data:image/png;base64," + base64.b64encode(ico.getvalue()).decode()
+    for url in (corrupt, unsupported):
+        messages = user("look", image_part(url))
+        want, got = _ask(served, messages), _ask(pooled, messages)
+        assert got.status_code == want.status_code == 400, (got.text, want.text)
+        assert got.json()["error"] == want.json()["error"]
+
+
+def test_the_server_process_decodes_no_media(pooled: ServeHandle, monkeypatch: Any) -> None:
+    def refuse(*args: object) -> None:
+        raise AssertionError("an image was decoded in the server process")
+
+    monkeypatch.setattr(media, "_decode_image", refuse)
+    got = _ask(pooled, user(image_part(IMAGE), "Describe it."))
+    assert got.status_code == 200, got.text
+
+
+def test_media_error_survives_pickling() -> None:
+    error = pickle.loads(pickle.dumps(MediaError("bad", "messages.0.content.1", "corrupt_media")))
+    assert (str(error), error.param, error.code) == ("bad", "messages.0.content.1", "corrupt_media")
 
 
 def test_event_loop_lag_is_exported(pooled: ServeHandle) -> None:
