@@ -1,24 +1,30 @@
 """GenerationExecutorProxy: the front end's stand-in for PyExecutor, the engine in a child process.
 
-`LLM(..., executor_mode="process")` builds one. The child (multiprocessing spawn, see
-`worker.py`) builds and runs the PyExecutor; this object offers the PyExecutor methods that
-`LLM` and the server use (enqueue_request, cancel_request, shutdown, is_alive, get_stats,
-why_never_fits, max_seq_len, vocab_size). Callbacks get the same `LlmResponse` objects as in
-process, called from one receiver thread of this process.
+`LLM(..., executor_mode="process")` builds one. The child (`python -m
+tensorrt_llm.executor.worker`, see `worker.py`) builds and runs the PyExecutor; this object
+offers the PyExecutor methods that `LLM` and the server use (enqueue_request, cancel_request,
+shutdown, is_alive, get_stats, why_never_fits, max_seq_len, vocab_size, pid). Callbacks
+get the same `LlmResponse` objects as in process, called from one receiver thread of this
+process.
 
 Failure model: the child dying (crash, kill -9) is seen by the receiver within one poll
 interval; every pending request then fails with "engine process died (exit code N)" and
 `is_alive` turns False. shutdown(), garbage collection and interpreter exit stop the child;
-the child exits on its own when this process disappears.
+the child exits on its own when this process disappears (its stdin pipe hits EOF). The child
+is a fresh interpreter, not a multiprocessing spawn: the user's `__main__` is never re-imported,
+so a script needs no `if __name__ == "__main__":` guard. It shares this process group (Ctrl-C
+reaches it, and it ignores SIGINT: the front end decides when it stops) and this sys.path.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
+import os
 import pickle
 import queue
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import weakref
@@ -51,7 +57,6 @@ from .protocol import (
     RequestMsg,
     response_from_tuple,
 )
-from .worker import worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -79,15 +84,61 @@ class _Limits:
     scheduler: SimpleScheduler
 
 
-def _stop_child(process: Any, tmpdir: str) -> None:
+def _wait(process: subprocess.Popen[bytes], timeout: float) -> bool:
+    """True once the child has exited (and is reaped), False if it outlives `timeout`."""
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _stop_child(process: subprocess.Popen[bytes], tmpdir: str) -> None:
     """Last-resort cleanup (garbage collection, interpreter exit): no child, no socket files."""
-    if process.is_alive():
+    if process.poll() is None:
         process.terminate()
-        process.join(2.0)
-        if process.is_alive():
+        if not _wait(process, 2.0):
             process.kill()
-            process.join(2.0)
+            _wait(process, 2.0)
+    # Closed only now: EOF on its stdin is how a live child learns that the front end died.
+    if process.stdin is not None:
+        try:
+            process.stdin.close()
+        except OSError:
+            pass  # the child exited with unread data in the pipe
     shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _child_command() -> list[str]:
+    # -P (3.11+): `-m` would put the cwd first on sys.path, and a tensorrt_llm checkout there
+    # would shadow the one this process imported; PYTHONPATH alone then decides (_child_env).
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+    return [sys.executable, *safe_path, "-m", "tensorrt_llm.executor.worker"]
+
+
+def _child_env() -> dict[str, str]:
+    """This environment, with PYTHONPATH = this sys.path: the child imports the same packages,
+    including entries added at run time (a script's sys.path edits, pytest's rootdir)."""
+    env = dict(os.environ)
+    # '' is the cwd of `python -c` or a REPL; the child shares the cwd but not that meaning.
+    env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+    return env
+
+
+def _start_child(payload: bytes) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        _child_command(),
+        stdin=subprocess.PIPE,
+        env=_child_env(),
+        start_new_session=False,  # one process group: a terminal's Ctrl-C reaches both
+    )
+    assert process.stdin is not None
+    try:
+        process.stdin.write(payload)
+        process.stdin.flush()
+    except BrokenPipeError:
+        pass  # it died before reading: its exit code is reported by _await_ready
+    return process
 
 
 def _receive_loop(ref: weakref.ref[GenerationExecutorProxy]) -> None:
@@ -117,14 +168,8 @@ class GenerationExecutorProxy:
         self._stopped = threading.Event()
         self._stats = ExecutorStats()
         self.responses: queue.Queue[LlmResponse] = queue.Queue()  # callback-less requests
-        spawn = multiprocessing.get_context("spawn")
-        self._process = spawn.Process(
-            target=worker_main,
-            args=(args, request_addr, response_addr),
-            name="trtllm-engine",
-            daemon=True,
-        )
-        self._process.start()
+        payload = pickle.dumps((args, request_addr, response_addr), protocol=5)
+        self._process = _start_child(payload)
         self._finalizer = weakref.finalize(self, _stop_child, self._process, self._tmpdir)
         try:
             self.info = self._await_ready()
@@ -153,16 +198,15 @@ class GenerationExecutorProxy:
     def _await_ready(self) -> EngineInfo:
         """Wait for the engine's report; re-raise its startup error here (same type/message)."""
         while not self._responses.poll(_POLL_MS):
-            if self._process.exitcode is not None:
-                raise EngineProcessError(
-                    f"engine process died during startup (exit code {self._process.exitcode})"
-                )
+            code = self._process.poll()
+            if code is not None:
+                raise EngineProcessError(f"engine process died during startup (exit code {code})")
         message = pickle.loads(self._responses.recv())
         if message[0] == MSG_READY:
             return message[1]
         assert message[0] == MSG_ERROR
         _, blob, summary, text = message
-        self._process.join(_JOIN_TIMEOUT_S)
+        _wait(self._process, _JOIN_TIMEOUT_S)
         exc = pickle.loads(blob) if blob is not None else EngineProcessError(summary)
         if hasattr(exc, "add_note"):
             exc.add_note(f"raised in the engine process:\n{text}")
@@ -175,7 +219,7 @@ class GenerationExecutorProxy:
 
     @property
     def is_alive(self) -> bool:
-        return not self._closed and self._dead_message is None and self._process.is_alive()
+        return not self._closed and self._dead_message is None and self._process.poll() is None
 
     def get_stats(self) -> ExecutorStats:
         return ExecutorStats(**vars(self._stats))
@@ -219,7 +263,7 @@ class GenerationExecutorProxy:
                     ipc.send(self._requests, encoded, zmq.NOBLOCK)
                     return
                 except zmq.Again:
-                    if self._dead_message is not None or not self._process.is_alive():
+                    if self._dead_message is not None or self._process.poll() is not None:
                         raise RuntimeError(
                             self._dead_message or "engine process is not running"
                         ) from None
@@ -240,10 +284,10 @@ class GenerationExecutorProxy:
                 self._stopped.set()
                 return False
             return True
-        code = self._process.exitcode
+        code = self._process.poll()
         if code is None:
             return True
-        self._on_death(code)
+        self._on_death(code)  # NOTE: -N when signal N killed it
         return False
 
     def _on_step(self, batch: list[tuple[Any, ...]], stats: dict[str, Any]) -> None:
@@ -290,17 +334,17 @@ class GenerationExecutorProxy:
         if self._closed:
             return
         self._closed = True
-        if self._process.is_alive() and self._dead_message is None:
+        if self._process.poll() is None and self._dead_message is None:
             try:
                 self._send(ipc.encode((MSG_SHUTDOWN, wait)))
             except RuntimeError:
                 pass
             # Unbounded with wait=True (requests finish first) while the engine lives.
-            while not self._stopped.wait(0.1) and self._process.exitcode is None:
+            while not self._stopped.wait(0.1) and self._process.poll() is None:
                 pass
         if threading.current_thread() is not getattr(self, "_receiver", None):
             self._receiver.join(_JOIN_TIMEOUT_S)
-        self._process.join(_JOIN_TIMEOUT_S)
+        _wait(self._process, _JOIN_TIMEOUT_S)
         self._fail_pending(SHUTDOWN_ERROR, ERROR_SHUTTING_DOWN)
         self._close_transport()
 

@@ -1,5 +1,10 @@
 """The engine process: builds the PyExecutor and serves it over the IPC sockets.
 
+The front end starts it as `python -m tensorrt_llm.executor.worker` (`proxy.py`) and writes
+the startup payload, one pickle, to its stdin; the pipe stays open, and its EOF tells this
+process that the front end is gone. No multiprocessing spawn: that re-imports the user's
+`__main__` here, and a script that builds `LLM(...)` without a main guard would recurse.
+
 Requests arrive as token ids plus preprocessed multimodal tensors (`protocol.RequestMsg`);
 the engine never tokenizes prompts, decodes media or detokenizes outputs (stop strings are the
 front end's: `llmapi/outputs.py`). NOTE: it loads the input processor (and so a tokenizer)
@@ -13,11 +18,10 @@ iteration), together with the step's stats snapshot.
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
 import pickle
 import signal
+import sys
 import threading
 import traceback
 from dataclasses import asdict
@@ -44,12 +48,15 @@ logger = logging.getLogger(__name__)
 _POLL_MS = 100
 
 
-def _watch_parent() -> None:
-    """Exit when the front end disappears (SIGKILL, SIGTERM without cleanup): no orphans."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-    multiprocessing.connection.wait([parent.sentinel])
+def _watch_parent(fd: int) -> None:
+    """Exit when the front end disappears (SIGKILL, SIGTERM without cleanup): no orphans.
+
+    The front end writes nothing after the payload and closes the pipe only once this
+    process has exited, so EOF means its end was closed by the kernel: it died."""
+    # os.read, not sys.stdin: a daemon thread blocked inside the buffered reader holds its
+    # lock, and the interpreter's shutdown, which closes sys.stdin, then aborts.
+    while os.read(fd, 4096):
+        pass
     os._exit(1)
 
 
@@ -156,11 +163,16 @@ def _serve(worker: _EngineWorker, requests: zmq.Socket) -> int:
             return 0
 
 
-def worker_main(args: Any, request_address: str, response_address: str) -> None:
-    """Entry point of the engine process (multiprocessing spawn target)."""
+def worker_main(
+    args: Any, request_address: str, response_address: str, parent_fd: int | None = None
+) -> None:
+    """Build the engine and serve it; `parent_fd` (a pipe) hits EOF when the front end dies."""
     # Ctrl-C reaches the whole process group; the front end decides when the engine stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, name="parent-watch", daemon=True).start()
+    if parent_fd is not None:
+        threading.Thread(
+            target=_watch_parent, args=(parent_fd,), name="parent-watch", daemon=True
+        ).start()
     context = zmq.Context()
     requests = ipc.make_socket(context, zmq.PULL, request_address, bind=False)
     responses = ipc.make_socket(context, zmq.PUSH, response_address, bind=False)
@@ -183,3 +195,16 @@ def worker_main(args: Any, request_address: str, response_address: str) -> None:
         context.term()
         if code:
             os._exit(code)
+
+
+def main() -> None:
+    """`python -m tensorrt_llm.executor.worker`: read the payload from stdin, then serve."""
+    # Before the payload: unpickling it imports modules, and a Ctrl-C there must not kill us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # NOTE: the watcher reads the fd, past sys.stdin's buffer; fine, as nothing follows the pickle.
+    args, request_address, response_address = pickle.load(sys.stdin.buffer)
+    worker_main(args, request_address, response_address, sys.stdin.fileno())
+
+
+if __name__ == "__main__":
+    main()

@@ -40,7 +40,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # A zombie is dead too; multiprocessing reaps it on join.
+    # A zombie is dead too; Popen reaps it on poll() or wait().
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
@@ -174,6 +174,8 @@ def test_shutdown_leaves_no_child(proc: Any) -> None:
     executor = proc._executor
     proc.shutdown()
     assert not _alive(pid)
+    # A clean exit: no abort in the engine's interpreter shutdown (e.g. a thread inside stdin).
+    assert executor._process.returncode == 0
     assert not executor.is_alive
     assert proc.get_stats().num_completed > 0  # final stats survive the engine
     with pytest.raises(RuntimeError, match="shut down"):
