@@ -1,6 +1,6 @@
 """GenerationExecutorProxy: the front end's stand-in for PyExecutor, the engine in a child process.
 
-`LLM(..., executor_mode="process")` builds one. The child (`python -m
+`LLM(...)` builds one (executor_mode="process", the default). The child (`python -m
 tensorrt_llm.executor.worker`, see `worker.py`) builds and runs the PyExecutor; this object
 offers the PyExecutor methods that `LLM` and the server use (enqueue_request, cancel_request,
 shutdown, is_alive, get_stats, why_never_fits, max_seq_len, vocab_size, pid). Callbacks

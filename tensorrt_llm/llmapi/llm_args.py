@@ -145,8 +145,10 @@ class LlmArgs:
     trust_remote_code: bool = False
     # Free-form kwargs forwarded to the HF processor (e.g. min_pixels/max_pixels).
     mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
-    # Where the executor runs: EXECUTOR_MODES. "process" is opt-in until measured on the GPU.
-    executor_mode: str = "inproc"
+    # Where the executor runs: EXECUTOR_MODES. "process" (the default, on CUDA and on CPU): in
+    # its own process. "inproc": in this process, for debugging and for tests that look inside
+    # the engine (its model, KV cache, executor class).
+    executor_mode: str = "process"
 
     def __post_init__(self) -> None:
         self._validate_paths()

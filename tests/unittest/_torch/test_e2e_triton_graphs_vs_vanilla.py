@@ -62,7 +62,11 @@ def _greedy(ckpt: Path, fast: bool) -> list[list[int]]:
         else dict(attn_backend="vanilla", cuda_graph_config=None, disable_overlap_scheduler=True)
     )
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    with LLM(model=str(ckpt), device="cuda", dtype="float32", max_batch_size=4, **kwargs) as llm:
+    # inproc: a caller monkeypatches the kernels' PDL switch, which the engine must see.
+    with LLM(
+        model=str(ckpt), device="cuda", dtype="float32", max_batch_size=4,
+        executor_mode="inproc", **kwargs,
+    ) as llm:  # fmt: skip
         return [o.outputs[0].token_ids for o in llm.generate(_inputs(), params, use_tqdm=False)]
 
 
@@ -102,6 +106,7 @@ def test_fp8_bf16_with_pdl_generates_the_same_tokens(tmp_path: Path, monkeypatch
         with LLM(
             model=str(ckpt), device="cuda", dtype="bfloat16", max_batch_size=4,
             quantization="fp8", kv_cache_dtype="fp8",
+            executor_mode="inproc",  # the monkeypatched PDL switch must reach the engine
         ) as llm:  # fmt: skip
             outs = llm.generate(_inputs(), params, use_tqdm=False)
             return [o.outputs[0].token_ids for o in outs]
@@ -127,8 +132,9 @@ def test_piecewise_prefill_graphs_match_reference_path(family: str, tmp_path: Pa
 
     def run(**kwargs) -> tuple[list[list[list[int]]], int]:
         with LLM(
-            model=str(ckpt), device="cuda", dtype="float32", max_batch_size=2, **kwargs
-        ) as llm:
+            model=str(ckpt), device="cuda", dtype="float32", max_batch_size=2,
+            executor_mode="inproc", **kwargs,  # the test wraps the engine's graph runner
+        ) as llm:  # fmt: skip
             runner = llm._executor.model_engine.piecewise_graph_runner
             replays = []
             if runner is not None:
@@ -153,6 +159,7 @@ def test_piecewise_graphs_reject_an_ineligible_model(tmp_path: Path) -> None:
     ckpt = write_tiny_checkpoint("qwen3_vl_moe", tmp_path / "moe")
     with pytest.raises(ValueError, match="piecewise CUDA graphs: layer 0"):
         LLM(model=str(ckpt), device="cuda", cuda_graph_config={"piecewise_max_tokens": 128})
-    with LLM(model=str(ckpt), device="cuda") as llm:  # the default: off (a log line says why)
+    # The default: off (a log line says why); inproc: the test reads the engine's runners.
+    with LLM(model=str(ckpt), device="cuda", executor_mode="inproc") as llm:
         assert llm._executor.model_engine.piecewise_graph_runner is None
         assert llm._executor.model_engine.cuda_graph_runner is not None

@@ -32,11 +32,7 @@ def _children(pid: int) -> list[tuple[int, str]]:
 
 
 def _engine_pid(server_pid: int) -> int:
-    engines = [
-        p
-        for p, cmd in _children(server_pid)
-        if "spawn_main" in cmd and "resource_tracker" not in cmd
-    ]
+    engines = [p for p, cmd in _children(server_pid) if "-m tensorrt_llm.executor.worker" in cmd]
     assert len(engines) == 1, _children(server_pid)
     return engines[0]
 

@@ -280,7 +280,8 @@ def test_every_family_generates_the_same_with_the_tensorwise_path(
     prompts = ["a text-only request", "another, somewhat longer text-only request"]
 
     def run() -> list[list[int]]:
-        with LLM(model=ckpt, quantization="fp8", max_batch_size=2) as llm:
+        # inproc: the monkeypatched kernels must be the ones the engine calls.
+        with LLM(model=ckpt, quantization="fp8", max_batch_size=2, executor_mode="inproc") as llm:
             return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
     rowwise = run()

@@ -20,6 +20,7 @@ def _run(device: str, kv_cache_dtype: str) -> tuple[list[list[int]], torch.dtype
         device=device,
         kv_cache_dtype=kv_cache_dtype,
         kv_cache_max_tokens=4096,
+        executor_mode="inproc",  # the test reads the engine's KV cache
     ) as llm:
         tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
         return tokens, llm._executor.kv_cache_manager.get_buffers(0).dtype

@@ -73,7 +73,7 @@ def test_config_validation(tmp_path: Path) -> None:
 
 def _model(family: str, root: Path):
     ckpt = str(write_tiny_checkpoint(family, root / family))
-    with LLM(model=ckpt, max_batch_size=2) as llm:
+    with LLM(model=ckpt, max_batch_size=2, executor_mode="inproc") as llm:  # reads the model
         return llm._executor.model_engine.model
 
 
@@ -148,7 +148,8 @@ def test_padded_pieces_give_the_eager_tokens(family: str, tmp_path: Path) -> Non
         "multi_modal_data": {"image": [IMAGE]},
     }
     prompts = [*PROMPTS, image]
-    with LLM(model=ckpt, max_batch_size=2) as llm:
+    # inproc: the test swaps the engine's piecewise graph runner.
+    with LLM(model=ckpt, max_batch_size=2, executor_mode="inproc") as llm:
         eager = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         engine = llm._executor.model_engine
         pieces = _EagerPieces(engine.model, bucket=96)

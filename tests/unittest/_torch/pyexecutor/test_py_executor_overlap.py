@@ -42,6 +42,7 @@ def _run(disable_overlap: bool) -> list[tuple]:
         model=str(get_or_build_demo_checkpoint()),
         max_batch_size=4,
         disable_overlap_scheduler=disable_overlap,
+        executor_mode="inproc",  # the test checks the executor's class
     ) as llm:
         kind = type(llm._executor)
         outs = llm.generate(_prompts(), _params(), use_tqdm=False)

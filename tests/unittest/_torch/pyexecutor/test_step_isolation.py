@@ -194,6 +194,7 @@ def llm(request: pytest.FixtureRequest) -> Iterator[LLM]:
         device="cpu",
         max_batch_size=4,
         disable_overlap_scheduler=request.param,
+        executor_mode="inproc",  # the tests record the engine's forward steps
     ) as llm:
         yield llm
 
