@@ -93,8 +93,9 @@ def _wait(process: subprocess.Popen[bytes], timeout: float) -> bool:
     return True
 
 
-def _stop_child(process: subprocess.Popen[bytes], tmpdir: str) -> None:
+def _stop_child(process: subprocess.Popen[bytes], tmpdir: str, stopping: threading.Event) -> None:
     """Last-resort cleanup (garbage collection, interpreter exit): no child, no socket files."""
+    stopping.set()  # the receiver must not report the exit this causes as a crash
     if process.poll() is None:
         process.terminate()
         if not _wait(process, 2.0):
@@ -170,7 +171,10 @@ class GenerationExecutorProxy:
         self.responses: queue.Queue[LlmResponse] = queue.Queue()  # callback-less requests
         payload = pickle.dumps((args, request_addr, response_addr), protocol=5)
         self._process = _start_child(payload)
-        self._finalizer = weakref.finalize(self, _stop_child, self._process, self._tmpdir)
+        self._stopping = threading.Event()  # set once we stop the child ourselves
+        self._finalizer = weakref.finalize(
+            self, _stop_child, self._process, self._tmpdir, self._stopping
+        )
         try:
             self.info = self._await_ready()
         except BaseException:
@@ -310,7 +314,7 @@ class GenerationExecutorProxy:
         deliver_response(callback, response, self.responses)
 
     def _on_death(self, code: int) -> None:
-        if self._closed:
+        if self._closed or self._stopping.is_set():
             self._fail_pending(SHUTDOWN_ERROR, ERROR_SHUTTING_DOWN)
             return
         self._dead_message = f"engine process died (exit code {code})"
@@ -350,8 +354,7 @@ class GenerationExecutorProxy:
 
     def _close_transport(self) -> None:
         self._closed = True
-        _stop_child(self._process, self._tmpdir)
-        self._finalizer.detach()
+        self._finalizer()  # _stop_child, once: a later collection or exit finds nothing to do
         self._requests.close()
         self._responses.close()
         self._context.term()

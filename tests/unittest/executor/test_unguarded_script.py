@@ -39,3 +39,5 @@ def test_script_without_main_guard_runs_in_process_mode(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     # Once: a re-imported __main__ would print (or fail) a second time in the engine process.
     assert done.stdout.count("TEXT:") == 1, done.stdout
+    # Interpreter exit stops the engine; that is no crash to report.
+    assert "engine process died" not in done.stderr, done.stderr[-4000:]
