@@ -188,8 +188,9 @@ def _add_request_bounds(p: argparse.ArgumentParser) -> None:
         "--num_preprocess_workers",
         type=int,
         default=None,
-        help="worker processes for tokenizing and image/video preprocessing (default 0: the "
-        "server's own threads)",
+        help="worker processes for media decoding, tokenization and the image/video "
+        "processor (default: half the cores, at most 8, on CUDA; 0 on CPU; 0 = the server's "
+        "own threads)",
     )
     g.add_argument(
         "--max_prompts_per_request",

@@ -30,15 +30,16 @@ _MEDIA_CONFIG: MediaConfig | None = None
 
 
 def default_num_workers(device_type: str) -> int:
-    """0: the server's own threads.
+    """Workers when --num_preprocess_workers is not given: half the cores, at most 8, on CUDA;
+    none on CPU, where the engine itself needs the cores.
 
-    NOTE: opt-in for now. On the H200 (Qwen3-VL-8B, 1000/256, c=32/128) 8 workers did not
-    lower the served TTFT and cost 14% at c=128 with the engine in its own process
-    (benchmarks/results/qwen3_vl_8b_served_h200.md, run 3): preprocessing is not where the
-    served path loses its time.
+    NOTE: measured on the H200 (16 cores, Qwen3-VL-8B FP8, 1000/1000, image data URLs, engine in
+    its own process): 8 workers gave +4.4% / +5.4% / +4.2% served throughput at c=32/64/128 over
+    none (benchmarks/results/qwen3_vl_8b_served_h200.md, run 7).
     """
-    del device_type  # kept for when a measured default exists
-    return 0
+    if device_type != "cuda":
+        return 0
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 def _init_worker(args: LlmArgs, max_seq_len: int, media_config: MediaConfig) -> None:

@@ -104,6 +104,9 @@ def test_event_loop_lag_is_exported(pooled: ServeHandle) -> None:
     assert metric(pooled.metrics(), "trtllm_event_loop_lag_seconds") >= 0.0
 
 
-def test_default_pool_size() -> None:
-    # Opt-in until a measured default exists (see the function's note).
-    assert default_num_workers("cpu") == 0 and default_num_workers("cuda") == 0
+def test_default_pool_size(monkeypatch: Any) -> None:
+    # CUDA: half the cores, at most 8, at least 1; CPU: none (the engine needs the cores).
+    assert default_num_workers("cpu") == 0
+    for cores, want in ((16, 8), (64, 8), (6, 3), (1, 1), (None, 1)):
+        monkeypatch.setattr("os.cpu_count", lambda cores=cores: cores)
+        assert default_num_workers("cuda") == want
