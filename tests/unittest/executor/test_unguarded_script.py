@@ -7,10 +7,12 @@ fails to start). The engine's child is a fresh `python -m tensorrt_llm.executor.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import tensorrt_llm
 from tensorrt_llm.tools.tiny_checkpoint import get_or_build_demo_checkpoint
 
 _SCRIPT = """
@@ -30,11 +32,15 @@ def test_script_without_main_guard_runs_in_process_mode(tmp_path: Path) -> None:
     ckpt = get_or_build_demo_checkpoint("qwen2_vl")
     script = tmp_path / "user_script.py"
     script.write_text(_SCRIPT)
+    # The package as this test imports it (installed or a checkout on the path).
+    package_root = str(Path(tensorrt_llm.__file__).resolve().parents[1])
+    path = os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     done = subprocess.run(
         [sys.executable, str(script), str(ckpt)],
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "PYTHONPATH": path},
     )
     assert done.returncode == 0, done.stderr[-4000:]
     # Once: a re-imported __main__ would print (or fail) a second time in the engine process.
