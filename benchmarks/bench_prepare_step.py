@@ -15,14 +15,14 @@ import time
 
 import torch
 
+from tensorrt_llm._torch.config_utils import load_pretrained_config, resolve_architecture
 from tensorrt_llm._torch.models.modeling_auto import get_model_class
 from tensorrt_llm._torch.models.modeling_utils import ModelConfig
-from tensorrt_llm._torch.models.weight_loading import load_model
-from tensorrt_llm._torch.pyexecutor.config_utils import load_pretrained_config, resolve_architecture
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import KVCacheManager
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+from tensorrt_llm._torch.weight_loading import load_model
 from tensorrt_llm.inputs.multimodal import MultimodalParams
 from tensorrt_llm.inputs.registry import create_input_processor
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint

@@ -76,7 +76,7 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_idle.py measures CUDA activity and needs a GPU")
-    from tensorrt_llm._torch.pyexecutor.config_utils import load_pretrained_config
+    from tensorrt_llm._torch.config_utils import load_pretrained_config
 
     folder = prepare_model_folder(args.config, tempfile.mkdtemp(), args.image_size)
     config = load_pretrained_config(str(folder))

@@ -127,7 +127,7 @@ def profile_mixed(llm: LLM, batch: int, context: int, chunks: list[int], steps: 
 
 def profile_prefill(llm: LLM, batch: int, context: int, image_size: int) -> None:
     """One context step of `batch` image+text requests: wall time and top kernels."""
-    from tensorrt_llm._torch.pyexecutor.config_utils import load_pretrained_config
+    from tensorrt_llm._torch.config_utils import load_pretrained_config
     from tensorrt_llm.bench.workload import Workload, make_requests
 
     executor = llm._executor

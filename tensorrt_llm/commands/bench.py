@@ -336,7 +336,7 @@ def _report(args: argparse.Namespace, result: dict[str, Any], hf: list[dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from .._torch.pyexecutor.config_utils import load_pretrained_config
+    from .._torch.config_utils import load_pretrained_config
 
     folder = prepare_model_folder(
         args.config, tempfile.mkdtemp(prefix="trtllm-bench-"), args.image_size

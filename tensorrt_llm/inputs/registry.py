@@ -57,7 +57,7 @@ def register_input_processor(processor_cls: type, *names: str) -> type:
 def load_hf_config(model_path: str | Path, trust_remote_code: bool = False) -> Any:
     """The checkpoint's HF config, read from local files only."""
     try:
-        from .._torch.pyexecutor.config_utils import load_pretrained_config
+        from .._torch.config_utils import load_pretrained_config
     except ImportError:
         load_pretrained_config = None
     if load_pretrained_config is not None:

@@ -21,8 +21,8 @@ from ..modules.fp8_linear import UnscaledOutput
 from ..modules.gated_mlp import GatedMLP, mlp_after_norm
 from ..modules.rms_norm import RMSNorm
 from ..modules.rotary_embedding import MRotaryEmbedding, RotaryEmbedding
+from ..weight_loading import load_hf_weights
 from .modeling_utils import ModelConfig, register_auto_model
-from .weight_loading import load_hf_weights
 
 # text model_type -> (HF default mrope_section, interleaved channels)
 _MROPE_DEFAULTS: dict[str, tuple[tuple[int, int, int], bool]] = {

@@ -34,9 +34,9 @@ from ..modules.gated_mlp import GatedMLP, mlp_after_norm
 from ..modules.linear import Linear
 from ..modules.rms_norm import RMSNorm
 from ..modules.triton_kernels.mrope import rope_qk_
+from ..weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
 from .modeling_qwen2 import Qwen2Model, Qwen2TextForCausalLM, build_rotary_embedding, text_head_dim
 from .modeling_utils import ModelConfig, register_auto_model
-from .weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
 
 _LAYER_TYPES = ("linear_attention", "full_attention")
 # Multi-token-prediction heads published with some checkpoints; not used for decoding.

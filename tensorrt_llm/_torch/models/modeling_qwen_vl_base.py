@@ -17,9 +17,10 @@ from torch import nn
 
 from ...inputs.multimodal import MultimodalParams
 from ..attention_backend.interface import AttentionMetadata
-from ..pyexecutor.request_errors import RequestInputError
+from ..input_errors import RequestInputError
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
 from .modeling_utils import ModelConfig
+from .qwen_vl_mrope import _prepare_qwen_vl_mrope_config, apply_generation_deltas
 
 _MODALITIES = (
     ("image", "pixel_values", "image_grid_thw"),
@@ -291,9 +292,6 @@ class QwenVLModelBase(nn.Module):
     ) -> StackInputs:
         """Everything before the decoder stack: token and media embeddings (the vision tower
         runs here), the mRoPE delta bookkeeping and the rotary table rows of the step."""
-        # Imported here: modeling_qwen2vl defines its model classes on top of this base.
-        from .modeling_qwen2vl import _prepare_qwen_vl_mrope_config, apply_generation_deltas
-
         num_ctx = attn_metadata.num_contexts
         num_ctx_tokens = attn_metadata.num_ctx_tokens
         inputs_embeds = self.llm.model.embed_tokens(input_ids)

@@ -1,8 +1,9 @@
 """FP8 (e4m3) weight-and-activation linear layers: per-channel weight scales, per-token dynamic
 activation scales, `torch._scaled_mm` on CUDA and an exact-dequantize torch path elsewhere.
 
-Used by `quantization="fp8"`: after the weights are loaded, `quantize_model_fp8_` converts the
-text decoder's `Linear` layers in place. The vision tower and the LM head stay in 16 bits.
+Used by `quantization="fp8"`: after the weights are loaded, `linear.quantize_model_fp8_`
+converts the text decoder's `Linear` layers in place. The vision tower and the LM head stay
+in 16 bits.
 
 At decode row counts (up to `_TENSORWISE_MAX_ROWS`) the GEMM runs with unit scalar scales,
 which selects cuBLASLt's tensor-wise kernels (about twice the bandwidth of its row-wise ones
@@ -165,21 +166,3 @@ def quantize_linear_fp8_(linear: nn.Module) -> None:
     wq, scale = quantize_fp8_rows(weight)
     linear.weight = nn.Parameter(wq, requires_grad=False)
     linear.register_buffer("weight_scale", scale.view(-1).contiguous(), persistent=False)
-
-
-def quantize_model_fp8_(model: nn.Module, skip: tuple[str, ...] = ("visual",)) -> int:
-    """Convert every project `Linear` outside the `skip` sub-modules; returns how many.
-
-    All of them, narrowing projections (o, down) included: with the tensor-wise GEMM they are
-    faster than bf16 at decode sizes too (Qwen3-VL-8B on the H200 at 32 rows: down 22.1 vs
-    31.1 us, o 10.2 vs 11.0 us; benchmarks/results/fp8_gemm_h200.md).
-    """
-    from .linear import Linear
-
-    count = 0
-    for name, module in model.named_modules():
-        if not isinstance(module, Linear) or any(part in skip for part in name.split(".")):
-            continue
-        quantize_linear_fp8_(module)
-        count += 1
-    return count

@@ -392,7 +392,7 @@ class GatedDeltaNet(nn.Module):
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Load HF weights named relative to this layer (Qwen3.5 or Qwen3-Next layout)."""
         # Imported here: the models package imports the modules, not the other way round.
-        from ..models.weight_loading import load_hf_weights
+        from ..weight_loading import load_hf_weights
 
         converted = convert_qwen3_next_gdn_weights(
             weights,

@@ -19,7 +19,7 @@ class GatedMLP(nn.Module):
     """`down(silu(gate(x)) * up(x))`.
 
     `gate_up_proj` holds HF's `gate_proj` rows first, then `up_proj` (see
-    `models/weight_loading.py` FUSED_PROJECTIONS), so one matmul serves both, and the
+    `_torch/weight_loading.py` FUSED_PROJECTIONS), so one matmul serves both, and the
     activation reads that layout directly (one Triton kernel on CUDA, chunk+silu+mul elsewhere).
     """
 

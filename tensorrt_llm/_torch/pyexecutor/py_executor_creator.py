@@ -14,10 +14,11 @@ import torch
 
 from ...inputs.multimodal import MultimodalParams
 from ..attention_backend import ATTENTION_BACKENDS
+from ..config_utils import load_pretrained_config, resolve_architecture
 from ..models.modeling_auto import get_model_class
 from ..models.modeling_utils import ModelConfig
-from ..models.weight_loading import build_model_on_meta, load_model
-from ..modules.fp8_linear import quantize_model_fp8_
+from ..modules.linear import quantize_model_fp8_
+from ..weight_loading import build_model_on_meta, load_model
 from .capacity import (
     BatchSizing,
     batch_size_cap,
@@ -27,7 +28,6 @@ from .capacity import (
     size_hybrid_slots,
     typical_request_tokens,
 )
-from .config_utils import load_pretrained_config, resolve_architecture
 from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
 from .kv_cache_creator import KVCacheSpec, choose_num_blocks, kv_bytes_per_token, run_capacity_probe
 from .model_engine import PyTorchModelEngine

@@ -14,26 +14,13 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+# Defined below the models (which raise it) and re-exported here, where the executor catches it.
+from ..input_errors import RequestInputError  # noqa: F401
 from .llm_request import LlmRequest
 from .scheduler import ScheduledRequests
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class RequestInputError(ValueError):
-    """The input of `request_ids` cannot run; nothing of the step has been mutated yet.
-
-    NOTE: raise it only from code that runs before the step's first state write (step
-    preparation, media checks and merging ahead of the decoder stack): the executor re-runs
-    the same step without these requests, which must then give the other requests' results.
-    """
-
-    def __init__(self, request_ids: Iterable[int | None], message: str) -> None:
-        self.request_ids: tuple[int, ...] = tuple(r for r in request_ids if r is not None)
-        who = ", ".join(str(r) for r in self.request_ids) or "unknown"
-        super().__init__(f"request {who}: {message}")
-        self.detail = message
 
 
 def without_requests(scheduled: ScheduledRequests, drop: Iterable[LlmRequest]) -> ScheduledRequests:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorrt_llm._torch.pyexecutor.config_utils import load_pretrained_config
+from tensorrt_llm._torch.config_utils import load_pretrained_config
 from tensorrt_llm.bench.metrics import RequestTiming, summarize
 from tensorrt_llm.bench.workload import (
     Workload,

@@ -22,68 +22,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..gated_mlp import GatedMLP
 from ..linear import Linear
 from ..triton_kernels.fused_moe import fused_moe
+from ..triton_kernels.fused_moe_ref import fused_moe_dense_ref, fused_moe_ref  # noqa: F401
 from .router import TopKRouter
 
 # Model types whose HF MoE block reads `norm_topk_prob`; the others always renormalise.
 _CONFIGURABLE_NORM_TOPK = ("qwen2_moe", "qwen3_moe", "qwen3_next")
 _PER_EXPERT = re.compile(r"^(?P<prefix>(?:.*\.)?experts\.)(?P<idx>\d+)\.(?P<proj>\w+)\.weight$")
 _STACKED = re.compile(r"^(?P<prefix>(?:.*\.)?experts\.)(?P<proj>gate_up_proj|down_proj)$")
-
-
-def _swiglu_expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down)
-
-
-def fused_moe_ref(
-    x: torch.Tensor,
-    gate_up_proj: torch.Tensor,
-    down_proj: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-) -> torch.Tensor:
-    """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]); x [T, H] -> [T, H].
-
-    NOTE: one host sync per call (the per-expert token counts); the dense variant has none.
-    """
-    num_experts, top_k = gate_up_proj.shape[0], topk_ids.shape[1]
-    flat_ids = topk_ids.reshape(-1)
-    order = torch.argsort(flat_ids, stable=True)
-    tokens = order // top_k  # the token of each (token, k) pair, grouped by expert
-    weights = topk_weights.reshape(-1)[order]
-    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    start = 0
-    for expert, count in enumerate(counts):
-        if count == 0:
-            continue
-        rows = tokens[start : start + count]
-        y = _swiglu_expert(x.index_select(0, rows), gate_up_proj[expert], down_proj[expert])
-        out.index_add_(0, rows, (y * weights[start : start + count, None]).float())
-        start += count
-    return out.to(x.dtype)
-
-
-def fused_moe_dense_ref(
-    x: torch.Tensor,
-    gate_up_proj: torch.Tensor,
-    down_proj: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-) -> torch.Tensor:
-    """Same result as `fused_moe_ref`, computed for every expert on every token (no host sync)."""
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for expert in range(gate_up_proj.shape[0]):
-        scale = (topk_weights * (topk_ids == expert)).sum(dim=-1, keepdim=True)
-        y = _swiglu_expert(x, gate_up_proj[expert], down_proj[expert])
-        out += (y * scale).float()
-    return out.to(x.dtype)
 
 
 class MoEExperts(nn.Module):
@@ -253,7 +203,7 @@ class MoE(nn.Module):
         """Load HF weights named relative to this block (`gate.weight`, `experts...`,
         `shared_expert.{gate,up,down}_proj.weight`, `shared_expert_gate.weight`)."""
         # Imported here: the models package imports the modules, not the other way round.
-        from ...models.weight_loading import load_hf_weights
+        from ...weight_loading import load_hf_weights
 
         experts = self.experts
         converted = convert_hf_expert_weights(

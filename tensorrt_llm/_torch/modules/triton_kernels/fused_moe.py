@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import tl, triton, triton_jit, use_triton
+from .fused_moe_ref import fused_moe_dense_ref, fused_moe_ref
 
 _BLOCK_N = 64
 _BLOCK_K = 64
@@ -223,9 +224,6 @@ def fused_moe(
     if block_m is not None and (block_m < 16 or block_m & (block_m - 1)):
         raise ValueError(f"block_m must be a power of two >= 16, got {block_m}")
     if not use_triton("fused_moe", x.device, backend):
-        # Imported here: modules/fused_moe/moe.py may import this file.
-        from ..fused_moe.moe import fused_moe_dense_ref, fused_moe_ref
-
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
         ref = fused_moe_dense_ref if capturing else fused_moe_ref
         return ref(x, gate_up_proj, down_proj, topk_ids, topk_weights)

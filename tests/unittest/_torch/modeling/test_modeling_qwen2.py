@@ -16,8 +16,8 @@ from paged_kv_helpers import (
 
 from tensorrt_llm._torch.models.modeling_qwen2 import Qwen2ForCausalLM, Qwen2TextForCausalLM
 from tensorrt_llm._torch.models.modeling_utils import MODEL_CLASS_MAPPING, ModelConfig
-from tensorrt_llm._torch.models.weight_loading import build_model_on_meta
 from tensorrt_llm._torch.modules.rotary_embedding import MRotaryEmbedding
+from tensorrt_llm._torch.weight_loading import build_model_on_meta
 
 TINY = dict(
     vocab_size=96,

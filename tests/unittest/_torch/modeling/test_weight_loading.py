@@ -15,7 +15,7 @@ from torch import nn
 
 from tensorrt_llm._torch.models.modeling_qwen2 import Qwen2ForCausalLM
 from tensorrt_llm._torch.models.modeling_utils import ModelConfig
-from tensorrt_llm._torch.models.weight_loading import (
+from tensorrt_llm._torch.weight_loading import (
     build_model_on_meta,
     check_weights,
     load_model,

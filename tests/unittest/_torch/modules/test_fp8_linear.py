@@ -13,9 +13,8 @@ from tensorrt_llm._torch.modules.fp8_linear import (
     FP8_DTYPE,
     fp8_linear,
     quantize_fp8_rows,
-    quantize_model_fp8_,
 )
-from tensorrt_llm._torch.modules.linear import Linear
+from tensorrt_llm._torch.modules.linear import Linear, quantize_model_fp8_
 from tensorrt_llm.tools.tiny_checkpoint import get_or_build_demo_checkpoint
 
 

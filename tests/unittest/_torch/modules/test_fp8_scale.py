@@ -22,10 +22,9 @@ from tensorrt_llm._torch.modules.fp8_linear import (  # noqa: E402
     FP8_DTYPE,
     fp8_linear,
     quantize_fp8_rows,
-    quantize_model_fp8_,
 )
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP  # noqa: E402
-from tensorrt_llm._torch.modules.linear import Linear  # noqa: E402
+from tensorrt_llm._torch.modules.linear import Linear, quantize_model_fp8_  # noqa: E402
 from tensorrt_llm._torch.modules.triton_kernels import HAS_TRITON  # noqa: E402
 from tensorrt_llm._torch.modules.triton_kernels.activation import (  # noqa: E402
     silu_and_mul,

@@ -11,13 +11,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "modeling"))
 from vl_parity_helpers import admit, make_request, our_prefill, prompt  # noqa: E402
 
-from tensorrt_llm._torch.models.modeling_auto import get_model_class  # noqa: E402
-from tensorrt_llm._torch.models.modeling_utils import ModelConfig  # noqa: E402
-from tensorrt_llm._torch.models.weight_loading import load_model  # noqa: E402
-from tensorrt_llm._torch.pyexecutor.config_utils import (  # noqa: E402
+from tensorrt_llm._torch.config_utils import (  # noqa: E402
     load_pretrained_config,
     resolve_architecture,
 )
+from tensorrt_llm._torch.models.modeling_auto import get_model_class  # noqa: E402
+from tensorrt_llm._torch.models.modeling_utils import ModelConfig  # noqa: E402
 from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner  # noqa: E402
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine  # noqa: E402
 from tensorrt_llm._torch.pyexecutor.resource_manager import (  # noqa: E402
@@ -25,6 +24,7 @@ from tensorrt_llm._torch.pyexecutor.resource_manager import (  # noqa: E402
     SeqSlotManager,
 )
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests  # noqa: E402
+from tensorrt_llm._torch.weight_loading import load_model  # noqa: E402
 from tensorrt_llm.inputs.registry import create_input_processor  # noqa: E402
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint  # noqa: E402
 

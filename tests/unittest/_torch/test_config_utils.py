@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tensorrt_llm._torch.pyexecutor import config_utils as cu
+from tensorrt_llm._torch import config_utils as cu
 from tensorrt_llm.tools.tiny_checkpoint import TINY_FAMILIES, build_config_dict
 
 EXPECTED_ROUTE = {
