@@ -47,7 +47,11 @@ logger = logging.getLogger(__name__)
 
 
 class PyExecutor:
-    """Runs the serving loop in a daemon thread, started by the constructor."""
+    """Runs the serving loop in a daemon thread, started by `start()`.
+
+    NOTE: construction only wires the parts; subclasses finish their own `__init__` before any
+    loop code runs. Requests enqueued before `start()` wait in the command queue.
+    """
 
     def __init__(
         self,
@@ -81,6 +85,12 @@ class PyExecutor:
         self._stats_lock = threading.Lock()
         # NOTE: the gauges are right before the first step (metrics read them at startup).
         self._refresh_gauges()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the loop thread. Raises RuntimeError when called twice."""
+        if self._thread is not None:
+            raise RuntimeError("the executor loop is already started")
         self._thread = threading.Thread(target=self._loop, name="PyExecutor", daemon=True)
         self._thread.start()
 
@@ -108,8 +118,13 @@ class PyExecutor:
             self._closed = True
             if first:
                 self._commands.put(("shutdown", wait))
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
+            if self._thread is None:
+                # Never started: the loop still runs once, to answer what was queued.
+                self.start()
+        thread = self._thread
+        assert thread is not None
+        if threading.current_thread() is not thread:
+            thread.join()
             self._release_device_state()
 
     def _release_device_state(self) -> None:
@@ -129,7 +144,7 @@ class PyExecutor:
 
     @property
     def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive()
 
     def get_stats(self) -> ExecutorStats:
         with self._stats_lock:

@@ -263,9 +263,8 @@ def create_py_executor(args: LlmArgs, input_processor: Any) -> PyExecutor:
     scheduler = SimpleScheduler(
         max_batch_size, args.max_num_tokens, args.enable_chunked_prefill, kv, slots
     )
-    sampler = TorchSampler(
-        model.vocab_size if hasattr(model, "vocab_size") else text_config.vocab_size, device
-    )
+    vocab_size = int(getattr(model, "vocab_size", None) or text_config.vocab_size)
+    sampler = TorchSampler(vocab_size, device)
     if device.type == "cuda" and graphs is not None and attn_backend != "vanilla":
         if graphs.largest(max_batch_size) > max_batch_size:  # only with a sized default
             raise ValueError(
@@ -281,4 +280,6 @@ def create_py_executor(args: LlmArgs, input_processor: Any) -> PyExecutor:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     executor_cls = PyExecutor if args.disable_overlap_scheduler else OverlapPyExecutor
-    return executor_cls(engine, scheduler, sampler, kv, slots, max_seq_len)
+    executor = executor_cls(engine, scheduler, sampler, kv, slots, max_seq_len)
+    executor.start()
+    return executor

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -55,7 +56,9 @@ def num_real_tokens(req: LlmRequest) -> int:
 class OverlapPyExecutor(PyExecutor):
     """PyExecutor with the overlap scheduler (one step of look-ahead)."""
 
-    _pending: _InFlight | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pending: _InFlight | None = None  # the launched step not processed yet
 
     def _step(self) -> None:
         start = time.perf_counter()

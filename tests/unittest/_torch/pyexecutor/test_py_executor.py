@@ -113,6 +113,7 @@ def make_executor(
     chunked: bool = False,
     max_seq_len: int = 32,
     on_step: Callable[[ExecutorStats], None] | None = None,
+    start: bool = True,
 ) -> tuple[PyExecutor, FakeEngine]:
     engine = FakeEngine()
     kv = KVCacheManager(1, 1, 2, TPB, NUM_BLOCKS, max_blocks_per_seq=8, dtype=torch.float32)
@@ -120,6 +121,8 @@ def make_executor(
     scheduler = SimpleScheduler(max_batch_size, max_num_tokens, chunked, kv, slots)
     sampler = TorchSampler(VOCAB, "cpu")
     executor = PyExecutor(engine, scheduler, sampler, kv, slots, max_seq_len, on_step=on_step)
+    if start:
+        executor.start()
     return executor, engine
 
 
@@ -148,6 +151,28 @@ def park_loop(ex: PyExecutor, engine: FakeEngine, col: Collector) -> None:
     engine.gate = threading.Event()
     submit(ex, col, 0, [30], max_tokens=1)
     assert engine.entered.wait(TIMEOUT)
+
+
+def test_the_loop_starts_in_start_not_in_the_constructor() -> None:
+    ex, engine = make_executor(start=False)
+    col = Collector()
+    submit(ex, col, 1, [4], max_tokens=3)  # queued: nothing runs before start()
+    assert not ex.is_alive and not engine.steps
+    ex.start()
+    assert col.wait(1).finish_reason == "length" and col.tokens(1) == expected([4], 3)
+    with pytest.raises(RuntimeError, match="already started"):
+        ex.start()
+    ex.shutdown()
+    assert not ex.is_alive
+
+
+def test_shutdown_of_a_never_started_executor_answers_what_was_queued() -> None:
+    ex, _ = make_executor(start=False)
+    col = Collector()
+    submit(ex, col, 1, [4], max_tokens=3)
+    ex.shutdown(wait=False)
+    final = col.wait(1)
+    assert final.finished and final.error is not None and not ex.is_alive
 
 
 def test_continuous_batching_many_requests() -> None:
