@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,7 @@ def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) ->
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
-def _check_choice(name: str, value: Any, choices: tuple[str, ...] | list[str]) -> None:
+def _check_choice(name: str, value: Any, choices: Sequence[str | None]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 

@@ -82,13 +82,15 @@ class GenerationResult(RequestOutput):
             self._cond.notify_all()
             waker, event = self._aio_waker, self._aio_event
             # One wake-up per wait; the waker also batches wake-ups across requests.
-            wake = waker is not None and event is not None and not self._wake_scheduled
-            if wake:
+            wake: tuple[LoopWaker, asyncio.Event] | None = None
+            if waker is not None and event is not None and not self._wake_scheduled:
                 self._wake_scheduled = True
+                wake = (waker, event)
             listener = self.listener
         if listener is not None:
             listener.set()
-        if wake:
+        if wake is not None:
+            waker, event = wake
             waker.set_soon(event)
 
     # ---- consumer side -------------------------------------------------------------------------

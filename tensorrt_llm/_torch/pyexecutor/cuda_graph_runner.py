@@ -23,6 +23,9 @@ from ..attention_backend.interface import AttentionMetadata
 from .scheduler import ScheduledRequests
 
 if TYPE_CHECKING:
+    # torch's own name for a graph memory pool handle (torch/cuda/graphs.py imports it so too).
+    from torch.cuda import _POOL_HANDLE
+
     from ...llmapi.llm_args import CudaGraphConfig
     from .model_engine import PyTorchModelEngine, TokenSource
 
@@ -64,7 +67,7 @@ class CUDAGraphRunner:
         self.enable_padding = enable_padding
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
-        self.pool = None
+        self.pool: _POOL_HANDLE | None = None  # the first captured graph's, shared by all
         # The last seq-slot-cache entry is the dummy slot: padded rows read delta 0 from it.
         self.dummy_slot = engine.max_batch_size
         cu = engine.buffers.cu_seqlens_q

@@ -8,7 +8,7 @@ add the per-slot delta on the device, so nothing in the decode step reads a devi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -30,6 +30,8 @@ from .request_errors import RequestInputError
 from .scheduler import ScheduledRequests
 
 if TYPE_CHECKING:
+    from ..models.modeling_qwen2 import Qwen2TextForCausalLM
+    from ..models.modeling_qwen_vl_base import QwenVLModelBase
     from .cuda_graph_runner import CUDAGraphRunner
     from .piecewise_graph_runner import PiecewiseCUDAGraphRunner
     from .resource_manager import KVCacheManager
@@ -100,10 +102,12 @@ class PyTorchModelEngine:
 
     def _prepare_multimodal(
         self, req: LlmRequest, begin: int, end: int
-    ) -> tuple[MultimodalParams, dict[str, np.ndarray]]:
-        """The request's params with this chunk's runtime counts, and the chunk-relative rows
-        of each modality's vision tokens (from the placeholder spans, never from tokens)."""
-        params = req.multimodal_params
+    ) -> tuple[MultimodalParams, MultimodalRuntimeData, dict[str, np.ndarray]]:
+        """The request's params, this chunk's runtime counts (now `params.runtime`), and the
+        chunk-relative rows of each modality's vision tokens (from the placeholder spans, never
+        from tokens)."""
+        # Only called once `_context_positions` found the params (it raises without them).
+        params = cast(MultimodalParams, req.multimodal_params)
         if begin == 0:
             # Once per request: move the listed tensors (mRoPE keys always among them).
             params.to_device(
@@ -124,7 +128,7 @@ class PyTorchModelEngine:
             if kind_rows.shape[0]:
                 rows[kind] = kind_rows
         params.runtime = runtime
-        return params, rows
+        return params, runtime, rows
 
     def _media_rows(self, parts: list[tuple[MultimodalRuntimeData, str, np.ndarray]]) -> None:
         """One H2D copy of every vision row of the step; each runtime gets its own view."""
@@ -173,9 +177,9 @@ class PyTorchModelEngine:
             chunk_pos = self._context_positions(req, begin, end)
             if chunk_pos is not None:
                 mrope_ctx.append((offset, chunk_pos))
-                params, rows = self._prepare_multimodal(req, begin, end)
+                params, runtime, rows = self._prepare_multimodal(req, begin, end)
                 mm_params.append(params)
-                media_rows.extend((params.runtime, kind, r + offset) for kind, r in rows.items())
+                media_rows.extend((runtime, kind, r + offset) for kind, r in rows.items())
             tok = np.arange(begin, end)
             pos_parts.append(tok.astype(np.int32))
             slot_parts.append(block_table[i, tok // tpb].astype(np.int64) * tpb + tok % tpb)
@@ -196,8 +200,10 @@ class PyTorchModelEngine:
                 gather_src.append(token_source[1][rid])
             ids_parts.append(np.maximum(last, 0))
             pos_parts.append(past.astype(np.int32))
-            rows = np.arange(num_ctx, num_ctx + num_gen)
-            slot_parts.append(block_table[rows, past // tpb].astype(np.int64) * tpb + past % tpb)
+            gen_rows = np.arange(num_ctx, num_ctx + num_gen)
+            slot_parts.append(
+                block_table[gen_rows, past // tpb].astype(np.int64) * tpb + past % tpb
+            )
             cached[num_ctx:] = past
             offset += num_gen
         num_tokens = offset
@@ -211,7 +217,9 @@ class PyTorchModelEngine:
         if gather_dst:
             dst = async_tensor_h2d(gather_dst, torch.int64, self.device)
             src = async_tensor_h2d(gather_src, torch.int64, self.device)
-            buf.input_ids.index_copy_(0, dst, token_source[0].index_select(0, src))
+            # The gather loop above raised unless token_source holds every placeholder row.
+            device_tokens = cast("TokenSource", token_source)[0]
+            buf.input_ids.index_copy_(0, dst, device_tokens.index_select(0, src))
         host_pos = np.concatenate(pos_parts)
         if self.use_mrope:
             position_ids = buf.position_ids[:, :, :num_tokens]
@@ -271,12 +279,15 @@ class PyTorchModelEngine:
         metadata, input_ids, position_ids, mm_params = self.prepare(scheduled, token_source)
         piecewise = self.piecewise_graph_runner
         if self.use_mrope and piecewise is not None and not return_context_logits:
-            inputs = self.model.stack_inputs(metadata, input_ids, position_ids, mm_params)
+            # A piecewise runner exists only for a Qwen-VL model (`why_not_piecewise`).
+            vl_model = cast("QwenVLModelBase", self.model)
+            inputs = vl_model.stack_inputs(metadata, input_ids, position_ids, mm_params)
             if piecewise.can_run(metadata, inputs):
                 hidden = piecewise.run(metadata, inputs)
-                logits = self.model.llm.compute_logits(hidden, metadata)
+                llm = cast("Qwen2TextForCausalLM", vl_model.llm)
+                logits = llm.compute_logits(hidden, metadata)
             else:
-                logits = self.model.forward_stack(metadata, inputs)
+                logits = vl_model.forward_stack(metadata, inputs)
         elif self.use_mrope:
             logits = self.model(
                 metadata,

@@ -13,6 +13,7 @@ from ...inputs.multimodal import (
     MROPE_POSITION_DELTAS,
     MROPE_POSITION_IDS,
     SPAN_MODALITIES,
+    MultimodalParams,
 )
 from .llm_request import LlmRequest
 from .request_errors import RequestInputError
@@ -46,7 +47,7 @@ def check_multimodal_request(req: LlmRequest) -> None:
         if not has_data:
             raise RequestInputError([rid], f"{kind} placeholder spans but no {kind} data")
         _check_spans(rid, kind, spans[0], spans[1], req.prompt_len)
-    _check_disjoint_modalities(req)
+    _check_disjoint_modalities(req, params)
 
 
 def _check_spans(
@@ -63,9 +64,9 @@ def _check_spans(
         raise RequestInputError([rid], f"{kind} placeholder spans must be sorted and disjoint")
 
 
-def _check_disjoint_modalities(req: LlmRequest) -> None:
-    """An image span and a video span may not cover the same prompt position."""
-    params = req.multimodal_params
+def _check_disjoint_modalities(req: LlmRequest, params: MultimodalParams) -> None:
+    """An image span and a video span may not cover the same prompt position (`params` is
+    the request's own, already checked present)."""
     image, video = params.spans("image"), params.spans("video")
     if image is None or video is None or not image[0].size or not video[0].size:
         return

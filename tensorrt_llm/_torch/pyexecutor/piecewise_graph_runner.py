@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from tqdm import tqdm
@@ -37,7 +37,9 @@ from ..attention_backend.interface import AttentionMetadata
 from ..attention_backend.piecewise import attention_handler
 
 if TYPE_CHECKING:
-    from ..models.modeling_qwen_vl_base import StackInputs
+    from ..models.modeling_qwen2 import Qwen2DecoderLayer, Qwen2Model
+    from ..models.modeling_qwen_vl_base import QwenVLModelBase, StackInputs
+    from ..modules.rotary_embedding import RotaryEmbedding
     from .model_engine import PyTorchModelEngine
 
 logger = logging.getLogger(__name__)
@@ -103,24 +105,27 @@ class PiecewiseCUDAGraphRunner:
                 f"{engine.max_num_tokens}]"
             )
         self.engine = engine
-        self.stack = engine.model.llm.model
+        # `why_not_piecewise` found a Qwen-VL model whose text stack is a Qwen2Model of dense
+        # Qwen2DecoderLayers, which is what these casts name.
+        model = cast("QwenVLModelBase", engine.model)
+        self.stack = cast("Qwen2Model", model.llm.model)
         self.buckets = sorted(set(token_buckets))
         largest = self.buckets[-1]
         embed = self.stack.embed_tokens.weight
-        attn = self.stack.layers[0].self_attn
+        attn = cast("Qwen2DecoderLayer", self.stack.layers[0]).self_attn
         device = engine.device
         # Static inputs of every piece and the one attention output buffer they share (the
         # attention of layer i writes it, piece i+1 reads it before attention i+1 writes again).
         self._embeds = torch.zeros(largest, embed.shape[1], dtype=embed.dtype, device=device)
         self._attn_out = torch.zeros(largest, attn.q_size, dtype=embed.dtype, device=device)
         # One row of the model's own table gives the cos/sin width and dtype.
-        row = engine.model.rotary_emb.get_cos_sin(
+        row = cast("RotaryEmbedding", model.rotary_emb).get_cos_sin(
             torch.zeros(3, 1, dtype=torch.int32, device=device)
         )
         self._cos_sin = torch.zeros(largest, row.shape[-1], dtype=row.dtype, device=device)
         # Deepstack inputs (levels x tokens x hidden); zero except the rows a media step wrote,
         # which the next step without media clears (`_deepstack_rows`).
-        levels = engine.model.deepstack_levels
+        levels = model.deepstack_levels
         self._deepstack = (
             torch.zeros(levels, largest, embed.shape[1], dtype=embed.dtype, device=device)
             if levels

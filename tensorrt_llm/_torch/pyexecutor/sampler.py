@@ -8,7 +8,7 @@ p without a multinomial's host round trip. `to_host` is the step's single sync p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -110,7 +110,8 @@ class TorchSampler:
         if tokens.device.type == "cpu":
             return tokens.tolist()
         host, done = async_tensor_d2h(tokens)
-        done.synchronize()
+        # A device tensor's copy always comes with its event (None only for CPU tensors).
+        cast("torch.cuda.Event", done).synchronize()
         return host.tolist()
 
     def release(self, request_id: int) -> None:
