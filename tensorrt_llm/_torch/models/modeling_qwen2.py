@@ -9,7 +9,7 @@ of a known VL text type) gets `MRotaryEmbedding`, otherwise `RotaryEmbedding`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, cast
 
 import torch
 from torch import nn
@@ -63,6 +63,25 @@ def build_rotary_embedding(config: Any) -> RotaryEmbedding:
     return MRotaryEmbedding(head_dim, rotary_dim, base, max_positions, section, interleaved)
 
 
+class DecoderStack(Protocol):
+    """What the causal-LM wrappers and the VL models use of a text decoder stack: `Qwen2Model`
+    and its subclasses, and the hybrid `Qwen3_5Model` (no common base class)."""
+
+    embed_tokens: Embedding
+    rotary_emb: RotaryEmbedding
+
+    def __call__(
+        self,
+        attn_metadata: AttentionMetadata,
+        input_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        *,
+        cos_sin: torch.Tensor | None = None,
+        deepstack_embeds: Sequence[torch.Tensor] | None = None,
+    ) -> torch.Tensor: ...
+
+
 def _check_text_config(config: Any) -> None:
     layer_types = getattr(config, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types):
@@ -112,13 +131,11 @@ class Qwen2DecoderLayer(nn.Module):
         """Returns `(mlp_out, residual)`; the layer's full output is their sum (`mlp_out`
         may be an FP8 GEMM output still to be scaled, which the next norm does on load)."""
         # Each norm hands its reader FP8 rows directly when that Linear is FP8 (decode sizes).
-        hidden_states, residual = self.input_layernorm.forward_for(
+        normed, residual = self.input_layernorm.forward_for(
             self.self_attn.qkv_proj, hidden_states, residual
         )
         # FP8 o_proj/down_proj outputs may stay unscaled: the next norm scales them on load.
-        hidden_states = self.self_attn(
-            hidden_states, cos_sin, attn_metadata, defer_output_scale=True
-        )
+        hidden_states = self.self_attn(normed, cos_sin, attn_metadata, defer_output_scale=True)
         return mlp_after_norm(self.post_attention_layernorm, self.mlp, hidden_states, residual)
 
 
@@ -155,7 +172,8 @@ class Qwen2Model(nn.Module):
         """(qkv bias, o_proj bias): Qwen2 always has q/k/v biases and no o_proj bias."""
         return True, False
 
-    def get_cos_sin(self, position_ids: torch.Tensor) -> torch.Tensor:
+    # `self: DecoderStack`: it reads only `rotary_emb`, and `Qwen3_5Model` borrows it.
+    def get_cos_sin(self: DecoderStack, position_ids: torch.Tensor) -> torch.Tensor:
         """`position_ids: [1,T] | [T]` (RoPE) or `[3,1,T] | [3,T]` (mRoPE) -> `[T, rotary_dim]`."""
         if position_ids.dim() == 3 and position_ids.shape[1] == 1:
             position_ids = position_ids[:, 0]
@@ -196,14 +214,15 @@ class Qwen2Model(nn.Module):
             if deepstack_embeds is not None and i < len(deepstack_embeds):
                 # Folded into the residual stream, so it joins the layer output's sum.
                 residual = residual + deepstack_embeds[i].to(residual.dtype)
-        hidden_states, _ = self.norm.forward_for(None, hidden_states, residual)
-        return hidden_states
+        out, _ = self.norm.forward_for(None, hidden_states, residual)
+        return cast(torch.Tensor, out)  # no reader: the norm returns a 16-bit tensor
 
 
 class Qwen2TextForCausalLM(nn.Module):
     """Decoder stack + LM head from an HF text config (reused by the VL models)."""
 
-    model_cls: ClassVar[type[Qwen2Model]] = Qwen2Model
+    # Subclasses narrow it to their stack's class.
+    model_cls: ClassVar[Callable[..., DecoderStack]] = Qwen2Model
 
     def __init__(
         self,

@@ -168,7 +168,9 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
                         f"and in multi_modal_data; use one"
                     )
                 data[modality] = data[modality] or embedded[modality]
-        images, videos = [], []
+        # list[Any]: the loop below fills both through one `out` (Image and VideoData items).
+        images: list[Any] = []
+        videos: list[Any] = []
         for kind, items, loader, out in (
             ("image", data["image"], load_image, images),
             ("video", data["video"], load_video, videos),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -195,7 +195,7 @@ class HybridDecoderLayer(nn.Module):
 
     def forward(
         self,
-        hidden_states: torch.Tensor,
+        hidden_states: torch.Tensor | UnscaledOutput,
         residual: torch.Tensor | None,
         cos_sin: torch.Tensor,
         attn_metadata: AttentionMetadata,
@@ -208,17 +208,16 @@ class HybridDecoderLayer(nn.Module):
         next norm; the DeltaNet projections keep 16-bit inputs and outputs.
         """
         linear = self.layer_type == "linear_attention"
-        hidden_states, residual = self.input_layernorm.forward_for(
+        normed, residual = self.input_layernorm.forward_for(
             None if linear else self.self_attn.qkv_proj, hidden_states, residual
         )
         if linear:
             if recurrent is None:
                 raise ValueError("a linear-attention layer needs its recurrent state")
-            hidden_states = recurrent.run(self.linear_attn, hidden_states)
+            # No reader was given: the norm returned a 16-bit tensor.
+            hidden_states = recurrent.run(self.linear_attn, cast(torch.Tensor, normed))
         else:
-            hidden_states = self.self_attn(
-                hidden_states, cos_sin, attn_metadata, defer_output_scale=True
-            )
+            hidden_states = self.self_attn(normed, cos_sin, attn_metadata, defer_output_scale=True)
         return mlp_after_norm(self.post_attention_layernorm, self.mlp, hidden_states, residual)
 
 
@@ -303,8 +302,8 @@ class Qwen3_5Model(nn.Module):
             hidden_states, residual = layer(
                 hidden_states, residual, cos_sin, attn_metadata, recurrent
             )
-        hidden_states, _ = self.norm.forward_for(None, hidden_states, residual)
-        return hidden_states
+        out, _ = self.norm.forward_for(None, hidden_states, residual)
+        return cast(torch.Tensor, out)  # no reader: the norm returns a 16-bit tensor
 
 
 class Qwen3_5MoeModel(Qwen3_5Model):
@@ -314,7 +313,7 @@ class Qwen3_5MoeModel(Qwen3_5Model):
 class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
     """Hybrid decoder stack + LM head from an HF Qwen3.5 text config (reused by the VL models)."""
 
-    model_cls: ClassVar[type[nn.Module]] = Qwen3_5Model  # type: ignore[assignment]
+    model_cls: ClassVar[type[Qwen3_5Model]] = Qwen3_5Model
     # NOTE: tells QwenVLModelBase to pass max_num_seq_slots (sizes the recurrent state).
     uses_recurrent_state: ClassVar[bool] = True
 
@@ -376,7 +375,7 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
 
 
 class Qwen3_5MoeTextForCausalLM(Qwen3_5TextForCausalLM):
-    model_cls: ClassVar[type[nn.Module]] = Qwen3_5MoeModel  # type: ignore[assignment]
+    model_cls: ClassVar[type[Qwen3_5Model]] = Qwen3_5MoeModel
 
 
 def _text_kwargs(model_config: ModelConfig) -> dict[str, Any]:

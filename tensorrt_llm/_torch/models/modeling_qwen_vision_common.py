@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,9 @@ from ..modules.vision_attention import VarlenSegments, VisionAttention
 
 # Per-(t,h,w) host caches are cleared past this many entries to bound host memory.
 GRID_CACHE_MAX_ENTRIES = 4096
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -116,8 +119,13 @@ def check_pixel_values(pixel_values: torch.Tensor, patch_dim: int, num_patches: 
         )
 
 
-def cache_get(cache: dict, key: tuple[int, ...], build: Callable[[], Any]) -> Any:
-    """Plain-dict memo; cleared wholesale when it grows past GRID_CACHE_MAX_ENTRIES."""
+def cache_get(cache: dict[_K, _V], key: _K, build: Callable[..., _V]) -> _V:
+    """Plain-dict memo; cleared wholesale when it grows past GRID_CACHE_MAX_ENTRIES.
+
+    `build` is called with no arguments; it is typed `Callable[..., _V]` because the callers
+    pass `lambda g=g: ...` (the loop variable bound as a default), which mypy cannot match
+    against `Callable[[], _V]`.
+    """
     hit = cache.get(key)
     if hit is None:
         if len(cache) >= GRID_CACHE_MAX_ENTRIES:
@@ -171,6 +179,11 @@ class VisionRotaryTable(nn.Module):
     repeat (HF layout). Tables hold positions `0..max_side-1`; `ensure_side` grows them on the
     host-prep path, so forward is a pure gather with no `.cos()`/`.sin()`.
     """
+
+    # Buffers, declared so their reads type as tensors, not `Tensor | Module`.
+    inv_freq: torch.Tensor
+    cos_table: torch.Tensor
+    sin_table: torch.Tensor
 
     def __init__(self, head_dim: int, theta: float, max_side: int = 128) -> None:
         super().__init__()

@@ -8,9 +8,9 @@ the device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
 from torch import nn
@@ -21,6 +21,13 @@ from ..input_errors import RequestInputError
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
 from .modeling_utils import ModelConfig
 from .qwen_vl_mrope import _prepare_qwen_vl_mrope_config, apply_generation_deltas
+
+if TYPE_CHECKING:  # annotations only; the model classes import this module
+    from ...inputs.multimodal import MultimodalRuntimeData
+    from ..modules.rotary_embedding import RotaryEmbedding
+    from .modeling_qwen2 import Qwen2TextForCausalLM
+    from .modeling_qwen3vl_vision import Qwen3VisionModel
+    from .modeling_qwen_vision_common import VisionTowerOutput
 
 _MODALITIES = (
     ("image", "pixel_values", "image_grid_thw"),
@@ -33,7 +40,8 @@ def _chunk_embeddings(
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None:
     """(step rows, main embeddings, deepstack embeddings) of `kind` for the request's chunk,
     or None when the chunk has none; a RequestInputError when the counts disagree."""
-    runtime = params.runtime
+    # `_merge_vision` passes only params that have runtime data.
+    runtime = cast("MultimodalRuntimeData", params.runtime)
     begin = getattr(runtime, f"num_cached_{kind}_tokens")
     count = getattr(runtime, f"num_{kind}_tokens_in_chunk")
     if count == 0:
@@ -79,6 +87,16 @@ def split_vl_weights(
     return text, vision
 
 
+class VisionTower(Protocol):
+    """What the model uses of a vision tower (`Qwen2VisionModel`, `Qwen3VisionModel`, ...)."""
+
+    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> VisionTowerOutput: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None: ...
+
+
 @dataclass
 class StackInputs:
     """What the text decoder stack takes for one step (`QwenVLModelBase.stack_inputs`)."""
@@ -92,10 +110,12 @@ class StackInputs:
 class QwenVLModelBase(nn.Module):
     """Subclasses set `text_model_cls`, `vision_model_cls` and the device paths."""
 
-    text_model_cls: ClassVar[type[nn.Module]]
-    vision_model_cls: ClassVar[type[nn.Module] | None]
+    text_model_cls: ClassVar[type[Qwen2TextForCausalLM]]
+    vision_model_cls: ClassVar[Callable[..., VisionTower] | None]
     multimodal_data_device_paths: ClassVar[list[str]] = compose_device_paths(VISION_DEVICE_PATHS)
     has_deepstack: ClassVar[bool] = False
+    # A buffer (registered in __init__), declared so its reads type as a tensor.
+    mrope_position_deltas_cache: torch.Tensor
 
     def __init__(self, model_config: ModelConfig) -> None:
         super().__init__()
@@ -117,7 +137,7 @@ class QwenVLModelBase(nn.Module):
         )
         # `language_model_only: true` checkpoints have no vision tower; media is rejected.
         self.vision_language = not getattr(config, "language_model_only", False)
-        self.visual: nn.Module | None = None
+        self.visual: VisionTower | None = None
         if self.vision_language and self.vision_model_cls is not None:
             # The tower picks its own packed-attention path (its backends differ from the LLM's).
             self.visual = self.vision_model_cls(
@@ -144,15 +164,17 @@ class QwenVLModelBase(nn.Module):
         """How many deepstack inputs a media step carries (0: the model has none)."""
         if not self.has_deepstack or self.visual is None:
             return 0
-        return len(self.visual.deepstack_visual_indexes)
+        # Only the Qwen3-VL tower has deepstack outputs (`has_deepstack` models).
+        return len(cast("Qwen3VisionModel", self.visual).deepstack_visual_indexes)
 
     @property
-    def rotary_emb(self) -> nn.Module:
+    def rotary_emb(self) -> RotaryEmbedding:
         return self.llm.model.rotary_emb
 
     # ------------------------------------------------------------------ vision
     def _run_tower(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
-        out = self.visual(pixels, grid_thw)
+        # `_encode_step_media` calls this only once it has checked that the tower exists.
+        out = cast("VisionTower", self.visual)(pixels, grid_thw)
         return out.embeddings, list(out.deepstack_embeddings)
 
     def _encode_step_media(self, multimodal_params: Sequence[MultimodalParams]) -> None:
@@ -187,7 +209,9 @@ class QwenVLModelBase(nn.Module):
             mains = main.split(counts)
             stacks = [level.split(counts) for level in stack]
             for i, params in enumerate(owners):
-                params.cached_embeddings[kind] = (mains[i], [lvl[i] for lvl in stacks])
+                # Every owner is in `todo`, whose cached_embeddings were set to {} above.
+                cached = cast("dict[str, Any]", params.cached_embeddings)
+                cached[kind] = (mains[i], [lvl[i] for lvl in stacks])
 
     def _merge_vision(
         self,

@@ -7,16 +7,29 @@ A mixin of the Qwen-VL input processors: it needs `tokenizer`, `vision_config`, 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
 from ...inputs.data import TextPrompt
 from ...inputs.registry import dummy_text_ids
-from .qwen_vl_media import target_size
+from .qwen_vl_media import VisionPreprocessConfig, target_size
 
 
 class QwenVLDummyInputsMixin:
     """Sizes and builds the probe's dummy requests."""
+
+    # What the processor provides (set in its __init__); annotations only, no class values.
+    tokenizer: Any
+    vision_config: VisionPreprocessConfig
+    patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+
+    if TYPE_CHECKING:  # the processor's own method: the mixin adds none at run time
+
+        def default_multimodal_prompt(self, question: str) -> str: ...
 
     def get_num_tokens_per_image(self, width: int, height: int) -> int:
         """Vision tokens one image of this size becomes (after resizing)."""

@@ -57,6 +57,8 @@ def load_image_processor(model_path: str, trust_remote_code: bool = False) -> An
         cfg = read_json(Path(model_path) / "preprocessor_config.json")
         if cfg is None:
             raise ValueError(f"no preprocessor_config.json in {model_path}") from exc
+        # Either class: declared so the fallback import may bind the other one.
+        processor_cls: type[Any]
         try:
             from transformers import Qwen2VLImageProcessorPil as processor_cls
         except ImportError:  # older transformers: the slow class is the PIL one
@@ -135,7 +137,9 @@ class VisionPreprocessConfig:
         a processor called directly gets the same errors).
         """
         overrides = check_mm_processor_kwargs(overrides)
-        changes = {k: overrides[k] for k in ("min_pixels", "max_pixels") if k in overrides}
+        changes: dict[str, Any] = {
+            k: overrides[k] for k in ("min_pixels", "max_pixels") if k in overrides
+        }
         changes = {k: int(v) for k, v in changes.items()}
         if "do_resize" in overrides:
             changes["do_resize"] = bool(overrides["do_resize"])

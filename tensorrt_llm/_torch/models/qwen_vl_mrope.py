@@ -8,11 +8,18 @@ under TensorRT-LLM's import path.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
 from ...inputs.multimodal import MROPE_POSITION_DELTAS, MultimodalParams
+
+
+class QwenVLMropeStep(TypedDict):
+    """`_prepare_qwen_vl_mrope_config`'s result (a plain dict at run time)."""
+
+    mrope_rotary_cos_sin: torch.Tensor | None
+    mrope_position_deltas: torch.Tensor
 
 
 def _prepare_qwen_vl_mrope_config(
@@ -23,7 +30,7 @@ def _prepare_qwen_vl_mrope_config(
     rotary_emb: Any | None,
     position_ids: torch.Tensor,
     num_ctx_tokens: int | None = None,
-) -> dict[str, torch.Tensor | None]:
+) -> QwenVLMropeStep:
     """Record context deltas in the seq-slot cache and read the generation deltas back.
 
     Args:

@@ -17,7 +17,7 @@ Images keep the PIL path of `qwen_vl_media`: it is what the HF image processors 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,7 +31,12 @@ def resize_uint8(frame: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Bicubic antialiased resize of a uint8 [N, C, H, W] tensor to `size` = (height, width)."""
     if tuple(frame.shape[-2:]) == tuple(size):
         return frame
-    kwargs = {"size": list(size), "mode": "bicubic", "antialias": True, "align_corners": False}
+    kwargs: dict[str, Any] = {
+        "size": list(size),
+        "mode": "bicubic",
+        "antialias": True,
+        "align_corners": False,
+    }
     if frame.device.type == "cpu":
         return torch.nn.functional.interpolate(frame, **kwargs)
     out = torch.nn.functional.interpolate(frame.to(torch.float32), **kwargs)
