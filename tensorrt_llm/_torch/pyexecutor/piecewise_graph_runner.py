@@ -39,7 +39,6 @@ from ..attention_backend.piecewise import attention_handler
 if TYPE_CHECKING:
     from ..models.modeling_qwen2 import Qwen2DecoderLayer, Qwen2Model
     from ..models.modeling_qwen_vl_base import QwenVLModelBase, StackInputs
-    from ..modules.rotary_embedding import RotaryEmbedding
     from .model_engine import PyTorchModelEngine
 
 logger = logging.getLogger(__name__)
@@ -119,9 +118,7 @@ class PiecewiseCUDAGraphRunner:
         self._embeds = torch.zeros(largest, embed.shape[1], dtype=embed.dtype, device=device)
         self._attn_out = torch.zeros(largest, attn.q_size, dtype=embed.dtype, device=device)
         # One row of the model's own table gives the cos/sin width and dtype.
-        row = cast("RotaryEmbedding", model.rotary_emb).get_cos_sin(
-            torch.zeros(3, 1, dtype=torch.int32, device=device)
-        )
+        row = model.rotary_emb.get_cos_sin(torch.zeros(3, 1, dtype=torch.int32, device=device))
         self._cos_sin = torch.zeros(largest, row.shape[-1], dtype=row.dtype, device=device)
         # Deepstack inputs (levels x tokens x hidden); zero except the rows a media step wrote,
         # which the next step without media clears (`_deepstack_rows`).
