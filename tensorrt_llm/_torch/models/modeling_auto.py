@@ -14,6 +14,7 @@ _MODEL_MODULES = (
     "modeling_qwen3",
     "modeling_qwen2vl",
     "modeling_qwen3vl",
+    "modeling_qwen3vl_moe",
     "modeling_qwen3_moe",
     "modeling_qwen3_next",
     "modeling_qwen3_5",

@@ -1,19 +1,21 @@
-"""Qwen3.5 / Qwen3.6 (dense, MoE), image-bench and Qwen3-VL-MoE vision-language models.
+"""Qwen3.5 / Qwen3.6 (dense, MoE): the vision-language models, the image-bench route and the
+text-only causal LMs.
 
-All use the Qwen3-VL vision tower. The Qwen3.5 family has no deepstack (its tower only has the
-final merger) and a hybrid DeltaNet/attention text stack; Qwen3-VL-MoE is Qwen3-VL with MoE
-layers and keeps deepstack. The image-bench route is the Qwen3.5 dense model under its own name
-(its checkpoints carry the legacy vision model_type, see `config_utils`).
+The VL models use the Qwen3-VL vision tower without deepstack (the Qwen3.5 tower only has the
+final merger) on a hybrid DeltaNet/attention text stack (modeling_qwen3_next.py). The
+image-bench route is the dense model under its own name (its checkpoints carry the legacy
+vision model_type, see `config_utils`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
-from .modeling_qwen3_moe import Qwen3MoeTextForCausalLM
 from .modeling_qwen3_next import Qwen3_5MoeTextForCausalLM, Qwen3_5TextForCausalLM
 from .modeling_qwen3vl_vision import Qwen3VisionModel
 from .modeling_qwen_vl_base import QwenVLModelBase
-from .modeling_utils import register_auto_model
+from .modeling_utils import ModelConfig, register_auto_model
 
 
 @register_auto_model("Qwen3_5ForConditionalGeneration")
@@ -46,11 +48,23 @@ class QwenImageBenchModel(QwenVLModelBase):
     has_deepstack = False
 
 
-@register_auto_model("Qwen3VLMoeForConditionalGeneration")
-class Qwen3MoeVLModel(QwenVLModelBase):
-    """Qwen3-VL-MoE: Qwen3-MoE text stack, Qwen3-VL tower with deepstack."""
+def _text_kwargs(model_config: ModelConfig) -> dict[str, Any]:
+    return {
+        "dtype": model_config.torch_dtype,
+        "attn_backend": model_config.attn_backend,
+        "max_num_seq_slots": model_config.max_num_seq_slots,
+    }
 
-    text_model_cls = Qwen3MoeTextForCausalLM
-    vision_model_cls = Qwen3VisionModel
-    multimodal_data_device_paths = compose_device_paths(VISION_DEVICE_PATHS)
-    has_deepstack = True
+
+@register_auto_model("Qwen3_5ForCausalLM")
+class Qwen3_5ForCausalLM(Qwen3_5TextForCausalLM):
+    def __init__(self, model_config: ModelConfig) -> None:
+        super().__init__(model_config.pretrained_config, **_text_kwargs(model_config))
+        self.model_config = model_config
+
+
+@register_auto_model("Qwen3_5MoeForCausalLM")
+class Qwen3_5MoeForCausalLM(Qwen3_5MoeTextForCausalLM):
+    def __init__(self, model_config: ModelConfig) -> None:
+        super().__init__(model_config.pretrained_config, **_text_kwargs(model_config))
+        self.model_config = model_config

@@ -36,7 +36,6 @@ from ..modules.rms_norm import RMSNorm
 from ..modules.triton_kernels.mrope import rope_qk_
 from ..weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
 from .modeling_qwen2 import Qwen2Model, Qwen2TextForCausalLM, build_rotary_embedding, text_head_dim
-from .modeling_utils import ModelConfig, register_auto_model
 
 _LAYER_TYPES = ("linear_attention", "full_attention")
 # Multi-token-prediction heads published with some checkpoints; not used for decoding.
@@ -376,25 +375,3 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
 
 class Qwen3_5MoeTextForCausalLM(Qwen3_5TextForCausalLM):
     model_cls: ClassVar[type[Qwen3_5Model]] = Qwen3_5MoeModel
-
-
-def _text_kwargs(model_config: ModelConfig) -> dict[str, Any]:
-    return {
-        "dtype": model_config.torch_dtype,
-        "attn_backend": model_config.attn_backend,
-        "max_num_seq_slots": model_config.max_num_seq_slots,
-    }
-
-
-@register_auto_model("Qwen3_5ForCausalLM")
-class Qwen3_5ForCausalLM(Qwen3_5TextForCausalLM):
-    def __init__(self, model_config: ModelConfig) -> None:
-        super().__init__(model_config.pretrained_config, **_text_kwargs(model_config))
-        self.model_config = model_config
-
-
-@register_auto_model("Qwen3_5MoeForCausalLM")
-class Qwen3_5MoeForCausalLM(Qwen3_5MoeTextForCausalLM):
-    def __init__(self, model_config: ModelConfig) -> None:
-        super().__init__(model_config.pretrained_config, **_text_kwargs(model_config))
-        self.model_config = model_config
