@@ -34,6 +34,7 @@ from ..modules.gated_mlp import GatedMLP, mlp_after_norm
 from ..modules.linear import Linear
 from ..modules.rms_norm import RMSNorm
 from ..modules.triton_kernels.mrope import rope_qk_
+from ..seq_slots import slot_rows
 from ..weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
 from .modeling_qwen2 import Qwen2Model, Qwen2TextForCausalLM, build_rotary_embedding, text_head_dim
 
@@ -123,7 +124,7 @@ class RecurrentStateCache(nn.Module):
         self, layers: Sequence[GatedDeltaNet], max_num_seq_slots: int, dtype: torch.dtype
     ) -> None:
         super().__init__()
-        rows = max_num_seq_slots + 1
+        rows = slot_rows(max_num_seq_slots)
         self.num_layers = len(layers)
         for j, gdn in enumerate(layers):
             conv = torch.zeros(rows, *gdn.conv_state_shape, dtype=dtype, device="cpu")

@@ -18,6 +18,7 @@ from torch import nn
 from ...inputs.multimodal import MultimodalParams
 from ..attention_backend.interface import AttentionMetadata
 from ..input_errors import RequestInputError
+from ..seq_slots import slot_rows
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
 from .modeling_utils import ModelConfig
 from .qwen_vl_mrope import _prepare_qwen_vl_mrope_config, apply_generation_deltas
@@ -155,7 +156,7 @@ class QwenVLModelBase(nn.Module):
         self.register_buffer(
             "mrope_position_deltas_cache",
             # explicit device: built for real even under a meta-device construction
-            torch.zeros(model_config.max_num_seq_slots + 1, dtype=torch.int32, device="cpu"),
+            torch.zeros(slot_rows(model_config.max_num_seq_slots), dtype=torch.int32, device="cpu"),
             persistent=False,
         )
 

@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from ..attention_backend.interface import AttentionMetadata
+from ..seq_slots import dummy_slot
 from .scheduler import ScheduledRequests
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class CUDAGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool: _POOL_HANDLE | None = None  # the first captured graph's, shared by all
         # The last seq-slot-cache entry is the dummy slot: padded rows read delta 0 from it.
-        self.dummy_slot = engine.max_batch_size
+        self.dummy_slot = dummy_slot(engine.max_batch_size)
         cu = engine.buffers.cu_seqlens_q
         # 1..max_batch_size, built once: padded rows' cu_seqlens offsets without a per-step alloc.
         self._pad_offsets = torch.arange(
