@@ -101,16 +101,17 @@ class _Pickler(pickle.Pickler):
             return NotImplemented
         tensor = obj.detach().cpu().contiguous()
         shape = tuple(tensor.shape)
-        raw = tensor.reshape(-1).view(torch.uint8).numpy()
-        if raw.nbytes <= SHM_THRESHOLD_BYTES:
-            return _tensor_from_buffer, (pickle.PickleBuffer(raw), tensor.dtype, shape)
-        segment = _new_segment(raw.nbytes)
+        flat = tensor.reshape(-1).view(torch.uint8)
+        nbytes = flat.numel()
+        if nbytes <= SHM_THRESHOLD_BYTES:
+            return _tensor_from_buffer, (pickle.PickleBuffer(flat.numpy()), tensor.dtype, shape)
+        segment = _new_segment(nbytes)
         try:
-            _copy_bytes(torch.from_numpy(raw), segment.buf, raw.nbytes, to_buffer=True)
+            _copy_bytes(flat, segment.buf, nbytes, to_buffer=True)
         finally:
             segment.close()
         self._shm_names.append(segment.name)
-        return _tensor_from_shm, (segment.name, raw.nbytes, tensor.dtype, shape)
+        return _tensor_from_shm, (segment.name, nbytes, tensor.dtype, shape)
 
 
 def encode(obj: Any) -> Encoded:

@@ -23,7 +23,7 @@ class LlmResponse:
     new_token_ids: list[int]
     finished: bool = False
     finish_reason: str | None = None  # see llm_request.FINISH_REASONS
-    stop_reason: int | str | None = None
+    stop_reason: int | None = None  # the stop token id (stop strings are the front end's)
     error: str | None = None
     error_code: str | None = None  # llm_request.ERROR_CODES, set with `error`
 

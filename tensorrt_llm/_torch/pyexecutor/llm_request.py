@@ -80,7 +80,7 @@ class LlmRequest:
         self.output_token_ids: list[int] = []
         self.finish_reason: str | None = None
         # Why a "stop" finish happened: the token id (end_id or a stop token).
-        self.stop_reason: int | str | None = None
+        self.stop_reason: int | None = None
         self.error: str | None = None
         self.error_code: str | None = None  # one of ERROR_CODES once `error` is set
 
