@@ -67,11 +67,11 @@ def main() -> None:
         reqs.append(req)
     step = ScheduledRequests([], reqs)
     for _ in range(20):
-        engine.prepare(step)
+        engine.build_batch(step)
     times = []
     for _ in range(args.iters):
         t0 = time.perf_counter()
-        engine.prepare(step)
+        engine.build_batch(step)
         times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
     print(f"requests={n} iters={args.iters}")

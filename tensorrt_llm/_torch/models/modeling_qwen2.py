@@ -9,7 +9,7 @@ of a known VL text type) gets `MRotaryEmbedding`, otherwise `RotaryEmbedding`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
 from torch import nn
@@ -23,6 +23,10 @@ from ..modules.rms_norm import RMSNorm
 from ..modules.rotary_embedding import MRotaryEmbedding, RotaryEmbedding
 from ..weight_loading import load_hf_weights
 from .modeling_utils import ModelConfig, register_auto_model
+
+if TYPE_CHECKING:
+    from ..input_batch import InputBatch
+    from .engine_model import PiecewiseModel
 
 # text model_type -> (HF default mrope_section, interleaved channels)
 _MROPE_DEFAULTS: dict[str, tuple[tuple[int, int, int], bool]] = {
@@ -223,6 +227,10 @@ class Qwen2TextForCausalLM(nn.Module):
 
     # Subclasses narrow it to their stack's class.
     model_cls: ClassVar[Callable[..., DecoderStack]] = Qwen2Model
+    # Capabilities the executor reads (`EngineModel`, engine_model.py).
+    uses_mrope: ClassVar[bool] = False
+    is_hybrid: ClassVar[bool] = False
+    multimodal_data_device_paths: ClassVar[list[str]] = []
 
     def __init__(
         self,
@@ -263,6 +271,29 @@ class Qwen2TextForCausalLM(nn.Module):
             deepstack_embeds=deepstack_embeds,
         )
         return self.compute_logits(hidden_states, attn_metadata, return_context_logits)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    def forward_batch(self, batch: InputBatch) -> torch.Tensor:
+        """The engine's entry point (`EngineModel`): a text LLM reads ids and positions."""
+        return self(
+            batch.attn_metadata,
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            return_context_logits=batch.return_context_logits,
+        )
+
+    def per_slot_state(self) -> dict[str, torch.Tensor]:
+        """Device tensors with one row per seq slot plus the dummy slot (none here)."""
+        return {}
+
+    def why_not_piecewise(self) -> str:
+        return f"{type(self).__name__} is not a Qwen-VL model (no stack_inputs)"
+
+    def as_piecewise(self) -> PiecewiseModel | None:
+        return None
 
     def compute_logits(
         self,

@@ -314,8 +314,9 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
     """Hybrid decoder stack + LM head from an HF Qwen3.5 text config (reused by the VL models)."""
 
     model_cls: ClassVar[type[Qwen3_5Model]] = Qwen3_5Model
-    # NOTE: tells QwenVLModelBase to pass max_num_seq_slots (sizes the recurrent state).
-    uses_recurrent_state: ClassVar[bool] = True
+    model: Qwen3_5Model
+    # NOTE: also tells QwenVLModelBase to pass max_num_seq_slots (sizes the recurrent state).
+    is_hybrid: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -337,6 +338,10 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
         self.tie_word_embeddings = tie_word_embeddings
         if tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
+
+    def per_slot_state(self) -> dict[str, torch.Tensor]:
+        """The conv and SSM rows of every DeltaNet layer."""
+        return {f"recurrent.{n}": b for n, b in self.model.recurrent_states.named_buffers()}
 
     def load_weights(
         self,

@@ -18,15 +18,19 @@ from torch import nn
 from ...inputs.multimodal import MultimodalParams
 from ..attention_backend.interface import AttentionMetadata
 from ..input_errors import RequestInputError
+from ..modules.gated_mlp import GatedMLP
 from ..seq_slots import slot_rows
+from .engine_model import PiecewiseStack
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
+from .modeling_qwen2 import Qwen2DecoderLayer, Qwen2Model, Qwen2TextForCausalLM
 from .modeling_utils import ModelConfig
 from .qwen_vl_mrope import _prepare_qwen_vl_mrope_config, apply_generation_deltas
 
 if TYPE_CHECKING:  # annotations only; the model classes import this module
     from ...inputs.multimodal import MultimodalRuntimeData
+    from ..input_batch import InputBatch
     from ..modules.rotary_embedding import RotaryEmbedding
-    from .modeling_qwen2 import Qwen2TextForCausalLM
+    from .engine_model import PiecewiseModel
     from .modeling_qwen3vl_vision import Qwen3VisionModel
     from .modeling_qwen_vision_common import VisionTowerOutput
 
@@ -115,6 +119,7 @@ class QwenVLModelBase(nn.Module):
     vision_model_cls: ClassVar[Callable[..., VisionTower] | None]
     multimodal_data_device_paths: ClassVar[list[str]] = compose_device_paths(VISION_DEVICE_PATHS)
     has_deepstack: ClassVar[bool] = False
+    uses_mrope: ClassVar[bool] = True  # `EngineModel` capability
     # A buffer (registered in __init__), declared so its reads type as a tensor.
     mrope_position_deltas_cache: torch.Tensor
 
@@ -126,7 +131,7 @@ class QwenVLModelBase(nn.Module):
         text_config = config.text_config
         tie = getattr(config, "tie_word_embeddings", None)
         extra: dict[str, Any] = {}
-        if getattr(self.text_model_cls, "uses_recurrent_state", False):
+        if self.text_model_cls.is_hybrid:
             # Hybrid stacks keep per-seq-slot recurrent state; dense ones take no such kwarg.
             extra["max_num_seq_slots"] = model_config.max_num_seq_slots
         self.llm = self.text_model_cls(
@@ -159,6 +164,10 @@ class QwenVLModelBase(nn.Module):
             torch.zeros(slot_rows(model_config.max_num_seq_slots), dtype=torch.int32, device="cpu"),
             persistent=False,
         )
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.text_model_cls.is_hybrid
 
     @property
     def deepstack_levels(self) -> int:
@@ -281,6 +290,16 @@ class QwenVLModelBase(nn.Module):
         return list(views.unbind(0))
 
     # ------------------------------------------------------------------ forward
+    def forward_batch(self, batch: InputBatch) -> torch.Tensor:
+        """The engine's entry point (`EngineModel`)."""
+        return self(
+            batch.attn_metadata,
+            batch.input_ids,
+            batch.position_ids,
+            multimodal_params=batch.multimodal_params,
+            return_context_logits=batch.return_context_logits,
+        )
+
     def forward(
         self,
         attn_metadata: AttentionMetadata,
@@ -345,6 +364,57 @@ class QwenVLModelBase(nn.Module):
         else:
             cos_sin = ctx_cos_sin
         return StackInputs(inputs_embeds, positions, cos_sin, deepstack)
+
+    def compute_logits(
+        self, hidden_states: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """The LM head over each request's last token of the stack's output."""
+        return self.llm.compute_logits(hidden_states, attn_metadata)
+
+    def per_slot_state(self) -> dict[str, torch.Tensor]:
+        """The mRoPE delta of each slot, then the text stack's own per-slot state."""
+        return {
+            "mrope_position_deltas": self.mrope_position_deltas_cache,
+            **self.llm.per_slot_state(),
+        }
+
+    # ------------------------------------------------------------------ piecewise graphs
+    def why_not_piecewise(self) -> str:
+        """The piecewise graphs capture the text stack between attention calls, so every layer
+        must be a dense full-attention one: MoE routing syncs with the host, and DeltaNet
+        layers prepare per-sequence state outside attention."""
+        stack = self.llm.model
+        if not isinstance(stack, Qwen2Model):
+            return f"its text stack {type(stack).__name__} is not a Qwen2Model"
+        for i, layer in enumerate(stack.layers):
+            if not isinstance(layer, Qwen2DecoderLayer) or type(layer.mlp) is not GatedMLP:
+                return f"layer {i} ({type(layer).__name__}) is not a dense full-attention layer"
+        return ""
+
+    def as_piecewise(self) -> PiecewiseModel | None:
+        return None if self.why_not_piecewise() else self
+
+    def piecewise_stack(self) -> PiecewiseStack:
+        """The text stack and the sizes of its static inputs (`why_not_piecewise()` is "")."""
+        stack = self.llm.model
+        reason = self.why_not_piecewise()
+        if reason or not isinstance(stack, Qwen2Model):
+            raise ValueError(f"piecewise graphs: {reason}")
+        embed = stack.embed_tokens.weight
+        first = stack.layers[0]
+        assert isinstance(first, Qwen2DecoderLayer)  # why_not_piecewise checked every layer
+        # One row of the model's own table gives the cos/sin width and dtype.
+        row = self.rotary_emb.get_cos_sin(torch.zeros(3, 1, dtype=torch.int32, device=embed.device))
+        return PiecewiseStack(
+            stack=stack,
+            num_layers=len(stack.layers),
+            hidden_size=embed.shape[1],
+            dtype=embed.dtype,
+            attn_out_width=first.self_attn.q_size,
+            cos_sin_width=row.shape[-1],
+            cos_sin_dtype=row.dtype,
+            deepstack_levels=self.deepstack_levels,
+        )
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:

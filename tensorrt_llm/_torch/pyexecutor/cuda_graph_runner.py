@@ -1,8 +1,9 @@
 """CUDA graphs for pure-generation steps, one graph per batch-size bucket.
 
-A graph captures the model over views of the engine's persistent `InputBuffers`. At replay the
-engine has written the real rows of those buffers (`prepare`); this runner fills the padded rows so
-they write nothing (slot -1) and read the dummy mRoPE slot, then replays. mRoPE positions of
+A graph captures the model's `forward_batch` over views of the engine's persistent
+`InputBuffers`. At replay the step's `InputBatch` has written the real rows of those buffers
+(`InputBatchBuilder.build`); this runner fills the padded rows so they write nothing (slot -1)
+and read the dummy slot, then replays. mRoPE positions of
 generation rows are `past_len + delta`, and the delta is read from the seq-slot cache INSIDE the
 graph, so a replay always sees the live cache: slots written by context steps (eager) are current.
 
@@ -20,15 +21,14 @@ import torch
 from tqdm import tqdm
 
 from ..attention_backend.interface import AttentionMetadata
-from ..seq_slots import dummy_slot
-from .scheduler import ScheduledRequests
+from ..input_batch import InputBatch
 
 if TYPE_CHECKING:
     # torch's own name for a graph memory pool handle (torch/cuda/graphs.py imports it so too).
     from torch.cuda import _POOL_HANDLE
 
     from ...llmapi.llm_args import CudaGraphConfig
-    from .model_engine import PyTorchModelEngine, TokenSource
+    from .model_engine import PyTorchModelEngine
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +55,21 @@ def pick_bucket(batch_sizes: list[int], batch_size: int, enable_padding: bool) -
 
 
 class CUDAGraphRunner:
-    """Owns every captured graph, its output tensor and the shared memory pool."""
+    """Owns every captured graph, its output tensor and the shared memory pool.
+
+    It takes the engine's fixed parts at construction (model, buffers, sizes, KV cache, the
+    dummy slot) and, per step, only the `InputBatch`.
+    """
 
     def __init__(
         self, engine: PyTorchModelEngine, batch_sizes: list[int], enable_padding: bool = True
     ) -> None:
-        self.engine = engine
+        self.model = engine.model
+        self.buffers = engine.buffers
+        self.kv_cache_manager = engine.kv_cache_manager
+        self.tokens_per_block = engine.tokens_per_block
+        if self.kv_cache_manager is None:
+            raise ValueError("decode CUDA graphs need the engine's KV cache manager first")
         bad = [b for b in batch_sizes if b < 1 or b > engine.max_batch_size]
         if not batch_sizes or bad:
             raise ValueError(f"cuda graph batch sizes {bad} outside [1, max_batch_size]")
@@ -70,7 +79,7 @@ class CUDAGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool: _POOL_HANDLE | None = None  # the first captured graph's, shared by all
         # The last seq-slot-cache entry is the dummy slot: padded rows read delta 0 from it.
-        self.dummy_slot = dummy_slot(engine.max_batch_size)
+        self.dummy_slot = engine.slot_state.dummy_slot
         cu = engine.buffers.cu_seqlens_q
         # 1..max_batch_size, built once: padded rows' cu_seqlens offsets without a per-step alloc.
         self._pad_offsets = torch.arange(
@@ -80,17 +89,19 @@ class CUDAGraphRunner:
     def bucket(self, batch_size: int) -> int | None:
         return pick_bucket(self.batch_sizes, batch_size, self.enable_padding)
 
-    def can_run(self, scheduled: ScheduledRequests) -> bool:
+    def can_run(self, batch: InputBatch) -> bool:
+        md = batch.attn_metadata
         return (
-            not scheduled.context_requests
-            and bool(scheduled.generation_requests)
-            and self.bucket(len(scheduled.generation_requests)) is not None
+            md.num_contexts == 0
+            and md.num_generations > 0
+            and not batch.return_context_logits
+            and self.bucket(md.num_generations) is not None
         )
 
     # ------------------------------------------------------------------ padding
     def _pad(self, real: int, bucket: int) -> None:
         """Make rows [real, bucket) harmless: no KV write, dummy slot, one token at block 0."""
-        buf = self.engine.buffers
+        buf = self.buffers
         if real == bucket:
             return
         buf.input_ids[real:bucket].zero_()
@@ -103,8 +114,22 @@ class CUDAGraphRunner:
         steps = self._pad_offsets[: bucket - real]
         buf.cu_seqlens_q[real + 1 : bucket + 1].copy_(buf.cu_seqlens_q[real] + steps)
 
+    def _save_rows(self, real: int) -> dict[str, torch.Tensor]:
+        """Copies of the step's rows of every input buffer (positions: the last axis)."""
+        saved = {}
+        for name, tensor in vars(self.buffers).items():
+            rows = tensor[..., : real + 1] if name == "position_ids" else tensor[: real + 1]
+            saved[name] = rows.clone()
+        return saved
+
+    def _restore_rows(self, saved: dict[str, torch.Tensor], real: int) -> None:
+        for name, rows in saved.items():
+            tensor = getattr(self.buffers, name)
+            target = tensor[..., : real + 1] if name == "position_ids" else tensor[: real + 1]
+            target.copy_(rows)
+
     def _metadata(self, bucket: int) -> AttentionMetadata:
-        buf = self.engine.buffers
+        buf = self.buffers
         ones = torch.ones(bucket, dtype=torch.int32)
         return AttentionMetadata(
             num_contexts=0,
@@ -122,23 +147,23 @@ class CUDAGraphRunner:
             slot_mapping=buf.slot_mapping[:bucket],
             seq_slots=buf.seq_slots[:bucket],
             seq_slots_cpu=torch.full((bucket,), self.dummy_slot, dtype=torch.long),
-            kv_cache_manager=self.engine.kv_cache_manager,
-            tokens_per_block=self.engine.tokens_per_block,
+            kv_cache_manager=self.kv_cache_manager,
+            tokens_per_block=self.tokens_per_block,
         )
 
     def _model_call(self, bucket: int) -> torch.Tensor:
-        engine = self.engine
-        buf = engine.buffers
-        metadata = self._metadata(bucket)
-        positions = buf.position_ids[..., :bucket]
-        if engine.use_mrope:
-            return engine.model(metadata, buf.input_ids[:bucket], positions, multimodal_params=[])
-        return engine.model(metadata, input_ids=buf.input_ids[:bucket], position_ids=positions)
+        buf = self.buffers
+        batch = InputBatch(
+            attn_metadata=self._metadata(bucket),
+            input_ids=buf.input_ids[:bucket],
+            position_ids=buf.position_ids[..., :bucket],
+        )
+        return self.model.forward_batch(batch)
 
     # ------------------------------------------------------------------ capture / replay
     @torch.inference_mode()
     def capture(self, bucket: int) -> None:
-        buf = self.engine.buffers
+        buf = self.buffers
         buf.cu_seqlens_q[0].zero_()
         self._pad(0, bucket)
         stream = torch.cuda.Stream()
@@ -163,15 +188,16 @@ class CUDAGraphRunner:
         logger.info("captured decode CUDA graphs for batch sizes %s", self.batch_sizes)
 
     @torch.inference_mode()
-    def run(
-        self, scheduled: ScheduledRequests, token_source: TokenSource | None = None
-    ) -> torch.Tensor:
-        real = len(scheduled.generation_requests)
+    def run(self, batch: InputBatch) -> torch.Tensor:
+        """Replay the bucket of a pure-generation `batch` whose rows are already written."""
+        real = batch.attn_metadata.num_generations
         bucket = self.bucket(real)
         assert bucket is not None
         if bucket not in self.graphs:
+            # NOTE: capture pads rows [0, bucket) of the shared buffers: save the step's rows.
+            saved = self._save_rows(real)
             self.capture(bucket)
-        self.engine.prepare(scheduled, token_source)
+            self._restore_rows(saved, real)
         self._pad(real, bucket)
         self.graphs[bucket].replay()
         # NOTE: the output lives in graph memory that the next replay overwrites; slice now and

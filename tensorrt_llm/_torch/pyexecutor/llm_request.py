@@ -2,8 +2,10 @@
 
 Lifecycle: CONTEXT_INIT (prompt being prefilled, possibly over several chunks) ->
 GENERATION_IN_PROGRESS (one token per step) -> GENERATION_COMPLETE (finish_reason set).
-The scheduler writes `context_chunk_size` and `seq_slot`; after the forward the executor (or
-`TorchSampler.update_requests`) advances `context_current_position`.
+The scheduler writes `context_chunk_size` and `seq_slot`; after the forward the executor
+advances `context_current_position` and applies the sampled tokens (`request_lifecycle.py`).
+`output_token_ids` holds real tokens only: a token the overlap scheduler launched the next step
+from before it reached the host is counted in `num_in_flight_tokens`.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ class LlmRequest:
         self.context_current_position = 0  # prompt tokens already prefilled (in the KV cache)
         self.context_chunk_size = 0  # prompt tokens scheduled for the current step
         self.output_token_ids: list[int] = []
+        # Sampled on the device, value not on the host yet (overlap scheduler): they count in
+        # positions and lengths, and the next step reads them from the SlotState token pool.
+        self.num_in_flight_tokens = 0
         self.finish_reason: str | None = None
         # Why a "stop" finish happened: the token id (end_id or a stop token).
         self.stop_reason: int | None = None
@@ -110,12 +115,18 @@ class LlmRequest:
 
     @property
     def num_tokens(self) -> int:
-        """Prompt plus generated tokens."""
-        return self.prompt_len + len(self.output_token_ids)
+        """Prompt plus generated tokens, those still in flight included (positions, KV)."""
+        return self.prompt_len + len(self.output_token_ids) + self.num_in_flight_tokens
 
     @property
     def num_generated_tokens(self) -> int:
+        """Generated tokens known on the host."""
         return len(self.output_token_ids)
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        """Generated tokens, those still in flight included."""
+        return len(self.output_token_ids) + self.num_in_flight_tokens
 
     @property
     def max_num_tokens(self) -> int:
@@ -182,14 +193,32 @@ class LlmRequest:
         )
         self.context_chunk_size = 0
 
-    def add_new_token(self, token_id: int, now: float | None = None) -> None:
-        """Append one generated token; a request that just finished its prompt enters generation."""
-        if self.is_finished:
-            raise ValueError(f"request {self.request_id} is finished; cannot add token {token_id}")
+    def _enter_generation(self) -> None:
         if self.is_context_init:
             self.context_current_position = self.prompt_len
             self.context_chunk_size = 0
             self.state = LlmRequestState.GENERATION_IN_PROGRESS
+
+    def add_in_flight_token(self) -> None:
+        """Count a token sampled on the device whose value the host does not have yet; the
+        request is in generation from now on, as with `add_new_token`."""
+        if self.is_finished:
+            raise ValueError(f"request {self.request_id} is finished; cannot add a token")
+        self._enter_generation()
+        self.num_in_flight_tokens += 1
+
+    def resolve_in_flight_token(self, token_id: int, now: float | None = None) -> None:
+        """The oldest in-flight token reached the host: it becomes a real token."""
+        if self.num_in_flight_tokens < 1:
+            raise ValueError(f"request {self.request_id} has no token in flight")
+        self.num_in_flight_tokens -= 1
+        self.add_new_token(token_id, now)
+
+    def add_new_token(self, token_id: int, now: float | None = None) -> None:
+        """Append one generated token; a request that just finished its prompt enters generation."""
+        if self.is_finished:
+            raise ValueError(f"request {self.request_id} is finished; cannot add token {token_id}")
+        self._enter_generation()
         now = time.perf_counter() if now is None else now
         if self.first_token_time is None:
             self.first_token_time = now

@@ -1,48 +1,34 @@
-"""PyTorchModelEngine: turns a scheduled batch into model inputs and runs the forward.
+"""PyTorchModelEngine: owns the model, its input buffers and per-slot state; runs one step.
 
-Per step it builds the token, position and KV-slot arrays on the host (numpy, no device reads),
-copies them into the persistent `InputBuffers` through pinned staging, builds one
-`AttentionMetadata`, and calls the model. Generation positions are `past_len` here; mRoPE models
-add the per-slot delta on the device, so nothing in the decode step reads a device value.
+A step is `build_batch` (scheduled requests -> `InputBatch`, batch_builder.py) then `run`
+(the decode CUDA graph, the piecewise prefill graphs, or the eager `forward_batch`). The graph
+runners take the `InputBatch` and never call back into the engine; the model is read through
+its typed interface (`EngineModel`) only.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-import numpy as np
 import torch
 from torch import nn
 
-from ..._utils import async_tensor_h2d, maybe_pin_memory
-from ...inputs.multimodal import (
-    MROPE_POSITION_IDS,
-    SPAN_MODALITIES,
-    MultimodalParams,
-    MultimodalRuntimeData,
-    chunk_rows,
-)
-from ..attention_backend.interface import AttentionMetadata
+from ..input_batch import InputBatch
+from .batch_builder import InputBatchBuilder
 from .input_buffers import InputBuffers
-from .llm_request import LlmRequest
-from .multimodal_checks import check_multimodal_request
-from .request_errors import RequestInputError
+from .request_lifecycle import release_prefilled_media
 from .scheduler import ScheduledRequests
+from .slot_state import SlotState
 
 if TYPE_CHECKING:
-    from ..models.modeling_qwen2 import Qwen2TextForCausalLM
-    from ..models.modeling_qwen_vl_base import QwenVLModelBase
+    from ..models.engine_model import EngineModel, PiecewiseModel
     from .cuda_graph_runner import CUDAGraphRunner
     from .piecewise_graph_runner import PiecewiseCUDAGraphRunner
     from .resource_manager import KVCacheManager
 
 
-# (device tokens of the previous step, request id -> row): see `PyTorchModelEngine.prepare`.
-TokenSource = tuple[torch.Tensor, dict[int, int]]
-
-
 class PyTorchModelEngine:
-    """Owns the model, its input buffers and the step preparation."""
+    """Owns the model, its input buffers, the per-slot state and the step's execution."""
 
     def __init__(
         self,
@@ -53,7 +39,8 @@ class PyTorchModelEngine:
         max_seq_len: int,
         tokens_per_block: int,
     ) -> None:
-        self.model = model
+        # Every registered model class implements `EngineModel` (engine_model.py).
+        self.model = cast("EngineModel", model)
         self.device = torch.device(device)
         self.max_num_tokens = max_num_tokens
         self.max_batch_size = max_batch_size
@@ -61,250 +48,70 @@ class PyTorchModelEngine:
         self.max_blocks_per_seq = -(-max_seq_len // tokens_per_block)
         # NOTE: mRoPE models always take the (3,1,max_num_tokens) int32 position buffer, also
         # for text-only batches, so one code path (and one graph shape) serves every request.
-        self.use_mrope = hasattr(model, "multimodal_data_device_paths")
-        self.device_paths: list[str] = list(getattr(model, "multimodal_data_device_paths", []))
+        self.use_mrope = self.model.uses_mrope
         # NOTE: no image/video token ids here: vision rows come from each request's placeholder
         # spans; comparing step tokens with pad ids broke steps where a decode row sampled one.
-        self.vocab_size: int = int(getattr(model, "vocab_size", 0))
+        self.vocab_size: int = self.model.vocab_size
         self.kv_cache_manager: KVCacheManager | None = None
         self.cuda_graph_runner: CUDAGraphRunner | None = None  # set by create_py_executor
-        # Prefill/mixed steps of VL models (opt-in, `cuda_graph_config.piecewise_max_tokens`).
+        # Prefill/mixed steps of VL models (`cuda_graph_config.piecewise_max_tokens`).
         self.piecewise_graph_runner: PiecewiseCUDAGraphRunner | None = None
         self.buffers = InputBuffers.allocate(
             max_num_tokens, max_batch_size, self.max_blocks_per_seq, self.use_mrope, self.device
         )
+        self.slot_state = SlotState(max_batch_size, self.device, self.model)
+        self.batch_builder = InputBatchBuilder(
+            self.buffers,
+            self.slot_state,
+            self.device,
+            use_mrope=self.use_mrope,
+            device_paths=list(self.model.multimodal_data_device_paths),
+            max_num_tokens=max_num_tokens,
+            max_batch_size=max_batch_size,
+            tokens_per_block=tokens_per_block,
+            max_blocks_per_seq=self.max_blocks_per_seq,
+        )
+        self._piecewise_model: PiecewiseModel | None = self.model.as_piecewise()
 
     def set_kv_cache_manager(self, kv_cache_manager: KVCacheManager | None) -> None:
         self.kv_cache_manager = kv_cache_manager
+        self.batch_builder.kv_cache_manager = kv_cache_manager
 
-    # ------------------------------------------------------------------ step preparation
-    def _h2d(self, dst: torch.Tensor, host: np.ndarray) -> torch.Tensor:
-        """Copy a host array into the leading rows of a persistent buffer; returns that view."""
-        view = dst[: host.shape[0]]
-        view.copy_(maybe_pin_memory(torch.from_numpy(host)), non_blocking=True)
-        return view
-
-    def _context_positions(self, req: LlmRequest, begin: int, end: int) -> torch.Tensor | None:
-        """The chunk's mRoPE positions [3,1,n] (device or host), or None for text LLMs."""
-        if not self.use_mrope:
-            return None
-        params = req.multimodal_params
-        pos = params.get(MROPE_POSITION_IDS) if params is not None else None
-        if pos is None:
-            raise RequestInputError(
-                [req.request_id],
-                "no mrope_config.mrope_position_ids; every request to an mRoPE model must come "
-                "through its input processor",
-            )
-        if begin == 0:
-            check_multimodal_request(req)
-        return pos[:, :, begin:end]
-
-    def _prepare_multimodal(
-        self, req: LlmRequest, begin: int, end: int
-    ) -> tuple[MultimodalParams, MultimodalRuntimeData, dict[str, np.ndarray]]:
-        """The request's params, this chunk's runtime counts (now `params.runtime`), and the
-        chunk-relative rows of each modality's vision tokens (from the placeholder spans, never
-        from tokens)."""
-        # Only called once `_context_positions` found the params (it raises without them).
-        params = cast(MultimodalParams, req.multimodal_params)
-        if begin == 0:
-            # Once per request: move the listed tensors (mRoPE keys always among them).
-            params.to_device(
-                "multimodal_data",
-                self.device,
-                pin_memory=True,
-                target_keywords=self.device_paths,
-            )
-        runtime = MultimodalRuntimeData(request_id=req.request_id)
-        rows: dict[str, np.ndarray] = {}
-        for kind in SPAN_MODALITIES:
-            spans = params.spans(kind)
-            if spans is None:
-                continue
-            cached, kind_rows = chunk_rows(spans[0], spans[1], begin, end)
-            setattr(runtime, f"num_cached_{kind}_tokens", cached)
-            setattr(runtime, f"num_{kind}_tokens_in_chunk", int(kind_rows.shape[0]))
-            if kind_rows.shape[0]:
-                rows[kind] = kind_rows
-        params.runtime = runtime
-        return params, runtime, rows
-
-    def _media_rows(self, parts: list[tuple[MultimodalRuntimeData, str, np.ndarray]]) -> None:
-        """One H2D copy of every vision row of the step; each runtime gets its own view."""
-        if not parts:  # text-only steps: no copy at all
-            return
-        host = np.concatenate([rows for _, _, rows in parts])
-        device_rows = async_tensor_h2d(torch.from_numpy(host), torch.int64, self.device)
-        start = 0
-        for runtime, kind, rows in parts:
-            setattr(runtime, f"{kind}_rows", device_rows[start : start + rows.shape[0]])
-            start += rows.shape[0]
-
-    def prepare(
-        self, scheduled: ScheduledRequests, token_source: TokenSource | None = None
-    ) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor, list[MultimodalParams]]:
-        """Fill the input buffers for `scheduled`.
-
-        `token_source` (overlap scheduler): `(device_tokens, {request_id: row})` for generation
-        requests whose last token is still on the device; it is gathered into `input_ids` there.
-        """
-        ctx = list(scheduled.context_requests)
-        gen = list(scheduled.generation_requests)
-        requests = ctx + gen
-        if len(requests) > self.max_batch_size:
-            raise RuntimeError(f"batch of {len(requests)} exceeds max_batch_size")
-        tpb = self.tokens_per_block
-        num_ctx, num_gen = len(ctx), len(gen)
-        block_table = np.full((len(requests), self.max_blocks_per_seq), -1, dtype=np.int32)
-        for i, req in enumerate(requests):
-            blocks = self._block_ids(req)
-            block_table[i, : blocks.shape[0]] = blocks
-        # Context chunks: a short loop (few requests, many tokens each).
-        ids_parts: list[np.ndarray] = []
-        pos_parts: list[np.ndarray] = []
-        slot_parts: list[np.ndarray] = []
-        mrope_ctx: list[tuple[int, torch.Tensor]] = []
-        mm_params: list[MultimodalParams] = []
-        media_rows: list[tuple[MultimodalRuntimeData, str, np.ndarray]] = []
-        seq_lens = np.ones(len(requests), dtype=np.int32)
-        cached = np.zeros(len(requests), dtype=np.int32)
-        offset = 0
-        for i, req in enumerate(ctx):
-            begin = req.context_current_position
-            end = begin + req.context_chunk_size
-            ids_parts.append(req.prompt_token_array[begin:end])
-            chunk_pos = self._context_positions(req, begin, end)
-            if chunk_pos is not None:
-                mrope_ctx.append((offset, chunk_pos))
-                params, runtime, rows = self._prepare_multimodal(req, begin, end)
-                mm_params.append(params)
-                media_rows.extend((runtime, kind, r + offset) for kind, r in rows.items())
-            tok = np.arange(begin, end)
-            pos_parts.append(tok.astype(np.int32))
-            slot_parts.append(block_table[i, tok // tpb].astype(np.int64) * tpb + tok % tpb)
-            seq_lens[i] = end - begin
-            cached[i] = begin
-            offset += end - begin
-        # Generation rows: one token each, vectorised over the batch.
-        gather_dst: list[int] = []
-        gather_src: list[int] = []
-        if num_gen:
-            past = np.fromiter((r.num_tokens - 1 for r in gen), dtype=np.int64, count=num_gen)
-            last = np.fromiter((r.output_token_ids[-1] for r in gen), dtype=np.int64, count=num_gen)
-            for j in np.flatnonzero(last < 0).tolist():  # placeholders: token still on device
-                rid = gen[j].request_id
-                if token_source is None or rid not in token_source[1]:
-                    raise RuntimeError(f"request {rid} has no token to decode from")
-                gather_dst.append(offset + j)
-                gather_src.append(token_source[1][rid])
-            ids_parts.append(np.maximum(last, 0))
-            pos_parts.append(past.astype(np.int32))
-            gen_rows = np.arange(num_ctx, num_ctx + num_gen)
-            slot_parts.append(
-                block_table[gen_rows, past // tpb].astype(np.int64) * tpb + past % tpb
-            )
-            cached[num_ctx:] = past
-            offset += num_gen
-        num_tokens = offset
-        if num_tokens > self.max_num_tokens:
-            raise RuntimeError(f"step of {num_tokens} tokens exceeds max_num_tokens")
-        num_ctx_tokens = int(seq_lens[:num_ctx].sum())
-
-        self._media_rows(media_rows)
-        buf = self.buffers
-        input_ids = self._h2d(buf.input_ids, np.concatenate(ids_parts).astype(np.int64))
-        if gather_dst:
-            dst = async_tensor_h2d(gather_dst, torch.int64, self.device)
-            src = async_tensor_h2d(gather_src, torch.int64, self.device)
-            # The gather loop above raised unless token_source holds every placeholder row.
-            device_tokens = cast("TokenSource", token_source)[0]
-            buf.input_ids.index_copy_(0, dst, device_tokens.index_select(0, src))
-        host_pos = np.concatenate(pos_parts)
-        if self.use_mrope:
-            position_ids = buf.position_ids[:, :, :num_tokens]
-            position_ids.copy_(
-                maybe_pin_memory(torch.from_numpy(host_pos)).view(1, 1, -1).expand(3, 1, -1),
-                non_blocking=True,
-            )
-            for start, chunk_pos in mrope_ctx:
-                position_ids[:, :, start : start + chunk_pos.shape[-1]].copy_(
-                    chunk_pos, non_blocking=True
-                )
-        else:
-            position_ids = buf.position_ids[:, :num_tokens]
-            position_ids.copy_(
-                maybe_pin_memory(torch.from_numpy(host_pos)).view(1, -1), non_blocking=True
-            )
-        slot_mapping = self._h2d(buf.slot_mapping, np.concatenate(slot_parts))
-        cu = np.zeros(len(requests) + 1, dtype=np.int32)
-        np.cumsum(seq_lens, out=cu[1:])
-        slots_host = np.asarray([r.seq_slot for r in requests], dtype=np.int64)
-        metadata = AttentionMetadata(
-            num_contexts=len(ctx),
-            num_generations=len(gen),
-            num_ctx_tokens=num_ctx_tokens,
-            num_tokens=num_tokens,
-            seq_lens_cpu=torch.from_numpy(seq_lens),
-            num_cached_tokens_cpu=torch.from_numpy(cached),
-            seq_lens=self._h2d(buf.seq_lens, seq_lens),
-            num_cached_tokens=self._h2d(buf.num_cached_tokens, cached),
-            cu_seqlens_q=self._h2d(buf.cu_seqlens_q, cu),
-            block_tables=self._h2d(buf.block_tables, block_table),
-            slot_mapping=slot_mapping,
-            seq_slots=self._h2d(buf.seq_slots, slots_host),
-            seq_slots_cpu=torch.from_numpy(slots_host),
-            kv_cache_manager=self.kv_cache_manager,
-            tokens_per_block=tpb,
-        )
-        return metadata, input_ids, position_ids, mm_params
-
-    def _block_ids(self, req: LlmRequest) -> np.ndarray:
-        if self.kv_cache_manager is None:
-            raise RuntimeError("the engine has no KV cache manager")
-        return self.kv_cache_manager.get_block_array(req.request_id)
-
-    # ------------------------------------------------------------------ forward
+    # ------------------------------------------------------------------ one step
     @torch.inference_mode()
-    def forward(
-        self,
-        scheduled: ScheduledRequests,
-        return_context_logits: bool = False,
-        token_source: TokenSource | None = None,
-    ) -> torch.Tensor:
-        """Logits of each request's last token: [num_seqs, vocab], context requests first."""
+    def build_batch(
+        self, scheduled: ScheduledRequests, return_context_logits: bool = False
+    ) -> InputBatch:
+        return self.batch_builder.build(scheduled, return_context_logits)
+
+    @torch.inference_mode()
+    def run(self, batch: InputBatch) -> torch.Tensor:
+        """Logits of each request's last token: [num_seqs, vocab], context requests first
+        (or of every token with `batch.return_context_logits`)."""
         runner = self.cuda_graph_runner
-        if runner is not None and not return_context_logits and runner.can_run(scheduled):
-            return runner.run(scheduled, token_source)
-        metadata, input_ids, position_ids, mm_params = self.prepare(scheduled, token_source)
-        piecewise = self.piecewise_graph_runner
-        if self.use_mrope and piecewise is not None and not return_context_logits:
-            # A piecewise runner exists only for a Qwen-VL model (`why_not_piecewise`).
-            vl_model = cast("QwenVLModelBase", self.model)
-            inputs = vl_model.stack_inputs(metadata, input_ids, position_ids, mm_params)
-            if piecewise.can_run(metadata, inputs):
-                hidden = piecewise.run(metadata, inputs)
-                llm = cast("Qwen2TextForCausalLM", vl_model.llm)
-                logits = llm.compute_logits(hidden, metadata)
-            else:
-                logits = vl_model.forward_stack(metadata, inputs)
-        elif self.use_mrope:
-            logits = self.model(
-                metadata,
-                input_ids,
-                position_ids,
-                multimodal_params=mm_params,
-                return_context_logits=return_context_logits,
+        if runner is not None and runner.can_run(batch):
+            return runner.run(batch)
+        piecewise, model = self.piecewise_graph_runner, self._piecewise_model
+        if (
+            piecewise is not None
+            and model is not None
+            and batch.attn_metadata.num_contexts
+            and not batch.return_context_logits
+        ):
+            md = batch.attn_metadata
+            inputs = model.stack_inputs(
+                md, batch.input_ids, batch.position_ids, batch.multimodal_params
             )
-        else:
-            logits = self.model(
-                metadata,
-                input_ids=input_ids,
-                position_ids=position_ids,
-                return_context_logits=return_context_logits,
-            )
-        for req in scheduled.context_requests:
-            if req.is_last_context_chunk and req.multimodal_params is not None:
-                # The delta now lives in the seq-slot cache; pixels and embeddings can go.
-                req.multimodal_params.strip_for_generation()
+            if piecewise.can_run(md, inputs):
+                return model.compute_logits(piecewise.run(md, inputs), md)
+            return model.forward_stack(md, inputs)
+        return self.model.forward_batch(batch)
+
+    def forward(
+        self, scheduled: ScheduledRequests, return_context_logits: bool = False
+    ) -> torch.Tensor:
+        """`build_batch` then `run` (tests, the capacity probe); media of requests whose
+        prefill just ended is released as the executor does."""
+        logits = self.run(self.build_batch(scheduled, return_context_logits))
+        release_prefilled_media(scheduled)
         return logits

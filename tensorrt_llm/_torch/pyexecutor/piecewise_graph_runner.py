@@ -15,7 +15,8 @@ Padded rows (the bucket past the step's tokens) carry stale but finite values th
 kernels only; the attention gives them zeros and no KV slot. Qwen3-VL's deepstack inputs are
 static buffers too: media steps copy theirs in, other steps read zeros. Stacks with host syncs
 or sequence-dependent work outside attention (MoE routing, Gated DeltaNet) are not eligible
-(`why_not_piecewise`).
+(the model's `why_not_piecewise`); an eligible model hands over its stack and sizes
+(`PiecewiseModel.piecewise_stack`).
 
 Whether a step runs piecewise is a trade: eager host time is ~35 ms per step, the GPU time of
 32 decodes plus a chunk grows ~15 us per chunk token past ~256 (19.7 ms at 1024). Past ~2048
@@ -28,7 +29,7 @@ from __future__ import annotations
 import bisect
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
@@ -37,8 +38,8 @@ from ..attention_backend.interface import AttentionMetadata
 from ..attention_backend.piecewise import attention_handler
 
 if TYPE_CHECKING:
-    from ..models.modeling_qwen2 import Qwen2DecoderLayer, Qwen2Model
-    from ..models.modeling_qwen_vl_base import QwenVLModelBase, StackInputs
+    from ..models.engine_model import EngineModel
+    from ..models.modeling_qwen_vl_base import StackInputs
     from .model_engine import PyTorchModelEngine
 
 logger = logging.getLogger(__name__)
@@ -61,21 +62,9 @@ def piecewise_token_buckets(max_tokens: int) -> list[int]:
     return sorted({b for b in DEFAULT_TOKEN_BUCKETS if b < max_tokens} | {max_tokens})
 
 
-def why_not_piecewise(model: Any) -> str:
-    """Why `model` cannot run piecewise graphs ("" when it can)."""
-    from ..models.modeling_qwen2 import Qwen2DecoderLayer, Qwen2Model
-    from ..modules.gated_mlp import GatedMLP
-
-    if not hasattr(model, "stack_inputs"):
-        return f"{type(model).__name__} is not a Qwen-VL model (no stack_inputs)"
-    stack = getattr(getattr(model, "llm", None), "model", None)
-    if not isinstance(stack, Qwen2Model):
-        return f"its text stack {type(stack).__name__} is not a Qwen2Model"
-    for i, layer in enumerate(stack.layers):
-        # MoE routing syncs with the host; DeltaNet layers prepare per-sequence state.
-        if not isinstance(layer, Qwen2DecoderLayer) or type(layer.mlp) is not GatedMLP:
-            return f"layer {i} ({type(layer).__name__}) is not a dense full-attention layer"
-    return ""
+def why_not_piecewise(model: EngineModel) -> str:
+    """Why `model` cannot run piecewise graphs ("" when it can): the model says."""
+    return model.why_not_piecewise()
 
 
 @dataclass
@@ -91,9 +80,9 @@ class PiecewiseCUDAGraphRunner:
     then is captured on its first step) and replays them around the eager attention calls."""
 
     def __init__(self, engine: PyTorchModelEngine, token_buckets: list[int]) -> None:
-        reason = why_not_piecewise(engine.model)
-        if reason:
-            raise ValueError(f"piecewise CUDA graphs: {reason}")
+        model = engine.model.as_piecewise()
+        if model is None:
+            raise ValueError(f"piecewise CUDA graphs: {why_not_piecewise(engine.model)}")
         if (
             not token_buckets
             or min(token_buckets) < 1
@@ -103,28 +92,24 @@ class PiecewiseCUDAGraphRunner:
                 f"piecewise token buckets {token_buckets} outside [1, max_num_tokens="
                 f"{engine.max_num_tokens}]"
             )
-        self.engine = engine
-        # `why_not_piecewise` found a Qwen-VL model whose text stack is a Qwen2Model of dense
-        # Qwen2DecoderLayers, which is what these casts name.
-        model = cast("QwenVLModelBase", engine.model)
-        self.stack = cast("Qwen2Model", model.llm.model)
+        spec = model.piecewise_stack()
+        self.stack = spec.stack
+        self.num_layers = spec.num_layers
         self.buckets = sorted(set(token_buckets))
         largest = self.buckets[-1]
-        embed = self.stack.embed_tokens.weight
-        attn = cast("Qwen2DecoderLayer", self.stack.layers[0]).self_attn
         device = engine.device
         # Static inputs of every piece and the one attention output buffer they share (the
         # attention of layer i writes it, piece i+1 reads it before attention i+1 writes again).
-        self._embeds = torch.zeros(largest, embed.shape[1], dtype=embed.dtype, device=device)
-        self._attn_out = torch.zeros(largest, attn.q_size, dtype=embed.dtype, device=device)
-        # One row of the model's own table gives the cos/sin width and dtype.
-        row = model.rotary_emb.get_cos_sin(torch.zeros(3, 1, dtype=torch.int32, device=device))
-        self._cos_sin = torch.zeros(largest, row.shape[-1], dtype=row.dtype, device=device)
+        self._embeds = torch.zeros(largest, spec.hidden_size, dtype=spec.dtype, device=device)
+        self._attn_out = torch.zeros(largest, spec.attn_out_width, dtype=spec.dtype, device=device)
+        self._cos_sin = torch.zeros(
+            largest, spec.cos_sin_width, dtype=spec.cos_sin_dtype, device=device
+        )
         # Deepstack inputs (levels x tokens x hidden); zero except the rows a media step wrote,
         # which the next step without media clears (`_deepstack_rows`).
-        levels = model.deepstack_levels
+        levels = spec.deepstack_levels
         self._deepstack = (
-            torch.zeros(levels, largest, embed.shape[1], dtype=embed.dtype, device=device)
+            torch.zeros(levels, largest, spec.hidden_size, dtype=spec.dtype, device=device)
             if levels
             else None
         )
@@ -192,10 +177,9 @@ class PiecewiseCUDAGraphRunner:
             finally:
                 graphs[-1].capture_end()
         torch.cuda.current_stream().wait_stream(stream)
-        if len(calls) != len(self.stack.layers):
+        if len(calls) != self.num_layers:
             raise RuntimeError(
-                f"piecewise capture saw {len(calls)} attention calls for "
-                f"{len(self.stack.layers)} layers"
+                f"piecewise capture saw {len(calls)} attention calls for {self.num_layers} layers"
             )
         return _Pieces(graphs, calls, hidden)
 

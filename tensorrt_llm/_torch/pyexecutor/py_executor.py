@@ -1,8 +1,10 @@
 """PyExecutor: the background loop that serves requests with continuous batching.
 
 Each iteration: fetch commands (new requests, cancels, shutdown) -> validate new requests ->
-schedule -> engine forward -> sample -> one D2H of the tokens -> update requests -> emit
-responses -> free the seq slot and KV blocks of finished requests.
+schedule -> build the InputBatch -> run (graph or eager) -> sample -> one D2H of the tokens ->
+update the requests (request_lifecycle.py) -> respond -> free the seq slot and KV blocks of
+finished requests. The executor is the one owner of the request lifecycle: nothing else appends
+tokens, finishes or frees a request.
 
 NOTE: every `LlmRequest` is touched by the loop thread only. Other threads talk to the loop
 through the command queue (`enqueue_request`, `cancel_request`, `shutdown`) and read
@@ -37,8 +39,10 @@ from .llm_request import (
     LlmRequest,
 )
 from .request_errors import run_isolated
+from .request_lifecycle import advance_context_chunks, apply_new_tokens, release_prefilled_media
 
 if TYPE_CHECKING:
+    from .model_engine import PyTorchModelEngine
     from .resource_manager import KVCacheManager, SeqSlotManager
     from .sampler import TorchSampler
     from .scheduler import ScheduledRequests, SimpleScheduler
@@ -55,7 +59,7 @@ class PyExecutor:
 
     def __init__(
         self,
-        model_engine: Any,
+        model_engine: PyTorchModelEngine,
         scheduler: SimpleScheduler,
         sampler: TorchSampler,
         kv_cache_manager: KVCacheManager,
@@ -131,7 +135,9 @@ class PyExecutor:
         """Drop the model, KV cache and graphs once the loop is gone, so a shut-down executor
         that is still referenced (final stats, old result handles) holds no device memory: the
         KV cache takes most of the GPU by default. `get_stats()` keeps its last snapshot."""
-        device = getattr(self.model_engine, "device", None)
+        if self.model_engine is None:  # released by an earlier shutdown
+            return
+        device = self.model_engine.device
         self.model_engine = None  # type: ignore[assignment]
         self.kv_cache_manager = None  # type: ignore[assignment]
         self.scheduler = None  # type: ignore[assignment]
@@ -139,7 +145,7 @@ class PyExecutor:
         # The engine and its graph runners reference each other: collect the cycle now, so the
         # memory is back before the next engine of this process measures what is free.
         gc.collect()
-        if device is not None and device.type == "cuda":
+        if device.type == "cuda":
             torch.cuda.empty_cache()
 
     @property
@@ -286,36 +292,39 @@ class PyExecutor:
         self._finish(req)
 
     def _forward_and_sample(
-        self, scheduled: ScheduledRequests, **forward_kwargs: Any
+        self, scheduled: ScheduledRequests
     ) -> tuple[list[LlmRequest], torch.Tensor | None]:
-        """Run the step and sample on the device; returns (sampled requests, device tokens).
+        """Build the step's InputBatch, run it and sample on the device; returns (sampled
+        requests, device tokens). Each token is also kept at its seq slot (SlotState).
 
         Rows that give a real token are the generation rows and the context rows whose chunk
-        reaches the end of the prompt; non-final chunk rows are dropped before sampling.
+        reaches the end of the prompt (`InputBatch.sample_rows`); the others are dropped
+        before sampling.
         """
-        ctx = scheduled.context_requests
-        final_ctx = [req.is_last_context_chunk for req in ctx]
-        logits = self.model_engine.forward(scheduled, **forward_kwargs)
-        rows = [i for i, final in enumerate(final_ctx) if final]
-        rows += range(len(ctx), scheduled.batch_size)
+        engine = self.model_engine
+        batch = engine.build_batch(scheduled)
+        logits = engine.run(batch)
+        rows = batch.sample_rows
         everyone = scheduled.all_requests  # built once: the property makes a new list
         sampled = [everyone[i] for i in rows]
         if not sampled:
             return sampled, None
+        slots = batch.attn_metadata.seq_slots
         if len(rows) != logits.shape[0]:
             index = async_tensor_h2d(rows, torch.int64, logits.device)
             logits = logits.index_select(0, index)
-        return sampled, self.sampler.sample(logits, sampled)
+            slots = slots.index_select(0, index)
+        tokens = self.sampler.sample(logits, sampled)
+        engine.slot_state.record_tokens(slots, tokens)
+        return sampled, tokens
 
     def _run_step(self, scheduled: ScheduledRequests) -> None:
-        # NOTE: the engine itself strips a request's pixels once its last prefill chunk ran.
-        ctx_not_final = [r for r in scheduled.context_requests if not r.is_last_context_chunk]
         sampled, tokens = self._forward_and_sample(scheduled)
         host_tokens = self.sampler.to_host(tokens) if tokens is not None else []  # the one sync
-        for req in ctx_not_final:
-            req.move_to_next_context_chunk()
+        release_prefilled_media(scheduled)
+        advance_context_chunks(scheduled)
         if sampled:
-            self.sampler.update_requests(sampled, host_tokens)
+            apply_new_tokens(sampled, host_tokens)
 
     def _wait_for_command(self, timeout: float) -> None:
         try:
@@ -361,9 +370,7 @@ class PyExecutor:
             self.scheduler.release_resources(req)
         except Exception:
             logger.exception("freeing resources of request %s failed", rid)
-        release = getattr(self.sampler, "release", None)
-        if release is not None:
-            release(rid)
+        self.sampler.release(rid)
         if req in self._active:
             self._active.remove(req)
         with self._stats_lock:

@@ -216,7 +216,7 @@ def create_py_executor(args: LlmArgs, input_processor: Any) -> PyExecutor:
         if max_tokens is None:
             # The default: on where the model can run them, measured faster for prefill and
             # mixed steps up to ~2048 tokens (benchmarks/results/qwen3_vl_8b_h200.md, run 13).
-            reason = why_not_piecewise(model)
+            reason = why_not_piecewise(engine.model)
             if reason:
                 logger.info("piecewise CUDA graphs off: %s", reason)
                 max_tokens = 0

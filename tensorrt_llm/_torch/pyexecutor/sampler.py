@@ -1,4 +1,4 @@
-"""TorchSampler: batched token selection on the device, then stop checks on the host.
+"""TorchSampler: batched token selection on the device (stop checks: request_lifecycle.py).
 
 `sample` never syncs: per-row knobs go up through pinned staging with non_blocking copies, and
 randomness comes from the exponential-race trick (argmax of p / E, E ~ Exp(1)), which draws from
@@ -117,39 +117,3 @@ class TorchSampler:
     def release(self, request_id: int) -> None:
         """Drop a request's generator (called for finished requests)."""
         self._generators.pop(request_id, None)
-
-    # ---- host side -----------------------------------------------------------------------------
-    def update_requests(self, requests: Sequence[LlmRequest], new_tokens: Sequence[int]) -> None:
-        """Append each request's token and apply its token stop conditions.
-
-        The engine stops on token ids only (end id, stop tokens, max_tokens). Stop strings are
-        text: the front end finds them while detokenizing and cancels the request
-        (`llmapi/outputs.py`), so the engine never decodes.
-        A context request whose prompt is not fully prefilled yet (a non-final chunk) produced
-        no real token: its entry is ignored. So are requests that already finished.
-        """
-        if len(requests) != len(new_tokens):
-            raise ValueError(f"{len(requests)} requests but {len(new_tokens)} tokens")
-        for req, token in zip(requests, new_tokens, strict=True):
-            if req.is_finished:
-                self.release(req.request_id)
-                continue
-            if req.is_context_init and not req.is_last_context_chunk:
-                continue
-            req.add_new_token(token)
-            self._check_stop(req, token)
-            if req.is_finished:
-                self.release(req.request_id)
-
-    def _check_stop(self, req: LlmRequest, token: int) -> None:
-        params = req.sampling_params
-        if not params.ignore_eos and params.end_id is not None and token == params.end_id:
-            req.stop_reason = token
-            req.finish("stop")
-            return
-        if token in params.stop_token_set:
-            req.stop_reason = token
-            req.finish("stop")
-            return
-        if req.num_generated_tokens >= params.max_tokens:
-            req.finish("length")

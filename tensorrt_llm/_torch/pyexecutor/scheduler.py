@@ -125,7 +125,9 @@ class SimpleScheduler:
         scheduled = ScheduledRequests()
         budget = self.max_num_tokens
         for req in requests:
-            if not req.is_generation:
+            # NOTE: with the overlap scheduler a request's last token may be sampled but not
+            # yet on the host: nothing is left to decode, it waits for that token.
+            if not req.is_generation or req.num_sampled_tokens >= req.sampling_params.max_tokens:
                 continue
             if scheduled.batch_size >= self.max_batch_size or budget < 1:
                 break

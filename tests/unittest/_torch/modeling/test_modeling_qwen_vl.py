@@ -151,9 +151,8 @@ def test_recycled_slot_uses_its_own_delta(stack: Stack) -> None:
 
 
 def test_every_registered_vl_class_lists_both_mrope_paths() -> None:
-    vl_classes = [
-        cls for cls in import_all_models().values() if hasattr(cls, "multimodal_data_device_paths")
-    ]
+    # Selected by the declared capability: a VL class that listed no paths at all is caught.
+    vl_classes = [cls for cls in import_all_models().values() if cls.uses_mrope]
     assert len(vl_classes) >= 3
     for cls in vl_classes:
         for path in MROPE_DEVICE_PATHS:

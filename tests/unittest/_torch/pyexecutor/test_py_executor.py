@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -37,10 +38,28 @@ TPB = 4
 TIMEOUT = 10.0
 
 
+class _FakeBatch:
+    """What the executor reads of an `InputBatch`: the rows to sample and the seq slots."""
+
+    def __init__(self, scheduled: ScheduledRequests) -> None:
+        self.scheduled = scheduled
+        ctx = scheduled.context_requests
+        final = [i for i, req in enumerate(ctx) if req.is_last_context_chunk]
+        self.sample_rows = final + list(range(len(ctx), scheduled.batch_size))
+        slots = [req.seq_slot for req in scheduled.all_requests]
+        self.attn_metadata = SimpleNamespace(seq_slots=torch.tensor(slots, dtype=torch.long))
+
+
+class _FakeSlotState:
+    def record_tokens(self, seq_slots: torch.Tensor, tokens: torch.Tensor) -> None:
+        assert seq_slots.shape == tokens.shape
+
+
 class FakeEngine:
     """Logits that make the greedy next token `(last token + 1) % VOCAB`."""
 
     def __init__(self) -> None:
+        self.slot_state = _FakeSlotState()
         self.device = torch.device("cpu")
         self.vocab_size = VOCAB
         self.steps: list[tuple[list[tuple[int, int, int]], list[int]]] = []
@@ -53,6 +72,12 @@ class FakeEngine:
         self.resume = threading.Event()
         # Spread logits (a fixed random row per last token) so sampling really draws.
         self.spread = False
+
+    def build_batch(self, scheduled: ScheduledRequests) -> _FakeBatch:
+        return _FakeBatch(scheduled)
+
+    def run(self, batch: _FakeBatch) -> torch.Tensor:
+        return self.forward(batch.scheduled)
 
     def forward(self, scheduled: ScheduledRequests) -> torch.Tensor:
         self.entered.set()

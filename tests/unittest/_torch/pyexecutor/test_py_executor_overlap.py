@@ -9,11 +9,7 @@ import pytest
 import tensorrt_llm
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
-from tensorrt_llm._torch.pyexecutor.py_executor_overlap import (
-    PLACEHOLDER,
-    OverlapPyExecutor,
-    num_real_tokens,
-)
+from tensorrt_llm._torch.pyexecutor.py_executor_overlap import OverlapPyExecutor
 from tensorrt_llm.tools.tiny_checkpoint import get_or_build_demo_checkpoint
 
 DEMO_IMAGE = str(Path(tensorrt_llm.__file__).parent / "assets" / "demo.png")
@@ -53,18 +49,29 @@ def _run(disable_overlap: bool) -> list[tuple]:
 def test_overlap_matches_sequential_executor() -> None:
     overlapped = _run(disable_overlap=False)
     assert overlapped == _run(disable_overlap=True)
-    assert all(PLACEHOLDER not in ids for ids, _, _ in overlapped)
+    assert all(min(ids) >= 0 for ids, _, _ in overlapped)  # real tokens only
     assert [len(ids) for ids, _, _ in overlapped][0] == 12
     assert len(overlapped[4][0]) == 1
 
 
-def test_placeholder_counting() -> None:
+def test_in_flight_counting() -> None:
     req = LlmRequest(1, [1, 2, 3])
     req.add_new_token(5)
-    req.add_new_token(PLACEHOLDER)
-    req.add_new_token(PLACEHOLDER)
-    assert num_real_tokens(req) == 1
+    req.add_in_flight_token()
+    req.add_in_flight_token()
+    assert req.num_generated_tokens == 1 and req.output_token_ids == [5]
     assert req.num_tokens == 6  # positions already count the in-flight tokens
+    req.resolve_in_flight_token(7)
+    assert req.output_token_ids == [5, 7] and req.num_tokens == 6
+
+
+def test_in_flight_prefill_enters_generation() -> None:
+    req = LlmRequest(1, [1, 2, 3])
+    req.context_chunk_size = 3
+    req.add_in_flight_token()
+    assert req.is_generation and req.output_token_ids == [] and req.num_tokens == 4
+    with pytest.raises(ValueError, match="in flight"):
+        LlmRequest(2, [1]).resolve_in_flight_token(4)
 
 
 @pytest.mark.gpu

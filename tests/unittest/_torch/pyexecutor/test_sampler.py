@@ -1,4 +1,4 @@
-"""TorchSampler: greedy/top-k/top-p/seeded sampling on the device, stop conditions on the host."""
+"""TorchSampler: greedy/top-k/top-p/seeded sampling on the device."""
 
 from __future__ import annotations
 
@@ -129,59 +129,6 @@ def test_top_k_and_plain_temperature_match_the_distribution() -> None:
 
 def test_to_host_returns_python_ints() -> None:
     assert TorchSampler(V, "cpu").to_host(torch.tensor([3, 1, 4])) == [3, 1, 4]
-
-
-# ---- stop conditions ---------------------------------------------------------------------------
-def test_end_id_stop_and_ignore_eos() -> None:
-    sampler = TorchSampler(V, "cpu")
-    stop = _gen_req(0, end_id=8)
-    ignore = _gen_req(1, end_id=8, ignore_eos=True, max_tokens=5)
-    sampler.update_requests([stop, ignore], [8, 8])
-    assert stop.is_finished and stop.finish_reason == "stop" and stop.stop_reason == 8
-    assert not ignore.is_finished and ignore.output_token_ids == [8]
-
-
-def test_stop_token_ids_and_length() -> None:
-    sampler = TorchSampler(V, "cpu")
-    req = _gen_req(0, stop_token_ids=[6], max_tokens=10)
-    length = _gen_req(1, max_tokens=2)
-    sampler.update_requests([req, length], [0, 0])
-    sampler.update_requests([req, length], [6, 6])
-    assert (req.finish_reason, req.stop_reason) == ("stop", 6)
-    assert length.finish_reason == "length" and length.output_token_ids == [0, 6]
-
-
-def test_stop_strings_are_not_the_engines() -> None:
-    # Stop strings are text: the front end finds them while detokenizing (llmapi/outputs.py)
-    # and cancels the request; the engine, which never decodes, runs on to max_tokens.
-    sampler = TorchSampler(V, "cpu")
-    req = _gen_req(0, stop="STOP", max_tokens=3)
-    for token in [4, 5, 1]:
-        sampler.update_requests([req], [token])
-    assert (req.finish_reason, req.stop_reason) == ("length", None)
-    assert req.output_token_ids == [4, 5, 1]
-
-
-def test_stop_checked_before_length() -> None:
-    req = _gen_req(0, end_id=8, max_tokens=1)
-    TorchSampler(V, "cpu").update_requests([req], [8])
-    assert req.finish_reason == "stop"
-
-
-def test_partial_context_chunks_produce_no_token() -> None:
-    sampler = TorchSampler(V, "cpu")
-    partial = LlmRequest(0, [1, 2, 3, 4], SamplingParams())
-    partial.context_chunk_size = 2
-    last = _ctx_req(1)
-    last.move_to_next_context_chunk()  # order with the executor's chunk advance must not matter
-    done = _gen_req(2)
-    done.cancel()
-    sampler.update_requests([partial, last, done], [5, 6, 7])
-    assert partial.output_token_ids == [] and partial.is_context_init
-    assert last.output_token_ids == [6] and last.is_generation and last.first_token_time
-    assert done.output_token_ids == [] and done.finish_reason == "cancelled"
-    with pytest.raises(ValueError, match="tokens"):
-        sampler.update_requests([last], [1, 2])
 
 
 @pytest.mark.gpu

@@ -206,13 +206,13 @@ def test_bad_media_request_fails_alone_on_the_real_engine(llm: LLM, how: str) ->
     ids, extra = llm.input_processor(dict(IMAGE_PROMPT), sp)
     executor = llm._executor
     steps: list[list[int]] = []
-    forward = executor.model_engine.forward
+    build_batch = executor.model_engine.build_batch
 
-    def recording_forward(scheduled: ScheduledRequests, *args: object, **kw: object) -> object:
+    def recording_build(scheduled: ScheduledRequests, *args: object, **kw: object) -> object:
         steps.append([r.request_id for r in scheduled.all_requests])
-        return forward(scheduled, *args, **kw)
+        return build_batch(scheduled, *args, **kw)
 
-    executor.model_engine.forward = recording_forward
+    executor.model_engine.build_batch = recording_build
     col = Collector()
     good = LlmRequest(9001, ids, sp, MultimodalParams(copy.deepcopy(extra["multimodal_data"])))
     bad = LlmRequest(9002, ids, sp, MultimodalParams(_corrupt(extra["multimodal_data"], how)))
@@ -222,7 +222,7 @@ def test_bad_media_request_fails_alone_on_the_real_engine(llm: LLM, how: str) ->
             executor.enqueue_request(good, col.watch(9001))
         final_bad, final_good = col.wait(9002), col.wait(9001)
     finally:
-        executor.model_engine.forward = forward
+        executor.model_engine.build_batch = build_batch
     assert steps[0] == [9002, 9001], "precondition: both requests share the first step"
     assert final_bad.finish_reason == "error" and final_bad.error_code == ERROR_INVALID_INPUT
     assert (final_bad.error or "").startswith("invalid request input: ")
