@@ -12,26 +12,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+# SUPPORTED_ARCHITECTURES is re-exported: callers import it from here.
+from .model_registry import SUPPORTED_ARCHITECTURES, get_registration
+
 IMAGE_BENCH_ARCHITECTURE = "QwenImageBenchForConditionalGeneration"
 # NOTE: the attribute a loaded config carries its resolved route in (survives to_dict()).
 ROUTE_ATTR = "tllm_architecture"
 
-# architecture -> (transformers config class, inner text LLM architecture)
-_ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "Qwen2VLForConditionalGeneration": ("Qwen2VLConfig", "Qwen2ForCausalLM"),
-    "Qwen2_5_VLForConditionalGeneration": ("Qwen2_5_VLConfig", "Qwen2ForCausalLM"),
-    "Qwen3VLForConditionalGeneration": ("Qwen3VLConfig", "Qwen3ForCausalLM"),
-    "Qwen3VLMoeForConditionalGeneration": ("Qwen3VLMoeConfig", "Qwen3MoeForCausalLM"),
-    "Qwen3_5ForConditionalGeneration": ("Qwen3_5Config", "Qwen3_5ForCausalLM"),
-    "Qwen3_5MoeForConditionalGeneration": ("Qwen3_5MoeConfig", "Qwen3_5MoeForCausalLM"),
-    IMAGE_BENCH_ARCHITECTURE: ("Qwen3_5Config", "Qwen3_5ForCausalLM"),
-    "Qwen2ForCausalLM": ("Qwen2Config", "Qwen2ForCausalLM"),
-    "Qwen3ForCausalLM": ("Qwen3Config", "Qwen3ForCausalLM"),
-    "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
-    "Qwen3_5ForCausalLM": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
-    "Qwen3_5MoeForCausalLM": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
-}
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCHITECTURES)
+# NOTE: the config class and inner text LLM of each architecture are registered with its model
+# class (`register_auto_model`); this module reads them from the one registry.
 _SHORT_SUFFIXES = ("ForConditionalGeneration", "ForCausalLM")
 
 # The dense Qwen3.5/3.6 family publishes vision model_type "qwen3_5_vision"; only image-bench
@@ -79,7 +68,7 @@ def resolve_architecture(config_dict: Mapping[str, Any] | Any) -> str:
     arch = architectures[0]
     if is_qwen_image_bench_config(cfg):
         return IMAGE_BENCH_ARCHITECTURE
-    if arch not in _ARCHITECTURES:
+    if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
             f"unsupported architecture {arch!r}; supported architectures: "
             + ", ".join(SUPPORTED_ARCHITECTURES)
@@ -92,12 +81,12 @@ def inner_llm_architecture(arch: str) -> str:
 
     Accepts the full name ("Qwen3VLForConditionalGeneration") or its stem ("Qwen3VL").
     """
-    for name, (_, inner) in _ARCHITECTURES.items():
+    for name in SUPPORTED_ARCHITECTURES:
         stem = name
         for suffix in _SHORT_SUFFIXES:
             stem = stem.removesuffix(suffix)
         if arch in (name, stem):
-            return inner
+            return get_registration(name).text_architecture
     raise ValueError(
         f"unsupported architecture {arch!r}; supported architectures: "
         + ", ".join(SUPPORTED_ARCHITECTURES)
@@ -153,7 +142,7 @@ def load_pretrained_config(checkpoint_dir: str | Path) -> Any:
 
     raw = read_config_dict(checkpoint_dir)
     arch = resolve_architecture(raw)
-    class_name = _ARCHITECTURES[arch][0]
+    class_name = get_registration(arch).config_class
     config_cls = getattr(transformers, class_name, None)
     if config_cls is None:
         raise ValueError(

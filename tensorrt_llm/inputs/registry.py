@@ -1,15 +1,18 @@
-"""Input-processor registry: HF architecture name -> the class that turns prompts into tokens.
+"""Input processors by HF architecture name: the class that turns prompts into tokens.
 
-Model modules register their processors when imported; `create_input_processor` imports the
-module that owns an architecture on first use, so nothing heavy loads up front.
+Model classes register their processors (`register_auto_model`, in the one registry of
+`_torch/model_registry.py`); `create_input_processor` imports the module that registers an
+architecture on first use, so nothing heavy loads up front.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
+
+from .._torch.model_registry import SUPPORTED_ARCHITECTURES, RegistryView
 
 # render_chat is re-exported: the model input processors import it from here.
 from .chat_tokenize import render_chat, tokenize_chat  # noqa: F401
@@ -24,34 +27,10 @@ class InputProcessor(Protocol):
     def __call__(self, inputs: Any, sampling_params: Any = None) -> tuple[list[int], dict]: ...
 
 
-INPUT_PROCESSOR_REGISTRY: dict[str, type] = {}
-
-_QWEN2VL = "tensorrt_llm._torch.models.modeling_qwen2vl"
-_QWEN3VL = "tensorrt_llm._torch.models.modeling_qwen3vl"
-# The module whose import registers each architecture's processor.
-_LAZY_MODULES: dict[str, str] = {
-    "Qwen2VLForConditionalGeneration": _QWEN2VL,
-    "Qwen2_5_VLForConditionalGeneration": _QWEN2VL,
-    "Qwen3VLForConditionalGeneration": _QWEN3VL,
-    "Qwen3VLMoeForConditionalGeneration": _QWEN3VL,
-    "Qwen3_5ForConditionalGeneration": _QWEN3VL,
-    "Qwen3_5MoeForConditionalGeneration": _QWEN3VL,
-    "QwenImageBenchForConditionalGeneration": _QWEN3VL,
-}
-
-
-def register_input_processor(processor_cls: type, *names: str) -> type:
-    """Register `processor_cls` for each HF architecture name; returns the class."""
-    if not names:
-        raise ValueError("register_input_processor needs at least one architecture name")
-    for name in names:
-        current = INPUT_PROCESSOR_REGISTRY.get(name)
-        if current is not None and current is not processor_cls:
-            raise ValueError(
-                f"architecture {name!r} already has input processor {current.__name__}"
-            )
-        INPUT_PROCESSOR_REGISTRY[name] = processor_cls
-    return processor_cls
+# architecture -> input processor class: a view of the one model registry, where each model
+# class registers its processor (`register_auto_model`). Looking an architecture up imports
+# the model module that registers it.
+INPUT_PROCESSOR_REGISTRY: Mapping[str, type] = RegistryView(lambda r: r.input_processor_cls)
 
 
 def load_hf_config(model_path: str | Path, trust_remote_code: bool = False) -> Any:
@@ -93,14 +72,12 @@ def _architecture(model_path: str | Path, config: Any | None) -> str | None:
 
 def get_input_processor_class(architecture: str | None, config: Any | None = None) -> type:
     """Registered class for an architecture; text-only checkpoints fall back to text."""
-    if architecture in _LAZY_MODULES and architecture not in INPUT_PROCESSOR_REGISTRY:
-        importlib.import_module(_LAZY_MODULES[architecture])
-    if architecture in INPUT_PROCESSOR_REGISTRY:
+    if architecture is not None and architecture in INPUT_PROCESSOR_REGISTRY:
         return INPUT_PROCESSOR_REGISTRY[architecture]
     if config is not None and getattr(config, "vision_config", None) is not None:
         raise ValueError(
             f"no input processor registered for multimodal architecture {architecture!r}; "
-            f"known: {sorted(set(INPUT_PROCESSOR_REGISTRY) | set(_LAZY_MODULES))}"
+            f"known: {sorted(SUPPORTED_ARCHITECTURES)}"
         )
     return TextInputProcessor
 
@@ -160,13 +137,3 @@ def dummy_text_ids(tokenizer: Any, num_tokens: int) -> list[int]:
         raise ValueError(f"num_tokens must be positive, got {num_tokens}")
     ids = tokenizer.encode(" hello", add_special_tokens=False) or [0]
     return (ids * (num_tokens // len(ids) + 1))[:num_tokens]
-
-
-for _name in (
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM",
-    "Qwen3_5ForCausalLM",
-    "Qwen3_5MoeForCausalLM",
-):
-    register_input_processor(TextInputProcessor, _name)

@@ -2,34 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
-
 from torch import nn
 
-from .modeling_utils import MODEL_CLASS_MAPPING
-
-# Importing these modules registers their classes (registries, not if-chains).
-_MODEL_MODULES = (
-    "modeling_qwen2",
-    "modeling_qwen3",
-    "modeling_qwen2vl",
-    "modeling_qwen3vl",
-    "modeling_qwen3vl_moe",
-    "modeling_qwen3_moe",
-    "modeling_qwen3_next",
-    "modeling_qwen3_5",
-)
+from ..model_registry import get_registration, import_all_registrations
 
 
 def import_all_models() -> dict[str, type[nn.Module]]:
-    for name in _MODEL_MODULES:
-        importlib.import_module(f"{__package__}.{name}")
-    return MODEL_CLASS_MAPPING
+    """Every supported architecture's model class (importing the modules that register them)."""
+    return {arch: reg.model_cls for arch, reg in import_all_registrations().items()}
 
 
 def get_model_class(architecture: str) -> type[nn.Module]:
-    mapping = import_all_models()
-    cls = mapping.get(architecture)
-    if cls is None:
-        raise ValueError(f"unsupported architecture {architecture!r}; supported: {sorted(mapping)}")
+    cls: type[nn.Module] = get_registration(architecture).model_cls
     return cls

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 import torch
 from torch import nn
 
+from ...inputs.registry import TextInputProcessor
 from ..attention_backend import AttentionMetadata
 from ..modules.attention import Attention
 from ..modules.embedding import Embedding, LMHead
@@ -330,7 +331,9 @@ class Qwen2TextForCausalLM(nn.Module):
         load_hf_weights(self, weights, rename=rename, optional=optional)
 
 
-@register_auto_model("Qwen2ForCausalLM")
+@register_auto_model(
+    "Qwen2ForCausalLM", input_processor=TextInputProcessor, config_class="Qwen2Config"
+)
 class Qwen2ForCausalLM(Qwen2TextForCausalLM):
     def __init__(self, model_config: ModelConfig) -> None:
         super().__init__(

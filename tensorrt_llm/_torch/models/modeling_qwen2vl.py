@@ -6,7 +6,7 @@ from __future__ import annotations
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
 from .modeling_qwen2 import Qwen2TextForCausalLM
 
-# Importing the input processors registers them and keeps TensorRT-LLM's import path
+# The input processors, registered with the models below, under TensorRT-LLM's import path
 # (`modeling_qwen2vl.Qwen2VLInputProcessorBase`).
 from .modeling_qwen2vl_inputs import (  # noqa: F401
     MM_PROCESSOR_KWARGS,
@@ -20,7 +20,13 @@ from .modeling_utils import register_auto_model
 from .qwen_vl_mrope import _prepare_qwen_vl_mrope_config, apply_generation_deltas  # noqa: F401
 
 
-@register_auto_model("Qwen2VLForConditionalGeneration")
+@register_auto_model(
+    "Qwen2VLForConditionalGeneration",
+    input_processor=Qwen2VLInputProcessorBase,
+    config_class="Qwen2VLConfig",
+    text_architecture="Qwen2ForCausalLM",
+    supports_piecewise=True,
+)
 class Qwen2VLModel(QwenVLModelBase):
     """Qwen2-VL: Qwen2 text stack with contiguous mRoPE sections + the Qwen2-VL tower."""
 
@@ -29,7 +35,13 @@ class Qwen2VLModel(QwenVLModelBase):
     multimodal_data_device_paths = compose_device_paths(VISION_DEVICE_PATHS)
 
 
-@register_auto_model("Qwen2_5_VLForConditionalGeneration")
+@register_auto_model(
+    "Qwen2_5_VLForConditionalGeneration",
+    input_processor=Qwen2_5VLInputProcessorBase,
+    config_class="Qwen2_5_VLConfig",
+    text_architecture="Qwen2ForCausalLM",
+    supports_piecewise=True,
+)
 class Qwen2_5_VLModel(QwenVLModelBase):
     """Qwen2.5-VL: as Qwen2-VL, with the window-attention tower and timed video positions."""
 

@@ -1,8 +1,8 @@
 """Input processors of Qwen2-VL and Qwen2.5-VL: prompts and media -> token ids, pixels, grids,
 placeholder spans and the mRoPE config. Qwen3-VL / Qwen3.5 subclass them (modeling_qwen3vl.py).
 
-Registered for their architectures on import; modeling_qwen2vl.py re-exports them under
-TensorRT-LLM's module path.
+The model classes register them (`register_auto_model` in modeling_qwen2vl.py, which also
+re-exports them under TensorRT-LLM's module path).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from ...inputs.multimodal import spans_data
 from ...inputs.registry import (
     load_hf_config,
     load_tokenizer,
-    register_input_processor,
     render_chat,
 )
 from ...inputs.utils import (
@@ -366,7 +365,3 @@ class Qwen2_5VLInputProcessorBase(Qwen2_5VLRopeIndexMixin, Qwen2VLInputProcessor
 
     video_needs_timing: ClassVar[bool] = True
     emits_second_per_grid_ts: ClassVar[bool] = True
-
-
-register_input_processor(Qwen2VLInputProcessorBase, "Qwen2VLForConditionalGeneration")
-register_input_processor(Qwen2_5VLInputProcessorBase, "Qwen2_5_VLForConditionalGeneration")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from ...inputs.registry import TextInputProcessor
 from .modeling_qwen2 import Qwen2Model, Qwen2TextForCausalLM
 from .modeling_utils import ModelConfig, register_auto_model
 
@@ -24,7 +25,9 @@ class Qwen3TextForCausalLM(Qwen2TextForCausalLM):
     model_cls: ClassVar[type[Qwen2Model]] = Qwen3Model
 
 
-@register_auto_model("Qwen3ForCausalLM")
+@register_auto_model(
+    "Qwen3ForCausalLM", input_processor=TextInputProcessor, config_class="Qwen3Config"
+)
 class Qwen3ForCausalLM(Qwen3TextForCausalLM):
     def __init__(self, model_config: ModelConfig) -> None:
         super().__init__(

@@ -11,14 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...inputs.registry import TextInputProcessor
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
 from .modeling_qwen3_next import Qwen3_5MoeTextForCausalLM, Qwen3_5TextForCausalLM
+from .modeling_qwen3vl import Qwen3VLInputProcessorBase
 from .modeling_qwen3vl_vision import Qwen3VisionModel
 from .modeling_qwen_vl_base import QwenVLModelBase
 from .modeling_utils import ModelConfig, register_auto_model
 
 
-@register_auto_model("Qwen3_5ForConditionalGeneration")
+@register_auto_model(
+    "Qwen3_5ForConditionalGeneration",
+    input_processor=Qwen3VLInputProcessorBase,
+    config_class="Qwen3_5Config",
+    text_architecture="Qwen3_5ForCausalLM",
+)
 class Qwen3_5VLModel(QwenVLModelBase):
     """Qwen3.5 / Qwen3.6 dense: hybrid text stack, Qwen3-VL tower, no deepstack."""
 
@@ -28,7 +35,12 @@ class Qwen3_5VLModel(QwenVLModelBase):
     has_deepstack = False
 
 
-@register_auto_model("Qwen3_5MoeForConditionalGeneration")
+@register_auto_model(
+    "Qwen3_5MoeForConditionalGeneration",
+    input_processor=Qwen3VLInputProcessorBase,
+    config_class="Qwen3_5MoeConfig",
+    text_architecture="Qwen3_5MoeForCausalLM",
+)
 class Qwen3_5MoeVLModel(QwenVLModelBase):
     """Qwen3.5 / Qwen3.6 MoE: hybrid text stack with MoE layers, no deepstack."""
 
@@ -38,7 +50,13 @@ class Qwen3_5MoeVLModel(QwenVLModelBase):
     has_deepstack = False
 
 
-@register_auto_model("QwenImageBenchForConditionalGeneration")
+# NOTE: config_utils routes image-bench checkpoints here by their vision model_type.
+@register_auto_model(
+    "QwenImageBenchForConditionalGeneration",
+    input_processor=Qwen3VLInputProcessorBase,
+    config_class="Qwen3_5Config",
+    text_architecture="Qwen3_5ForCausalLM",
+)
 class QwenImageBenchModel(QwenVLModelBase):
     """Image-bench checkpoints: the Qwen3.5 dense model under its own route."""
 
@@ -56,14 +74,20 @@ def _text_kwargs(model_config: ModelConfig) -> dict[str, Any]:
     }
 
 
-@register_auto_model("Qwen3_5ForCausalLM")
+@register_auto_model(
+    "Qwen3_5ForCausalLM", input_processor=TextInputProcessor, config_class="Qwen3_5TextConfig"
+)
 class Qwen3_5ForCausalLM(Qwen3_5TextForCausalLM):
     def __init__(self, model_config: ModelConfig) -> None:
         super().__init__(model_config.pretrained_config, **_text_kwargs(model_config))
         self.model_config = model_config
 
 
-@register_auto_model("Qwen3_5MoeForCausalLM")
+@register_auto_model(
+    "Qwen3_5MoeForCausalLM",
+    input_processor=TextInputProcessor,
+    config_class="Qwen3_5MoeTextConfig",
+)
 class Qwen3_5MoeForCausalLM(Qwen3_5MoeTextForCausalLM):
     def __init__(self, model_config: ModelConfig) -> None:
         super().__init__(model_config.pretrained_config, **_text_kwargs(model_config))

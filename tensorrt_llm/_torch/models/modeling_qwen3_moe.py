@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ...inputs.registry import TextInputProcessor
 from ..modules.fused_moe import MoE, convert_hf_expert_weights
 from .modeling_qwen2 import Qwen2Model
 from .modeling_qwen3 import Qwen3Model, Qwen3TextForCausalLM
@@ -59,7 +60,9 @@ class Qwen3MoeTextForCausalLM(Qwen3TextForCausalLM):
         super().load_weights(named)
 
 
-@register_auto_model("Qwen3MoeForCausalLM")
+@register_auto_model(
+    "Qwen3MoeForCausalLM", input_processor=TextInputProcessor, config_class="Qwen3MoeConfig"
+)
 class Qwen3MoeForCausalLM(Qwen3MoeTextForCausalLM):
     def __init__(self, model_config: ModelConfig) -> None:
         super().__init__(

@@ -6,7 +6,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ...inputs.registry import register_input_processor
 from .modeling_qwen2vl import Qwen2VLInputProcessorBase
 from .qwen_vl_media import sample_indices_qwen3
 from .qwen_vl_rope_index import Qwen3VLRopeIndexMixin
@@ -68,15 +67,6 @@ class Qwen3VLInputProcessorBase(Qwen3VLRopeIndexMixin, Qwen2VLInputProcessorBase
         return self._timestamp_ids[text]
 
 
-register_input_processor(
-    Qwen3VLInputProcessorBase,
-    "Qwen3VLForConditionalGeneration",
-    "Qwen3VLMoeForConditionalGeneration",
-    "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration",
-    "QwenImageBenchForConditionalGeneration",
-)
-
 # ===================== models (Qwen3VLModel) =====================
 
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths  # noqa: E402
@@ -86,7 +76,13 @@ from .modeling_qwen_vl_base import QwenVLModelBase  # noqa: E402
 from .modeling_utils import register_auto_model  # noqa: E402
 
 
-@register_auto_model("Qwen3VLForConditionalGeneration")
+@register_auto_model(
+    "Qwen3VLForConditionalGeneration",
+    input_processor=Qwen3VLInputProcessorBase,
+    config_class="Qwen3VLConfig",
+    text_architecture="Qwen3ForCausalLM",
+    supports_piecewise=True,
+)
 class Qwen3VLModel(QwenVLModelBase):
     """Qwen3-VL: Qwen3 text stack with interleaved mRoPE, the Qwen3-VL tower and deepstack."""
 

@@ -1,30 +1,68 @@
-"""Model registry and the frozen ModelConfig every model is built from."""
+"""`register_auto_model`, the one registration of a model class, and the frozen ModelConfig
+every model is built from."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 import torch
 from torch import nn
 
-# architecture name (HF `architectures[0]`) -> model class
-MODEL_CLASS_MAPPING: dict[str, type[nn.Module]] = {}
+from ..model_registry import ModelRegistration, RegistryView, add_registration
+
+# architecture name (HF `architectures[0]`) -> model class: a view of the one registry.
+MODEL_CLASS_MAPPING: Mapping[str, type[Any]] = RegistryView(lambda r: r.model_cls)
 
 _M = TypeVar("_M", bound=type[nn.Module])
 
 
-def register_auto_model(name: str) -> Callable[[_M], _M]:
-    """Class decorator: register a model class under an HF architecture name."""
+def register_auto_model(
+    name: str,
+    *aliases: str,
+    input_processor: type[Any],
+    config_class: str,
+    text_architecture: str | None = None,
+    supports_piecewise: bool = False,
+) -> Callable[[_M], _M]:
+    """Class decorator: register a model class, with everything served along with it.
+
+    `name` (and any `aliases`) are HF architecture names; `input_processor` turns prompts into
+    tokens (`TextInputProcessor` for text LLMs); `config_class` is the transformers config class
+    that reads config.json; `text_architecture` is the registered causal LM of the text stack
+    (default: `name`, a text LLM). `supports_piecewise` becomes the class attribute the
+    piecewise prefill graph runner reads (True only for dense full-attention Qwen-VL models).
+    """
 
     def wrap(cls: _M) -> _M:
-        if name in MODEL_CLASS_MAPPING and MODEL_CLASS_MAPPING[name] is not cls:
-            raise ValueError(f"architecture {name!r} is already registered")
-        MODEL_CLASS_MAPPING[name] = cls
+        if "supports_piecewise" in vars(cls):
+            raise ValueError(
+                f"{cls.__name__} sets supports_piecewise itself; pass it to register_auto_model"
+            )
+        add_registration(
+            *(
+                ModelRegistration(
+                    architecture=arch,
+                    model_cls=cls,
+                    input_processor_cls=input_processor,
+                    config_class=config_class,
+                    text_architecture=text_architecture or name,
+                )
+                for arch in (name, *aliases)
+            )
+        )
+        # NOTE: set after the registrations so a refused one leaves the class untouched.
+        cast(Any, cls).supports_piecewise = supports_piecewise  # RegisteredModel
         return cls
 
     return wrap
+
+
+class RegisteredModel(Protocol):
+    """What `register_auto_model` adds to a model class."""
+
+    supports_piecewise: ClassVar[bool]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tensorrt_llm._torch import config_utils as cu
+from tensorrt_llm._torch.model_registry import get_registration
 from tensorrt_llm.tools.tiny_checkpoint import TINY_FAMILIES, build_config_dict
 
 EXPECTED_ROUTE = {
@@ -38,7 +39,7 @@ def test_routes_and_loads(tmp_path: Path, family: str) -> None:
     assert cu.resolve_architecture(raw) == EXPECTED_ROUTE[family]
     assert cu.is_qwen_image_bench_config(raw) == (family == "qwen_image_bench")
     config = cu.load_pretrained_config(_write_config(tmp_path, raw))
-    assert type(config).__name__ == cu._ARCHITECTURES[EXPECTED_ROUTE[family]][0]
+    assert type(config).__name__ == get_registration(EXPECTED_ROUTE[family]).config_class
     # The route survives loading, although transformers renames the legacy vision model_type.
     assert cu.resolve_architecture(config) == EXPECTED_ROUTE[family]
     assert cu.resolve_architecture(config.to_dict()) == EXPECTED_ROUTE[family]
