@@ -120,6 +120,8 @@ class QwenVLModelBase(nn.Module):
     multimodal_data_device_paths: ClassVar[list[str]] = compose_device_paths(VISION_DEVICE_PATHS)
     has_deepstack: ClassVar[bool] = False
     uses_mrope: ClassVar[bool] = True  # `EngineModel` capability
+    # Set by `register_auto_model(..., supports_piecewise=)` on each registered class.
+    supports_piecewise: ClassVar[bool] = False
     # A buffer (registered in __init__), declared so its reads type as a tensor.
     mrope_position_deltas_cache: torch.Tensor
 
@@ -389,6 +391,8 @@ class QwenVLModelBase(nn.Module):
         for i, layer in enumerate(stack.layers):
             if not isinstance(layer, Qwen2DecoderLayer) or type(layer.mlp) is not GatedMLP:
                 return f"layer {i} ({type(layer).__name__}) is not a dense full-attention layer"
+        if not self.supports_piecewise:
+            return f"{type(self).__name__} is not registered with supports_piecewise=True"
         return ""
 
     def as_piecewise(self) -> PiecewiseModel | None:

@@ -92,6 +92,15 @@ def test_eligible_models(family: str, reason: str, tmp_path: Path) -> None:
     assert (got == "") if not reason else (reason in got)
 
 
+def test_a_dense_vl_class_needs_its_registration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _model("qwen2_5_vl", tmp_path)
+    assert model.as_piecewise() is model
+    monkeypatch.setattr(type(model), "supports_piecewise", False)
+    assert "supports_piecewise" in why_not_piecewise(model) and model.as_piecewise() is None
+
+
 class _EagerPieces:
     """A replay without graphs: static inputs padded to a bucket (the stale rows filled with
     NaN: any kernel that mixed rows would poison the real ones), the stack run with every
