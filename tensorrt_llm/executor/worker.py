@@ -83,7 +83,7 @@ def _build(args: Any) -> Any:
     processor = create_input_processor(
         args.model, tokenizer=tokenizer, trust_remote_code=args.trust_remote_code
     )
-    return create_py_executor(args, processor)
+    return create_py_executor(args.to_engine_config(), processor)
 
 
 class _EngineWorker:

@@ -99,7 +99,7 @@ class LLM:
             # Imported here: building the executor pulls in the model code.
             from .._torch.pyexecutor.py_executor_creator import create_py_executor
 
-            self._executor = create_py_executor(self.args, self.input_processor)
+            self._executor = create_py_executor(self.args.to_engine_config(), self.input_processor)
         self._max_seq_len: int = self._executor.max_seq_len
         self._preparer = InputPreparer(
             self.args, self._tokenizer, self.input_processor, self._max_seq_len

@@ -2,8 +2,9 @@
 
 Every field is validated in `__post_init__` with a ValueError that names the field, and
 `LlmArgs.from_kwargs` rejects unknown keyword arguments, listing the valid ones. The object is
-frozen: the engine reads it, nobody mutates it (resolve derived values with the `resolve_*`
-helpers instead of writing them back).
+frozen: nobody mutates it. `to_engine_config()` resolves it, with the checkpoint's config, into
+the engine's frozen `EngineConfig` (`_torch/pyexecutor/engine_config.py`), the one object
+`create_py_executor` reads; the `resolve_*` helpers are its steps.
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ from typing import Any
 
 import torch
 
+from .._torch.attention_backend import ATTENTION_BACKENDS
 from .._torch.attention_backend.interface import FLASH_ATTN_PAGE_MULTIPLE
+from .._torch.pyexecutor.capacity import batch_size_cap
+from .._torch.pyexecutor.engine_config import CudaGraphConfig, EngineConfig
+from .._torch.pyexecutor.engine_config import check_int as _check_int
 from ..inputs.validation import check_mm_processor_kwargs
 
 DTYPES: dict[str, torch.dtype | None] = {
@@ -46,67 +51,9 @@ DEFAULT_MAX_SEQ_LEN_CAP = 8192
 FALLBACK_MAX_SEQ_LEN = 4096
 
 
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
 def _check_choice(name: str, value: Any, choices: Sequence[str | None]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-
-
-@dataclass(frozen=True)
-class CudaGraphConfig:
-    """Decode CUDA graphs (CUDA with the triton attention backend; ignored on the CPU).
-
-    `batch_sizes`: the batch sizes to capture (None: 1, 2, 4, 8, 16, 24, 32, 48, ... up to
-    `max_batch_size`, which is included). `max_batch_size`: the largest size captured when
-    `batch_sizes` is None (None: `LlmArgs.max_batch_size`). `enable_padding`: a batch runs in
-    the smallest captured graph that holds it, its extra rows padded; False replays only
-    exact sizes and runs other batches eagerly. `LlmArgs.cuda_graph_config=None` turns graphs
-    off.
-
-    `piecewise_max_tokens`: also capture steps with context chunks (prefill and mixed) of up
-    to this many tokens, as piecewise graphs per token bucket with the attention run eagerly
-    between them (`pyexecutor/piecewise_graph_runner.py`); their pool takes memory beside the
-    KV cache. None (the default): up to min(2048, max_num_tokens) tokens on dense Qwen-VL
-    models, off (with a log line saying why) on the others. 0: off. A positive value on a
-    model that cannot run them is an error.
-    """
-
-    batch_sizes: list[int] | None = None
-    max_batch_size: int | None = None
-    enable_padding: bool = True
-    piecewise_max_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        sizes = self.batch_sizes
-        if sizes is not None:
-            if not isinstance(sizes, list | tuple) or not sizes:
-                raise ValueError(
-                    f"cuda_graph_config.batch_sizes must be a non-empty list, got {sizes!r}"
-                )
-            for b in sizes:
-                _check_int("cuda_graph_config.batch_sizes entry", b, 1)
-        _check_int("cuda_graph_config.max_batch_size", self.max_batch_size, 1, allow_none=True)
-        if not isinstance(self.enable_padding, bool):
-            raise ValueError(
-                f"cuda_graph_config.enable_padding must be a bool, got {self.enable_padding!r}"
-            )
-        _check_int(
-            "cuda_graph_config.piecewise_max_tokens", self.piecewise_max_tokens, 0, allow_none=True
-        )
-
-    def largest(self, engine_max_batch_size: int) -> int:
-        """The biggest batch a graph is captured for."""
-        if self.batch_sizes is not None:
-            return max(self.batch_sizes)
-        return self.max_batch_size or engine_max_batch_size
 
 
 @dataclass(frozen=True)
@@ -302,6 +249,75 @@ class LlmArgs:
         if not config_max_position_embeddings:
             return FALLBACK_MAX_SEQ_LEN
         return min(int(config_max_position_embeddings), DEFAULT_MAX_SEQ_LEN_CAP)
+
+    def resolve_attn_backend(self, device: torch.device) -> str:
+        """'auto' is the Triton backend on CUDA and the torch reference on the CPU."""
+        if self.attn_backend == "flash_attn" and device.type != "cuda":
+            raise ValueError(f"attn_backend 'flash_attn' runs on CUDA only, not on {device}")
+        if self.attn_backend != "auto":
+            return self.attn_backend
+        if device.type == "cuda" and "triton" in ATTENTION_BACKENDS:
+            return "triton"
+        return "vanilla"
+
+    def to_engine_config(self) -> EngineConfig:
+        """Resolve these arguments against the checkpoint's config, once, for the engine.
+
+        Runs where the engine runs (the engine process in process mode): the device and the
+        dtype depend on that machine.
+        """
+        # Imported here: transformers and the graph runner are the engine's, not the front
+        # end's (preprocess workers unpickle LlmArgs without them).
+        from .._torch.config_utils import load_pretrained_config, resolve_architecture
+        from .._torch.pyexecutor.cuda_graph_runner import graph_batch_sizes
+
+        config = load_pretrained_config(self.model)
+        text_config = getattr(config, "text_config", None) or config
+        device = self.resolve_device()
+        dtype = self.resolve_dtype(
+            getattr(config, "dtype", None) or getattr(text_config, "dtype", None)
+        )
+        attn_backend = self.resolve_attn_backend(device)
+        cap = batch_size_cap(self.max_batch_size, device)
+        # NOTE: the vanilla backend syncs (boolean masks), so it cannot be captured.
+        graphs = self.cuda_graph_config
+        if device.type != "cuda" or attn_backend == "vanilla":
+            graphs = None
+        # The decode graph sizes are known now unless they follow a batch sized at startup.
+        sizes: tuple[int, ...] | None = None
+        if graphs is not None and not (
+            self.max_batch_size is None
+            and graphs.batch_sizes is None
+            and graphs.max_batch_size is None
+        ):
+            sizes = tuple(graph_batch_sizes(graphs, cap))
+        return EngineConfig(
+            checkpoint_dir=self.model,
+            architecture=resolve_architecture(config),
+            pretrained_config=config,
+            device=device,
+            dtype=dtype,
+            kv_cache_dtype=self.resolve_kv_cache_dtype(dtype),
+            max_seq_len=self.resolve_max_seq_len(
+                getattr(text_config, "max_position_embeddings", None)
+            ),
+            max_num_tokens=self.max_num_tokens,
+            tokens_per_block=self.tokens_per_block,
+            max_batch_size=self.max_batch_size,
+            batch_size_cap=cap,
+            kv_cache_free_gpu_memory_fraction=float(self.kv_cache_free_gpu_memory_fraction),
+            kv_cache_max_tokens=self.kv_cache_max_tokens,
+            attn_backend=attn_backend,
+            load_format=self.load_format,
+            seed=self.seed or 0,
+            quantization=self.quantization,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            disable_overlap_scheduler=self.disable_overlap_scheduler,
+            use_cuda_graph=graphs is not None,
+            cuda_graph_batch_sizes=sizes,
+            cuda_graph_padding_enabled=graphs.enable_padding if graphs is not None else False,
+            piecewise_max_tokens=graphs.piecewise_max_tokens if graphs is not None else 0,
+        )
 
 
 # Upstream name of the PyTorch-backend args.

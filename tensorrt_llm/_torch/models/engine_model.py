@@ -77,6 +77,11 @@ class EngineModel(Protocol):
         ...
 
     @property
+    def has_vision(self) -> bool:
+        """Has a vision tower (a `language_model_only` VL checkpoint has none)."""
+        ...
+
+    @property
     def vocab_size(self) -> int: ...
 
     @property

@@ -231,6 +231,7 @@ class Qwen2TextForCausalLM(nn.Module):
     # Capabilities the executor reads (`EngineModel`, engine_model.py).
     uses_mrope: ClassVar[bool] = False
     is_hybrid: ClassVar[bool] = False
+    has_vision: ClassVar[bool] = False
     multimodal_data_device_paths: ClassVar[list[str]] = []
 
     def __init__(

@@ -168,6 +168,10 @@ class QwenVLModelBase(nn.Module):
         )
 
     @property
+    def has_vision(self) -> bool:
+        return self.visual is not None
+
+    @property
     def is_hybrid(self) -> bool:
         return self.text_model_cls.is_hybrid
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     # torch's own name for a graph memory pool handle (torch/cuda/graphs.py imports it so too).
     from torch.cuda import _POOL_HANDLE
 
-    from ...llmapi.llm_args import CudaGraphConfig
+    from .engine_config import CudaGraphConfig
     from .model_engine import PyTorchModelEngine
 
 logger = logging.getLogger(__name__)

@@ -1,27 +1,26 @@
-"""create_py_executor: checkpoint folder + LlmArgs -> a running PyExecutor.
+"""create_py_executor: a resolved EngineConfig -> a running PyExecutor.
 
-Order matters: build the model (meta init, then weights), run the capacity probe with a
-text-only and a multimodal dummy request, size the KV cache from what is left, then start the loop.
+Order matters: build the model (meta init, then weights), capture the piecewise graphs, run the
+capacity probe with a text-only and a multimodal dummy request, size the KV cache from what is
+left, capture the decode graphs, then start the loop. Every knob comes from the frozen
+`EngineConfig` (`LlmArgs.to_engine_config()`): nothing here reads or resolves user arguments.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ...inputs.multimodal import MultimodalParams
-from ..attention_backend import ATTENTION_BACKENDS
-from ..config_utils import load_pretrained_config, resolve_architecture
 from ..models.modeling_auto import get_model_class
 from ..models.modeling_utils import ModelConfig
 from ..modules.linear import quantize_model_fp8_
 from ..weight_loading import build_model_on_meta, load_model
 from .capacity import (
     BatchSizing,
-    batch_size_cap,
     estimate_weight_bytes,
     recurrent_state_bytes_per_slot,
     size_from_kv,
@@ -29,6 +28,7 @@ from .capacity import (
     typical_request_tokens,
 )
 from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
+from .engine_config import CudaGraphConfig, EngineConfig
 from .kv_cache_creator import KVCacheSpec, choose_num_blocks, kv_bytes_per_token, run_capacity_probe
 from .model_engine import PyTorchModelEngine
 from .piecewise_graph_runner import (
@@ -43,18 +43,11 @@ from .resource_manager import SeqSlotManager
 from .sampler import TorchSampler
 from .scheduler import SimpleScheduler
 
-if TYPE_CHECKING:
-    from ...llmapi.llm_args import LlmArgs
-
 logger = logging.getLogger(__name__)
 
 # The text-only dummy is a full max_num_tokens prefill on GPU (that is what peaks memory);
 # on the CPU there is no device pool to measure, so a short one proves the route works.
 _CPU_TEXT_DUMMY_TOKENS = 32
-
-
-def _text_config(config: Any) -> Any:
-    return getattr(config, "text_config", None) or config
 
 
 def _dummy_requests(
@@ -87,17 +80,6 @@ def _dummy_requests(
     return dummies
 
 
-def _resolve_attn_backend(requested: str, device: torch.device) -> str:
-    """'auto' is the Triton backend on CUDA and the torch reference on the CPU."""
-    if requested == "flash_attn" and device.type != "cuda":
-        raise ValueError(f"attn_backend 'flash_attn' runs on CUDA only, not on {device}")
-    if requested != "auto":
-        return requested
-    if device.type == "cuda" and "triton" in ATTENTION_BACKENDS:
-        return "triton"
-    return "vanilla"
-
-
 @torch.no_grad()
 def _fill_dummy_weights(model: torch.nn.Module, seed: int) -> None:
     """Random weights at real sizes (benchmarks): small normal matrices, unit norms, zero biases.
@@ -128,122 +110,129 @@ def _build_model(
 
 
 def _presize_hybrid(
-    args: LlmArgs,
-    cls: type,
-    model_config: ModelConfig,
-    spec: KVCacheSpec,
-    text_config: Any,
-    max_seq_len: int,
-    device: torch.device,
+    config: EngineConfig, cls: type, model_config: ModelConfig, spec: KVCacheSpec
 ) -> BatchSizing | None:
     """Seq slots of a hybrid model on CUDA when max_batch_size is not given (see capacity.py);
     None for every other case."""
-    state = recurrent_state_bytes_per_slot(text_config, model_config.torch_dtype)
-    if args.max_batch_size is not None or device.type != "cuda" or not state:
+    state = recurrent_state_bytes_per_slot(config.text_config, model_config.torch_dtype)
+    if config.max_batch_size is not None or config.device.type != "cuda" or not state:
         return None
     torch.cuda.empty_cache()
-    free, _total = torch.cuda.mem_get_info(device)
+    free, _total = torch.cuda.mem_get_info(config.device)
     probe_config = replace(model_config, max_num_seq_slots=1)
     return size_hybrid_slots(
         model_config.max_num_seq_slots,
         free,
         estimate_weight_bytes(cls, probe_config),
-        args.kv_cache_free_gpu_memory_fraction,
+        config.kv_cache_free_gpu_memory_fraction,
         state,
         kv_bytes_per_token(spec),
-        typical_request_tokens(max_seq_len),
+        typical_request_tokens(config.max_seq_len),
     )
 
 
 def _final_sizing(
-    args: LlmArgs,
-    presized: BatchSizing | None,
-    num_slots: int,
-    num_blocks: int,
-    max_seq_len: int,
-    device: torch.device,
+    config: EngineConfig, presized: BatchSizing | None, num_slots: int, num_blocks: int
 ) -> BatchSizing:
-    if args.max_batch_size is not None:
-        return BatchSizing(args.max_batch_size, "max_batch_size")
+    if config.max_batch_size is not None:
+        return BatchSizing(config.max_batch_size, "max_batch_size")
     if presized is not None:
         return presized
-    if device.type != "cuda":
+    if config.device.type != "cuda":
         return BatchSizing(num_slots, "cpu default")
-    typical = typical_request_tokens(max_seq_len)
-    return size_from_kv(num_slots, num_blocks, args.tokens_per_block, typical)
+    typical = typical_request_tokens(config.max_seq_len)
+    return size_from_kv(num_slots, num_blocks, config.tokens_per_block, typical)
 
 
-def create_py_executor(args: LlmArgs, input_processor: Any) -> PyExecutor:
-    config = load_pretrained_config(args.model)
-    text_config = _text_config(config)
-    cls = get_model_class(resolve_architecture(config))
-    device = args.resolve_device()
-    dtype = args.resolve_dtype(
-        getattr(config, "dtype", None) or getattr(text_config, "dtype", None)
-    )
-    max_seq_len = args.resolve_max_seq_len(getattr(text_config, "max_position_embeddings", None))
-    attn_backend = _resolve_attn_backend(args.attn_backend, device)
-    kv_dtype = args.resolve_kv_cache_dtype(dtype)
-    spec = KVCacheSpec.from_text_config(text_config, kv_dtype)
+def _capture_piecewise(
+    config: EngineConfig, engine: PyTorchModelEngine
+) -> PiecewiseCUDAGraphRunner | None:
+    """The piecewise prefill/mixed graphs, captured now (before the KV cache is sized), or None."""
+    max_tokens = config.piecewise_max_tokens
+    if max_tokens is None:
+        # The default: on where the model can run them, measured faster for prefill and
+        # mixed steps up to ~2048 tokens (benchmarks/results/qwen3_vl_8b_h200.md, run 13).
+        reason = why_not_piecewise(engine.model)
+        if reason:
+            logger.info("piecewise CUDA graphs off: %s", reason)
+            return None
+        max_tokens = min(DEFAULT_PIECEWISE_MAX_TOKENS, config.max_num_tokens)
+    if not max_tokens:
+        return None
+    # A limit set explicitly on an ineligible model raises here (not a silent eager path).
+    # Captured before the KV cache is sized, so the graphs' memory pool is counted (no
+    # attention runs while capturing: it needs no KV cache). The capacity probe still runs
+    # eagerly: the runner joins the engine with the decode graphs.
+    piecewise = PiecewiseCUDAGraphRunner(engine, piecewise_token_buckets(max_tokens))
+    piecewise.capture_all()
+    return piecewise
+
+
+def _decode_graph_sizes(config: EngineConfig, sizing: BatchSizing) -> list[int]:
+    """The decode graph batch sizes: resolved up front, else the defaults up to the sized cap."""
+    max_batch_size = sizing.max_batch_size
+    if config.cuda_graph_batch_sizes is None:
+        return graph_batch_sizes(CudaGraphConfig(), max_batch_size)
+    sizes = list(config.cuda_graph_batch_sizes)
+    if max(sizes) > max_batch_size:  # only with a sized default
+        raise ValueError(
+            f"cuda_graph_config captures batch size {max(sizes)}, more than the "
+            f"{sizing.describe()}; give max_batch_size explicitly"
+        )
+    return sizes
+
+
+def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor:
+    """Build, probe, size and start the engine that `config` describes (returned started)."""
+    if not isinstance(config, EngineConfig):
+        raise TypeError(
+            "create_py_executor takes an EngineConfig (LlmArgs.to_engine_config()), got "
+            f"{type(config).__name__}"
+        )
+    device = config.device
+    text_config = config.text_config
+    cls = get_model_class(config.architecture)
+    spec = KVCacheSpec.from_text_config(text_config, config.kv_cache_dtype)
     model_config = ModelConfig(
-        pretrained_config=config,
-        torch_dtype=dtype,
-        attn_backend=attn_backend,
-        max_num_seq_slots=batch_size_cap(args.max_batch_size, device),
-        max_num_tokens=args.max_num_tokens,
-        checkpoint_dir=args.model,
+        pretrained_config=config.pretrained_config,
+        torch_dtype=config.dtype,
+        attn_backend=config.attn_backend,
+        max_num_seq_slots=config.batch_size_cap,
+        max_num_tokens=config.max_num_tokens,
+        checkpoint_dir=config.checkpoint_dir,
     )
-    presized = _presize_hybrid(args, cls, model_config, spec, text_config, max_seq_len, device)
+    presized = _presize_hybrid(config, cls, model_config, spec)
     if presized is not None:
         model_config = replace(model_config, max_num_seq_slots=presized.max_batch_size)
     num_slots = model_config.max_num_seq_slots
-    model = _build_model(cls, model_config, device, args.load_format, args.seed or 0)
-    if args.quantization == "fp8":
+    model = _build_model(cls, model_config, device, config.load_format, config.seed)
+    if config.quantization == "fp8":
         converted = quantize_model_fp8_(model)
         logger.info("fp8: quantised %d linear layers of the text decoder", converted)
     engine = PyTorchModelEngine(
         model,
         device,
-        max_num_tokens=args.max_num_tokens,
+        max_num_tokens=config.max_num_tokens,
         max_batch_size=num_slots,
-        max_seq_len=max_seq_len,
-        tokens_per_block=args.tokens_per_block,
+        max_seq_len=config.max_seq_len,
+        tokens_per_block=config.tokens_per_block,
     )
-    graphs = args.cuda_graph_config
-    piecewise = None
-    if device.type == "cuda" and graphs is not None and attn_backend != "vanilla":
-        max_tokens = graphs.piecewise_max_tokens
-        if max_tokens is None:
-            # The default: on where the model can run them, measured faster for prefill and
-            # mixed steps up to ~2048 tokens (benchmarks/results/qwen3_vl_8b_h200.md, run 13).
-            reason = why_not_piecewise(engine.model)
-            if reason:
-                logger.info("piecewise CUDA graphs off: %s", reason)
-                max_tokens = 0
-            else:
-                max_tokens = min(DEFAULT_PIECEWISE_MAX_TOKENS, args.max_num_tokens)
-        if max_tokens:
-            # A limit set explicitly on an ineligible model raises here (not a silent eager
-            # path). Captured before the KV cache is sized, so the graphs' memory pool is counted
-            # (no attention runs while capturing: it needs no KV cache). The capacity probe
-            # still runs eagerly: the runner joins the engine with the decode graphs.
-            piecewise = PiecewiseCUDAGraphRunner(engine, piecewise_token_buckets(max_tokens))
-            piecewise.capture_all()
-    has_vision = getattr(model, "visual", None) is not None
-    dummies = _dummy_requests(input_processor, engine, max_seq_len, has_vision)
-    peak = run_capacity_probe(engine, spec, dummies, args.tokens_per_block)
+    piecewise = _capture_piecewise(config, engine) if config.use_cuda_graph else None
+    has_vision = engine.model.has_vision
+    dummies = _dummy_requests(input_processor, engine, config.max_seq_len, has_vision)
+    peak = run_capacity_probe(engine, spec, dummies, config.tokens_per_block)
     activation = max(0, peak - torch.cuda.memory_allocated(device)) if peak else 0
     num_blocks = choose_num_blocks(
         spec,
         device,
-        args.tokens_per_block,
+        config.tokens_per_block,
         num_slots,
         engine.max_blocks_per_seq,
-        args.kv_cache_free_gpu_memory_fraction,
-        args.kv_cache_max_tokens,
+        config.kv_cache_free_gpu_memory_fraction,
+        config.kv_cache_max_tokens,
         activation_peak_bytes=activation,
     )
-    sizing = _final_sizing(args, presized, num_slots, num_blocks, max_seq_len, device)
+    sizing = _final_sizing(config, presized, num_slots, num_blocks)
     max_batch_size = sizing.max_batch_size
     logger.info(
         "capacity probe: %d dummy requests ok, peak %.1f MiB (activations %.1f MiB); KV cache: "
@@ -252,34 +241,27 @@ def create_py_executor(args: LlmArgs, input_processor: Any) -> PyExecutor:
         peak / 2**20,
         activation / 2**20,
         num_blocks,
-        args.tokens_per_block,
+        config.tokens_per_block,
         sizing.describe(),
     )
-    kv = spec.make_manager(args.tokens_per_block, num_blocks, engine.max_blocks_per_seq, device)
+    kv = spec.make_manager(config.tokens_per_block, num_blocks, engine.max_blocks_per_seq, device)
     engine.set_kv_cache_manager(kv)
     # NOTE: the engine and the model keep `num_slots` rows (the dummy slot is the last one);
     # the scheduler hands out only the first `max_batch_size` of them.
     slots = SeqSlotManager(max_batch_size)
     scheduler = SimpleScheduler(
-        max_batch_size, args.max_num_tokens, args.enable_chunked_prefill, kv, slots
+        max_batch_size, config.max_num_tokens, config.enable_chunked_prefill, kv, slots
     )
-    vocab_size = int(getattr(model, "vocab_size", None) or text_config.vocab_size)
-    sampler = TorchSampler(vocab_size, device)
-    if device.type == "cuda" and graphs is not None and attn_backend != "vanilla":
-        if graphs.largest(max_batch_size) > max_batch_size:  # only with a sized default
-            raise ValueError(
-                f"cuda_graph_config captures batch size {graphs.largest(max_batch_size)}, more "
-                f"than the {sizing.describe()}; give max_batch_size explicitly"
-            )
-        # NOTE: the vanilla backend syncs (boolean masks), so it cannot be captured.
+    sampler = TorchSampler(engine.vocab_size, device)
+    if config.use_cuda_graph:
         engine.cuda_graph_runner = CUDAGraphRunner(
-            engine, graph_batch_sizes(graphs, max_batch_size), graphs.enable_padding
+            engine, _decode_graph_sizes(config, sizing), config.cuda_graph_padding_enabled
         )
         engine.cuda_graph_runner.capture_all()
         engine.piecewise_graph_runner = piecewise
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    executor_cls = PyExecutor if args.disable_overlap_scheduler else OverlapPyExecutor
-    executor = executor_cls(engine, scheduler, sampler, kv, slots, max_seq_len)
+    executor_cls = PyExecutor if config.disable_overlap_scheduler else OverlapPyExecutor
+    executor = executor_cls(engine, scheduler, sampler, kv, slots, config.max_seq_len)
     executor.start()
     return executor

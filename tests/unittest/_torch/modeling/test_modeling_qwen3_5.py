@@ -352,7 +352,8 @@ def _hf_greedy(ckpt: Path, family: str, ids: list[int], steps: int) -> list[int]
 def _start_and_generate(ckpt: Path, device: str) -> tuple[list[int], list[int]]:
     """create_py_executor (runs the capacity probe), then one text-only request."""
     proc = create_input_processor(str(ckpt))
-    executor = py_executor_creator.create_py_executor(LlmArgs(model=str(ckpt), device=device), proc)
+    args = LlmArgs(model=str(ckpt), device=device)
+    executor = py_executor_creator.create_py_executor(args.to_engine_config(), proc)
     try:
         ids, extra = proc({"prompt": PROMPT}, None)
         params = MultimodalParams(extra.get("multimodal_data", {})) if extra else None

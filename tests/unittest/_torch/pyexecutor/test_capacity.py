@@ -119,7 +119,7 @@ def test_default_llm_args_size_the_batch_at_startup(tmp_path: Path) -> None:
     ckpt = str(write_tiny_checkpoint("qwen2_vl", tmp_path))
     assert LlmArgs(model=ckpt).max_batch_size is None
     proc = create_input_processor(ckpt)
-    executor = create_py_executor(LlmArgs(model=ckpt, device="cpu"), proc)
+    executor = create_py_executor(LlmArgs(model=ckpt, device="cpu").to_engine_config(), proc)
     try:
         assert executor.scheduler.max_batch_size == 8  # the CPU default
         assert executor.get_stats().num_total_seq_slots == 8
@@ -137,7 +137,7 @@ def test_gpu_default_batch_is_capacity_sized(tmp_path: Path) -> None:
     ckpt = str(write_tiny_checkpoint("qwen2_vl", tmp_path))
     proc = create_input_processor(ckpt)
     args = LlmArgs(model=ckpt, device="cuda", max_seq_len=1024)
-    executor = create_py_executor(args, proc)
+    executor = create_py_executor(args.to_engine_config(), proc)
     try:
         # A tiny model on a big GPU: the KV cache holds far more than 512 typical requests.
         assert executor.scheduler.max_batch_size == MAX_AUTO_BATCH_SIZE_CUDA
@@ -157,4 +157,4 @@ def test_too_short_max_seq_len_for_an_image_is_a_clear_error(tmp_path: Path) -> 
     proc = create_input_processor(ckpt)
     args = LlmArgs(model=ckpt, device="cpu", max_seq_len=17)
     with pytest.raises(ValueError, match="max_seq_len=17 cannot hold the smallest image prompt"):
-        create_py_executor(args, proc)
+        create_py_executor(args.to_engine_config(), proc)

@@ -21,7 +21,7 @@ FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "qwen3")
 def _start_and_generate(family: str, root: Path, device: str) -> list[int]:
     ckpt = str(write_tiny_checkpoint(family, root))
     proc = create_input_processor(ckpt)
-    executor = create_py_executor(LlmArgs(model=ckpt, device=device), proc)
+    executor = create_py_executor(LlmArgs(model=ckpt, device=device).to_engine_config(), proc)
     try:
         # The probe ran a decode step on a seq slot; every slot and block is free again.
         assert executor.kv_cache_manager.num_used_blocks == 0
