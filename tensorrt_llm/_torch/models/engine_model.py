@@ -51,13 +51,6 @@ class PiecewiseModel(Protocol):
         multimodal_params: Sequence[MultimodalParams] = (),
     ) -> StackInputs: ...
 
-    def forward_stack(
-        self,
-        attn_metadata: AttentionMetadata,
-        inputs: StackInputs,
-        return_context_logits: bool = False,
-    ) -> torch.Tensor: ...
-
     def compute_logits(
         self, hidden_states: torch.Tensor, attn_metadata: AttentionMetadata
     ) -> torch.Tensor: ...

@@ -21,7 +21,7 @@ from .scheduler import ScheduledRequests
 from .slot_state import SlotState
 
 if TYPE_CHECKING:
-    from ..models.engine_model import EngineModel, PiecewiseModel
+    from ..models.engine_model import EngineModel
     from .cuda_graph_runner import CUDAGraphRunner
     from .piecewise_graph_runner import PiecewiseCUDAGraphRunner
     from .resource_manager import KVCacheManager
@@ -71,7 +71,6 @@ class PyTorchModelEngine:
             tokens_per_block=tokens_per_block,
             max_blocks_per_seq=self.max_blocks_per_seq,
         )
-        self._piecewise_model: PiecewiseModel | None = self.model.as_piecewise()
 
     def set_kv_cache_manager(self, kv_cache_manager: KVCacheManager | None) -> None:
         self.kv_cache_manager = kv_cache_manager
@@ -91,20 +90,9 @@ class PyTorchModelEngine:
         runner = self.cuda_graph_runner
         if runner is not None and runner.can_run(batch):
             return runner.run(batch)
-        piecewise, model = self.piecewise_graph_runner, self._piecewise_model
-        if (
-            piecewise is not None
-            and model is not None
-            and batch.attn_metadata.num_contexts
-            and not batch.return_context_logits
-        ):
-            md = batch.attn_metadata
-            inputs = model.stack_inputs(
-                md, batch.input_ids, batch.position_ids, batch.multimodal_params
-            )
-            if piecewise.can_run(md, inputs):
-                return model.compute_logits(piecewise.run(md, inputs), md)
-            return model.forward_stack(md, inputs)
+        piecewise = self.piecewise_graph_runner
+        if piecewise is not None and piecewise.can_run(batch):
+            return piecewise.run(batch)
         return self.model.forward_batch(batch)
 
     def forward(

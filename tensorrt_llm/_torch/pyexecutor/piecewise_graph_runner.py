@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from ..attention_backend.interface import AttentionMetadata
 from ..attention_backend.piecewise import attention_handler
+from ..input_batch import InputBatch
 
 if TYPE_CHECKING:
     from ..models.engine_model import EngineModel
@@ -92,6 +93,7 @@ class PiecewiseCUDAGraphRunner:
                 f"piecewise token buckets {token_buckets} outside [1, max_num_tokens="
                 f"{engine.max_num_tokens}]"
             )
+        self.model = model
         spec = model.piecewise_stack()
         self.stack = spec.stack
         self.num_layers = spec.num_layers
@@ -121,8 +123,14 @@ class PiecewiseCUDAGraphRunner:
         i = bisect.bisect_left(self.buckets, num_tokens)
         return self.buckets[i] if i < len(self.buckets) else None
 
-    def can_run(self, attn_metadata: AttentionMetadata, inputs: StackInputs) -> bool:
-        return attn_metadata.num_contexts > 0 and self.bucket(attn_metadata.num_tokens) is not None
+    def can_run(self, batch: InputBatch) -> bool:
+        """A step with context requests whose tokens fit a bucket (last-token logits only)."""
+        md = batch.attn_metadata
+        return (
+            md.num_contexts > 0
+            and not batch.return_context_logits
+            and self.bucket(md.num_tokens) is not None
+        )
 
     # ------------------------------------------------------------------ capture
     def _stack_call(self, bucket: int) -> torch.Tensor:
@@ -204,7 +212,16 @@ class PiecewiseCUDAGraphRunner:
         self._deepstack_rows = max(self._deepstack_rows, num_tokens)
 
     @torch.inference_mode()
-    def run(self, attn_metadata: AttentionMetadata, inputs: StackInputs) -> torch.Tensor:
+    def run(self, batch: InputBatch) -> torch.Tensor:
+        """The step's logits: what comes before the stack (embeddings, vision tower, mRoPE
+        bookkeeping) eagerly, the stack as pieces, the LM head eagerly."""
+        md = batch.attn_metadata
+        inputs = self.model.stack_inputs(
+            md, batch.input_ids, batch.position_ids, batch.multimodal_params
+        )
+        return self.model.compute_logits(self.replay(md, inputs), md)
+
+    def replay(self, attn_metadata: AttentionMetadata, inputs: StackInputs) -> torch.Tensor:
         """The stack's final-normed hidden states `[num_tokens, hidden]` for this step."""
         num_tokens = attn_metadata.num_tokens
         bucket = self.bucket(num_tokens)

@@ -18,6 +18,7 @@ import tensorrt_llm
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.attention_backend.piecewise import attention_handler, run_attention
 from tensorrt_llm._torch.pyexecutor.piecewise_graph_runner import (
+    PiecewiseCUDAGraphRunner,
     piecewise_token_buckets,
     why_not_piecewise,
 )
@@ -105,22 +106,28 @@ class _EagerPieces:
     """A replay without graphs: static inputs padded to a bucket (the stale rows filled with
     NaN: any kernel that mixed rows would poison the real ones), the stack run with every
     attention call answered by the backend on the padded q/k/v and the live metadata, as
-    `PiecewiseCUDAGraphRunner.run` does between pieces."""
+    `PiecewiseCUDAGraphRunner.replay` does between pieces. The runner's own `can_run` and `run`
+    (the InputBatch side: stack inputs, replay, LM head) are used as they are."""
+
+    can_run = PiecewiseCUDAGraphRunner.can_run
+    run = PiecewiseCUDAGraphRunner.run
 
     def __init__(self, model, bucket: int) -> None:
+        self.model = model.as_piecewise()
         self.stack = model.llm.model
-        self.bucket = bucket
+        self.size = bucket
         self.runs = 0
         self.attention_calls = 0
         self.deepstack_runs = 0
 
-    def can_run(self, md, inputs) -> bool:
-        return md.num_contexts > 0
+    def bucket(self, num_tokens: int) -> int | None:
+        return self.size if num_tokens <= self.size else None
 
-    def run(self, md, inputs) -> torch.Tensor:
+    def replay(self, md, inputs) -> torch.Tensor:
         n = md.num_tokens
-        embeds = torch.full((self.bucket, inputs.inputs_embeds.shape[1]), float("nan"))
-        cos_sin = torch.full((self.bucket, inputs.cos_sin.shape[1]), float("nan"))
+        like = inputs.inputs_embeds
+        embeds = torch.full((self.size, like.shape[1]), float("nan"), device=like.device)
+        cos_sin = torch.full((self.size, inputs.cos_sin.shape[1]), float("nan"), device=like.device)
         embeds[:n], cos_sin[:n] = inputs.inputs_embeds, inputs.cos_sin
         deepstack = None
         if inputs.deepstack_embeds is not None:
@@ -130,7 +137,7 @@ class _EagerPieces:
             self.deepstack_runs += 1
 
         def attend(backend, q, k, v, _capture_md):
-            assert q.shape[0] == self.bucket  # the pieces hand over padded q/k/v
+            assert q.shape[0] == self.size  # the pieces hand over padded q/k/v
             self.attention_calls += 1
             return backend.forward(q, k, v, md)
 
@@ -164,13 +171,13 @@ def test_padded_pieces_give_the_eager_tokens(family: str, tmp_path: Path) -> Non
         pieces = _EagerPieces(engine.model, bucket=96)
         engine.piecewise_graph_runner = pieces
         mixed = []
-        real_run = pieces.run
+        real_replay = pieces.replay
 
-        def run(md, inputs):
+        def replay(md, inputs):
             mixed.append(md.num_contexts > 0 and md.num_generations > 0)
-            return real_run(md, inputs)
+            return real_replay(md, inputs)
 
-        pieces.run = run
+        pieces.replay = replay
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == eager
     assert any(mixed)  # a mixed step went through the pieces
