@@ -29,6 +29,7 @@ from .input_buffers import InputBuffers
 from .llm_request import LlmRequest
 from .multimodal_checks import check_multimodal_request
 from .request_errors import RequestInputError
+from .request_lifecycle import sample_rows
 from .scheduler import ScheduledRequests
 
 if TYPE_CHECKING:
@@ -178,15 +179,12 @@ class InputBatchBuilder:
         mrope_ctx: list[tuple[int, torch.Tensor]] = []
         mm_params: list[MultimodalParams] = []
         media_rows: list[tuple[MultimodalRuntimeData, str, np.ndarray]] = []
-        sample_rows: list[int] = []
         seq_lens = np.ones(len(requests), dtype=np.int32)
         cached = np.zeros(len(requests), dtype=np.int32)
         offset = 0
         for i, req in enumerate(ctx):
             begin = req.context_current_position
             end = begin + req.context_chunk_size
-            if end >= req.prompt_len:
-                sample_rows.append(i)  # the chunk ends the prompt: this step gives a token
             ids_parts.append(req.prompt_token_array[begin:end])
             chunk_pos = self._context_positions(req, begin, end)
             if chunk_pos is not None:
@@ -217,7 +215,6 @@ class InputBatchBuilder:
                 block_table[gen_rows, past // tpb].astype(np.int64) * tpb + past % tpb
             )
             cached[num_ctx:] = past
-            sample_rows.extend(range(num_ctx, num_ctx + num_gen))
             offset += num_gen
         num_tokens = offset
         if num_tokens > self.max_num_tokens:
@@ -271,6 +268,6 @@ class InputBatchBuilder:
             input_ids=input_ids,
             position_ids=position_ids,
             multimodal_params=mm_params,
-            sample_rows=sample_rows,
+            sample_rows=sample_rows(scheduled),
             return_context_logits=return_context_logits,
         )

@@ -39,7 +39,7 @@ from .llm_request import (
     LlmRequest,
 )
 from .request_errors import run_isolated
-from .request_lifecycle import advance_context_chunks, apply_new_tokens, release_prefilled_media
+from .request_lifecycle import apply_step_results
 
 if TYPE_CHECKING:
     from .model_engine import PyTorchModelEngine
@@ -321,10 +321,7 @@ class PyExecutor:
     def _run_step(self, scheduled: ScheduledRequests) -> None:
         sampled, tokens = self._forward_and_sample(scheduled)
         host_tokens = self.sampler.to_host(tokens) if tokens is not None else []  # the one sync
-        release_prefilled_media(scheduled)
-        advance_context_chunks(scheduled)
-        if sampled:
-            apply_new_tokens(sampled, host_tokens)
+        apply_step_results(scheduled, sampled, host_tokens)
 
     def _wait_for_command(self, timeout: float) -> None:
         try:

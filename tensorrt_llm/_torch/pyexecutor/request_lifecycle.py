@@ -15,6 +15,25 @@ from .llm_request import LlmRequest
 from .scheduler import ScheduledRequests
 
 
+def sample_rows(scheduled: ScheduledRequests) -> list[int]:
+    """Rows of the step that give a token, in request order: each context request whose chunk
+    ends the prompt, then every generation request."""
+    ctx = scheduled.context_requests
+    rows = [i for i, req in enumerate(ctx) if req.is_last_context_chunk]
+    rows.extend(range(len(ctx), len(ctx) + len(scheduled.generation_requests)))
+    return rows
+
+
+def apply_step_results(
+    scheduled: ScheduledRequests, sampled: Sequence[LlmRequest], new_tokens: Sequence[int]
+) -> None:
+    """Everything a finished step (tokens on the host) does to its requests: media of finished
+    prefills released, chunks advanced, tokens appended and token stops applied."""
+    release_prefilled_media(scheduled)
+    advance_context_chunks(scheduled)
+    apply_new_tokens(sampled, new_tokens)
+
+
 def apply_new_tokens(
     requests: Sequence[LlmRequest], new_tokens: Sequence[int], in_flight: bool = False
 ) -> None:

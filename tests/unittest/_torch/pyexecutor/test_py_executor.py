@@ -26,6 +26,7 @@ from tensorrt_llm._torch.pyexecutor.py_executor import (
     LlmResponse,
     PyExecutor,
 )
+from tensorrt_llm._torch.pyexecutor.request_lifecycle import sample_rows
 from tensorrt_llm._torch.pyexecutor.resource_manager import KVCacheManager, SeqSlotManager
 from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests, SimpleScheduler
@@ -43,9 +44,7 @@ class _FakeBatch:
 
     def __init__(self, scheduled: ScheduledRequests) -> None:
         self.scheduled = scheduled
-        ctx = scheduled.context_requests
-        final = [i for i, req in enumerate(ctx) if req.is_last_context_chunk]
-        self.sample_rows = final + list(range(len(ctx), scheduled.batch_size))
+        self.sample_rows = sample_rows(scheduled)
         slots = [req.seq_slot for req in scheduled.all_requests]
         self.attn_metadata = SimpleNamespace(seq_slots=torch.tensor(slots, dtype=torch.long))
 

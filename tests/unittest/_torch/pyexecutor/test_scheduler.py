@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.request_lifecycle import apply_step_results, sample_rows
 from tensorrt_llm._torch.pyexecutor.resource_manager import KVCacheManager, SeqSlotManager
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests, SimpleScheduler
 from tensorrt_llm.sampling_params import SamplingParams
@@ -32,16 +33,13 @@ def _req(rid: int, prompt_len: int, max_tokens: int = 4) -> LlmRequest:
 
 
 def _finish_step(s: SimpleScheduler, out: ScheduledRequests) -> None:
-    """Play the executor after a forward: advance chunks, add tokens, retire finished ones."""
-    produced = list(out.generation_requests)
-    for req in out.context_requests:
-        if req.is_last_context_chunk:
-            produced.append(req)
-        req.move_to_next_context_chunk()
+    """What the executor does after a forward (token 2 for every sampled row), then free the
+    finished requests."""
+    everyone = out.all_requests
+    produced = [everyone[i] for i in sample_rows(out)]
+    apply_step_results(out, produced, [2] * len(produced))
     for req in produced:
-        req.add_new_token(2)
-        if req.num_generated_tokens >= req.sampling_params.max_tokens:
-            req.finish("length")
+        if req.is_finished:
             s.release_resources(req)
 
 
