@@ -18,7 +18,16 @@ if TYPE_CHECKING:
     from ...inputs.multimodal import MultimodalParams
     from ..attention_backend.interface import AttentionMetadata
     from ..input_batch import InputBatch
-    from .modeling_qwen_vl_base import StackInputs
+
+
+@dataclass
+class StackInputs:
+    """What the text decoder stack takes for one step (`PiecewiseModel.stack_inputs`)."""
+
+    inputs_embeds: torch.Tensor  # [T, hidden], media embeddings merged in
+    position_ids: torch.Tensor  # [3, 1, T], generation deltas applied
+    cos_sin: torch.Tensor  # [T, rotary_dim]
+    deepstack_embeds: list[torch.Tensor] | None  # Qwen3-VL: per-level [T, hidden], image steps
 
 
 @dataclass(frozen=True)

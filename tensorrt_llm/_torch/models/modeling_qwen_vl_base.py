@@ -8,9 +8,8 @@ the device.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -20,96 +19,18 @@ from ..attention_backend.interface import AttentionMetadata
 from ..input_errors import RequestInputError
 from ..modules.gated_mlp import GatedMLP
 from ..seq_slots import slot_rows
-from .engine_model import PiecewiseStack
+from .engine_model import PiecewiseStack, StackInputs
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
 from .modeling_qwen2 import Qwen2DecoderLayer, Qwen2Model, Qwen2TextForCausalLM
 from .modeling_utils import ModelConfig
 from .qwen_vl_mrope import _prepare_qwen_vl_mrope_config, apply_generation_deltas
+from .qwen_vl_vision_inputs import MODALITIES, VisionTower, chunk_embeddings, split_vl_weights
 
 if TYPE_CHECKING:  # annotations only; the model classes import this module
-    from ...inputs.multimodal import MultimodalRuntimeData
     from ..input_batch import InputBatch
     from ..modules.rotary_embedding import RotaryEmbedding
     from .engine_model import PiecewiseModel
     from .modeling_qwen3vl_vision import Qwen3VisionModel
-    from .modeling_qwen_vision_common import VisionTowerOutput
-
-_MODALITIES = (
-    ("image", "pixel_values", "image_grid_thw"),
-    ("video", "pixel_values_videos", "video_grid_thw"),
-)
-
-
-def _chunk_embeddings(
-    params: MultimodalParams, kind: str
-) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None:
-    """(step rows, main embeddings, deepstack embeddings) of `kind` for the request's chunk,
-    or None when the chunk has none; a RequestInputError when the counts disagree."""
-    # `_merge_vision` passes only params that have runtime data.
-    runtime = cast("MultimodalRuntimeData", params.runtime)
-    begin = getattr(runtime, f"num_cached_{kind}_tokens")
-    count = getattr(runtime, f"num_{kind}_tokens_in_chunk")
-    if count == 0:
-        return None
-    rid = [runtime.request_id]
-    embeds = params.cached_embeddings or {}
-    if kind not in embeds:
-        raise RequestInputError(rid, f"prompt has {kind} placeholder tokens but no {kind} data")
-    main, stack = embeds[kind]
-    spans = params.spans(kind)
-    total = int(spans[1].sum()) if spans is not None else -1
-    if total != main.shape[0]:
-        raise RequestInputError(
-            rid,
-            f"the prompt has {total} {kind} placeholder tokens but the {kind} data gives "
-            f"{main.shape[0]} embeddings",
-        )
-    index = getattr(runtime, f"{kind}_rows")
-    if index is None or index.shape[0] != count:
-        raise RequestInputError(rid, f"{kind} rows of the chunk do not match its span count")
-    return index, main[begin : begin + count], [d[begin : begin + count] for d in stack]
-
-
-def split_vl_weights(
-    weights: dict[str, torch.Tensor],
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Split HF VL weights into (text LLM names `model.*`/`lm_head.*`, vision names).
-
-    Accepts the transformers-5 layout (`model.language_model.*`, `model.visual.*`) and the hub
-    layout (`model.*`, `visual.*`).
-    """
-    text: dict[str, torch.Tensor] = {}
-    vision: dict[str, torch.Tensor] = {}
-    for name, tensor in weights.items():
-        if name.startswith("model.visual."):
-            vision[name[len("model.visual.") :]] = tensor
-        elif name.startswith("visual."):
-            vision[name[len("visual.") :]] = tensor
-        elif name.startswith("model.language_model."):
-            text["model." + name[len("model.language_model.") :]] = tensor
-        else:
-            text[name] = tensor
-    return text, vision
-
-
-class VisionTower(Protocol):
-    """What the model uses of a vision tower (`Qwen2VisionModel`, `Qwen3VisionModel`, ...)."""
-
-    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> VisionTowerOutput: ...
-
-    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
-
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None: ...
-
-
-@dataclass
-class StackInputs:
-    """What the text decoder stack takes for one step (`QwenVLModelBase.stack_inputs`)."""
-
-    inputs_embeds: torch.Tensor  # [T, hidden], media embeddings merged in
-    position_ids: torch.Tensor  # [3, 1, T], generation deltas applied
-    cos_sin: torch.Tensor  # [T, rotary_dim]
-    deepstack_embeds: list[torch.Tensor] | None  # Qwen3-VL: per-level [T, hidden], image steps
 
 
 class QwenVLModelBase(nn.Module):
@@ -207,7 +128,7 @@ class QwenVLModelBase(nn.Module):
         for params in todo:
             params.cached_embeddings = {}
         merge = self.config.vision_config.spatial_merge_size
-        for kind, pix_key, grid_key in _MODALITIES:
+        for kind, pix_key, grid_key in MODALITIES:
             owners = [p for p in todo if p.get(f"{kind}.{pix_key}") is not None]
             if not owners:
                 continue
@@ -256,7 +177,7 @@ class QwenVLModelBase(nn.Module):
         deep: dict[str, list[list[torch.Tensor]]] = {"image": [], "video": []}
         for params in needs_media:
             for kind in ("image", "video"):
-                picked = _chunk_embeddings(params, kind)
+                picked = chunk_embeddings(params, kind)
                 if picked is None:
                     continue
                 index, main, stack = picked

@@ -39,8 +39,7 @@ from ..attention_backend.piecewise import attention_handler
 from ..input_batch import InputBatch
 
 if TYPE_CHECKING:
-    from ..models.engine_model import EngineModel
-    from ..models.modeling_qwen_vl_base import StackInputs
+    from ..models.engine_model import EngineModel, StackInputs
     from .model_engine import PyTorchModelEngine
 
 logger = logging.getLogger(__name__)
