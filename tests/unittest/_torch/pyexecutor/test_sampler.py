@@ -14,15 +14,6 @@ from tensorrt_llm.sampling_params import SamplingParams
 V = 64
 
 
-def _gen_req(rid: int, **kwargs) -> LlmRequest:
-    """A request already in generation (its prompt is prefilled)."""
-    req = LlmRequest(rid, [1, 2, 3], SamplingParams(**kwargs))
-    req.context_chunk_size = 3
-    req.add_new_token(0)
-    req.output_token_ids.clear()  # start from an empty output for the stop tests
-    return req
-
-
 def _ctx_req(rid: int, **kwargs) -> LlmRequest:
     req = LlmRequest(rid, [1, 2, 3], SamplingParams(**kwargs))
     req.context_chunk_size = 3
