@@ -15,8 +15,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ...inputs.chat_tokenize import tokenize_chat
 from ...inputs.data import TextPrompt, as_prompt_dict
 from ...inputs.multimodal import spans_data
+from ...inputs.multimodal_loader import media_message
 from ...inputs.registry import (
     load_hf_config,
     load_tokenizer,
@@ -133,6 +135,12 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
             )
         images, videos = self._gather_media(prompt)
         ids = self._prompt_ids(prompt)
+        if (images or videos) and isinstance(prompt.get("prompt"), str):
+            if not self._num_placeholders(ids):
+                # A plain prompt with media and no placeholder: the chat template places one
+                # per item (multimodal_loader.py).
+                message = media_message(prompt["prompt"], len(images), len(videos))
+                ids = tokenize_chat(self.tokenizer, message)
         self._check_placeholders(ids, len(images), len(videos))
         if not images and not videos:  # fast path: no image processor, plain positions
             return ids, {"multimodal_data": {"mrope_config": text_only_mrope_config(len(ids))}}
@@ -182,7 +190,6 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
         return images, videos
 
     def _prompt_ids(self, prompt: dict[str, Any]) -> list[int]:
-        from ...inputs.chat_tokenize import tokenize_chat
         from ...inputs.validation import check_prompt_token_ids
 
         if "prompt_token_ids" in prompt:
@@ -191,6 +198,10 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
         if isinstance(text, list):  # request text never becomes control tokens (role injection)
             return tokenize_chat(self.tokenizer, text)
         return list(self.tokenizer(text)["input_ids"])
+
+    def _num_placeholders(self, ids: list[int]) -> int:
+        array = np.asarray(ids, dtype=np.int64)
+        return int(np.isin(array, (self.image_token_id, self.video_token_id)).sum())
 
     def _check_placeholders(self, ids: list[int], num_images: int, num_videos: int) -> None:
         array = np.asarray(ids, dtype=np.int64)
@@ -203,7 +214,9 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
                 token = self.tokenizer.convert_ids_to_tokens(token_id)
                 raise ValueError(
                     f"placeholder count mismatch: the prompt has {found} {kind} "
-                    f"placeholder(s) {token} but {given} {kind}(s) were given"
+                    f"placeholder(s) {token} but {given} {kind}(s) were given; write one "
+                    f"<|vision_start|>{token}<|vision_end|> per {kind} in the prompt, or none "
+                    f"at all to have the chat template place them"
                 )
 
     # ------------------------------------------------------------------ pixels
