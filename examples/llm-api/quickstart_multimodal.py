@@ -4,8 +4,14 @@ With no --model_dir it builds (once, then cached) a tiny random demo checkpoint 
 bundled demo image, so it runs anywhere, CPU included, in seconds. The demo model's weights
 are random: expect gibberish text, the point is the pipeline.
 
+Media and prompts pair up as in TensorRT-LLM's quickstart: N prompts with N media (one each),
+or one prompt with all the media (several images in one request). Bad input prints one line
+and exits with status 1; --debug shows the traceback.
+
+examples:
     python examples/llm-api/quickstart_multimodal.py
     python examples/llm-api/quickstart_multimodal.py --modality video
+    python examples/llm-api/quickstart_multimodal.py --media a.png b.png --prompt "Compare them."
     python examples/llm-api/quickstart_multimodal.py --model_dir /ckpt/Qwen2.5-VL-3B \\
         --modality image --media a.jpg --prompt "What is in this picture?"
 """
@@ -61,6 +67,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--num_frames", type=int, default=4, help="frames of the demo video")
     parser.add_argument("--video_fps", type=float, default=2.0, help="fps of the given frames")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     return parser
 
 
@@ -84,13 +91,21 @@ def resolve_model(args: argparse.Namespace) -> str:
 
         return str(get_or_build_demo_checkpoint(DEMO_FAMILIES[args.model_type or "qwen2_vl"]))
     if args.model_type is not None:
-        config = json.loads((Path(args.model_dir) / "config.json").read_text(encoding="utf-8"))
+        config = json.loads(_config_file(args.model_dir).read_text(encoding="utf-8"))
         if config.get("model_type") != args.model_type:
             raise SystemExit(
                 f"--model_type {args.model_type} does not match the checkpoint's model_type "
                 f"{config.get('model_type')!r}"
             )
+    _config_file(args.model_dir)
     return args.model_dir
+
+
+def _config_file(model_dir: str) -> Path:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"--model_dir {model_dir}: no config.json there (not a checkpoint folder)")
+    return path
 
 
 def load_media(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
@@ -106,19 +121,37 @@ def load_media(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
     return [load_image(src) for src in args.media], []
 
 
+def _media_of_prompts(prompts: list[str], items: list[Any], given: bool) -> list[list[Any]]:
+    """Each prompt's media: one item each (N prompts, N media), or every item for a single
+    prompt; the demo's own media is reused for every prompt."""
+    if not given:
+        return [[items[i % len(items)]] for i in range(len(prompts))]
+    if len(prompts) == 1:
+        return [items]
+    if len(items) != len(prompts):
+        raise ValueError(
+            f"{len(prompts)} prompts but {len(items)} media: give one medium per prompt, or one "
+            f"prompt for all of them"
+        )
+    return [[item] for item in items]
+
+
 def build_inputs(args: argparse.Namespace, images: list[Any], videos: list[Any]) -> list[Any]:
     """One chat-message input per prompt; media placeholders come from the chat template."""
     prompts = args.prompt or DEFAULT_PROMPTS[args.modality]
+    kind = "video" if args.modality == "video" else "image"
+    if args.modality in ("multiple_image", "mixture_text_image"):
+        per_prompt = [images for _ in prompts]
+    else:
+        per_prompt = _media_of_prompts(prompts, videos or images, args.media is not None)
     inputs: list[Any] = []
     for i, text in enumerate(prompts):
         if args.modality == "mixture_text_image" and i % 2 == 0:
             media: dict[str, list[Any]] = {}  # even prompts are text-only
-        elif args.modality == "multiple_image":
-            media = {"image": images}
-        elif args.modality == "video":
-            media = {"video": [videos[i % len(videos)]]}
+        elif args.modality == "mixture_text_image":
+            media = {"image": images[:1]}
         else:
-            media = {"image": [images[i % len(images)]]}
+            media = {kind: per_prompt[i]}
         parts = [{"type": kind} for kind, items in media.items() for _ in items]
         messages = [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
         inputs.append({"prompt": messages, "multi_modal_data": media or None})
@@ -126,8 +159,27 @@ def build_inputs(args: argparse.Namespace, images: list[Any], videos: list[Any])
 
 
 def main(argv: list[str] | None = None) -> list[str]:
-    args = add_args(argparse.ArgumentParser(description=__doc__)).parse_args(argv)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    args = add_args(parser).parse_args(argv)
+    try:
+        return run(args)
+    except Exception as exc:  # one clear line for bad input; --debug shows where it came from
+        if args.debug:
+            raise
+        message = str(exc).strip().splitlines()
+        print(f"error: {message[0] if message else type(exc).__name__}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def run(args: argparse.Namespace) -> list[str]:
     model = resolve_model(args)
+    if args.model_dir is None:
+        print(
+            "note: the demo checkpoint has random weights, so its text is gibberish; "
+            "pass --model_dir for a real model"
+        )
     images, videos = load_media(args)
     inputs = build_inputs(args, images, videos)
     params = SamplingParams(
