@@ -80,9 +80,7 @@ def _text_config(family: str, rope: dict[str, Any]) -> Any:
         "mrope_interleaved": True,
         "partial_rotary_factor": 0.25,
     }
-    return transformers.Qwen3_5TextConfig(
-        **common, head_dim=64, rope_parameters={**params, **rope}
-    )
+    return transformers.Qwen3_5TextConfig(**common, head_dim=64, rope_parameters={**params, **rope})
 
 
 def _hf_rotary(family: str, config: Any) -> torch.nn.Module:
