@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -38,9 +38,10 @@ from ..seq_slots import slot_rows
 from ..weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
 from .modeling_qwen2 import Qwen2Model, Qwen2TextForCausalLM, build_rotary_embedding, text_head_dim
 
+if TYPE_CHECKING:
+    from .modeling_qwen3_5_mtp import Qwen3_5MTP
+
 _LAYER_TYPES = ("linear_attention", "full_attention")
-# Multi-token-prediction heads published with some checkpoints; not used for decoding.
-_IGNORE = (*DEFAULT_IGNORE, r"^mtp\.")
 
 
 class ZeroCenteredRMSNorm(RMSNorm):
@@ -326,12 +327,27 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
         attn_backend: str = "vanilla",
         tie_word_embeddings: bool | None = None,
         max_num_seq_slots: int = 8,
+        load_mtp: bool = False,
     ) -> None:
+        """`load_mtp` builds the MTP head (`modeling_qwen3_5_mtp.py`) and loads `mtp.*` into
+        it; without it those tensors are skipped with one log line."""
         nn.Module.__init__(self)
         self.config = config
         self.model = self.model_cls(
             config, dtype=dtype, attn_backend=attn_backend, max_num_seq_slots=max_num_seq_slots
         )
+        self.mtp: Qwen3_5MTP | None = None
+        if load_mtp:
+            from .modeling_qwen3_5_mtp import Qwen3_5MTP  # it builds on this module's layers
+
+            num_full = sum(layer.layer_type == "full_attention" for layer in self.model.layers)
+            self.mtp = Qwen3_5MTP(
+                config,
+                moe=self.model_cls.moe,
+                first_kv_layer_idx=num_full,
+                attn_backend=attn_backend,
+                dtype=dtype,
+            )
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype=dtype)
         if tie_word_embeddings is None:
             tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
@@ -351,11 +367,14 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
     ) -> None:
         """HF names (`model.layers.N.linear_attn.*`, `...self_attn.*`, `...mlp.*`, `lm_head`);
         per-expert or stacked MoE weights and Qwen3-Next DeltaNet layouts are converted."""
+        from .modeling_qwen3_5_mtp import split_mtp_weights
+
         named: dict[str, torch.Tensor] = {}
         for name, tensor in weights.items():
             target = rename(name) if rename is not None else name
             if target is not None:
                 named[target] = tensor
+        named = split_mtp_weights(named, load_mtp=self.mtp is not None)
         optional: set[str] = set()
         if self.tie_word_embeddings:
             optional.add("lm_head.weight")
@@ -376,7 +395,7 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
             head_v_dim=config.linear_value_head_dim,
         )
         fused = {**FUSED_PROJECTIONS, **GATED_DELTA_NET_FUSED_PROJECTIONS}
-        load_hf_weights(self, named, fused=fused, ignore=_IGNORE, optional=optional)
+        load_hf_weights(self, named, fused=fused, ignore=DEFAULT_IGNORE, optional=optional)
 
 
 class Qwen3_5MoeTextForCausalLM(Qwen3_5TextForCausalLM):
