@@ -13,14 +13,13 @@ gated-attention layer with its dense or MoE MLP. Each MTP layer's attention has 
 layer index after the main stack's full-attention layers (`first_kv_layer_idx`), so a KV cache
 for speculation needs `num_full_attention_layers + num_mtp_layers` layers.
 
-NOTE: nothing calls this on the decode path yet; speculative decoding (a later issue) will.
-Without it, `load_weights` skips the `mtp.*` tensors with one log line (`split_mtp_weights`).
+NOTE: nothing calls this on the decode path yet; speculative decoding (a later issue) will,
+through `with_mtp` (before loading) and `mtp_logits`. A model without the head skips the
+`mtp.*` tensors with one log line (`Qwen3_5TextForCausalLM.load_weights`).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -32,10 +31,6 @@ from .modeling_qwen3_next import HybridDecoderLayer, ZeroCenteredRMSNorm
 
 if TYPE_CHECKING:
     from .modeling_qwen3_next import Qwen3_5TextForCausalLM
-
-logger = logging.getLogger(__name__)
-
-MTP_PREFIX = "mtp."
 
 
 def num_mtp_layers(config: Any) -> int:
@@ -112,21 +107,23 @@ class Qwen3_5MTP(nn.Module):
         return cast(torch.Tensor, normed)  # no reader: the norm returns a 16-bit tensor
 
 
-def split_mtp_weights(named: Mapping[str, torch.Tensor], load_mtp: bool) -> dict[str, torch.Tensor]:
-    """The weights to load: all of them with `load_mtp`, else without the `mtp.*` tensors,
-    which are counted in one log line (never an "unexpected weights" error)."""
-    if load_mtp:
-        return dict(named)
-    kept = {k: v for k, v in named.items() if not k.startswith(MTP_PREFIX)}
-    skipped = len(named) - len(kept)
-    if skipped:
-        logger.info(
-            "skipping %d MTP tensors (%s*): multi-token prediction is off (no speculative "
-            "decoding)",
-            skipped,
-            MTP_PREFIX,
-        )
-    return kept
+def with_mtp(
+    lm: Qwen3_5TextForCausalLM, *, attn_backend: str = "vanilla"
+) -> Qwen3_5TextForCausalLM:
+    """Give a Qwen3.5 text causal LM its MTP head (`lm.mtp`), on the device and in the dtype
+    of its embedding, so that `lm.load_weights` loads the checkpoint's `mtp.*` into it.
+    Call it before loading; without it those tensors are skipped with one log line."""
+    embed = lm.model.embed_tokens.weight
+    num_full = sum(layer.layer_type == "full_attention" for layer in lm.model.layers)
+    mtp = Qwen3_5MTP(
+        lm.config,
+        moe=lm.model_cls.moe,
+        first_kv_layer_idx=num_full,
+        attn_backend=attn_backend,
+        dtype=embed.dtype,
+    )
+    lm.mtp = mtp.to(embed.device)
+    return lm
 
 
 def mtp_logits(
@@ -142,7 +139,7 @@ def mtp_logits(
     states there, `position_ids` as the main model takes them; embedding, rotary tables and
     LM head are the main model's."""
     if lm.mtp is None:
-        raise ValueError("this model was built without its MTP head (load_mtp=False)")
+        raise ValueError("this model was built without its MTP head (see with_mtp)")
     cos_sin = lm.model.get_cos_sin(position_ids)
     embeds = lm.model.embed_tokens(input_ids.reshape(-1))
     out = lm.mtp(embeds, hidden_states, cos_sin, attn_metadata, spec_step_idx)

@@ -12,6 +12,7 @@ from zero state, so a recycled slot never leaks and later prefill chunks carry t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
@@ -42,6 +43,20 @@ if TYPE_CHECKING:
     from .modeling_qwen3_5_mtp import Qwen3_5MTP
 
 _LAYER_TYPES = ("linear_attention", "full_attention")
+logger = logging.getLogger(__name__)
+
+
+def _without_mtp(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the multi-token-prediction tensors (`mtp.*`) of a model built without its MTP
+    head, with one log line (never an "unexpected weights" error)."""
+    kept = {k: v for k, v in named.items() if not k.startswith("mtp.")}
+    if len(kept) < len(named):
+        logger.info(
+            "skipping %d MTP tensors (mtp.*): multi-token prediction is off (no speculative "
+            "decoding)",
+            len(named) - len(kept),
+        )
+    return kept
 
 
 class ZeroCenteredRMSNorm(RMSNorm):
@@ -327,27 +342,15 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
         attn_backend: str = "vanilla",
         tie_word_embeddings: bool | None = None,
         max_num_seq_slots: int = 8,
-        load_mtp: bool = False,
     ) -> None:
-        """`load_mtp` builds the MTP head (`modeling_qwen3_5_mtp.py`) and loads `mtp.*` into
-        it; without it those tensors are skipped with one log line."""
         nn.Module.__init__(self)
         self.config = config
         self.model = self.model_cls(
             config, dtype=dtype, attn_backend=attn_backend, max_num_seq_slots=max_num_seq_slots
         )
+        # The MTP head, set by `with_mtp` (modeling_qwen3_5_mtp.py) before loading; while it
+        # is None the checkpoint's `mtp.*` tensors are skipped with one log line.
         self.mtp: Qwen3_5MTP | None = None
-        if load_mtp:
-            from .modeling_qwen3_5_mtp import Qwen3_5MTP  # it builds on this module's layers
-
-            num_full = sum(layer.layer_type == "full_attention" for layer in self.model.layers)
-            self.mtp = Qwen3_5MTP(
-                config,
-                moe=self.model_cls.moe,
-                first_kv_layer_idx=num_full,
-                attn_backend=attn_backend,
-                dtype=dtype,
-            )
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype=dtype)
         if tie_word_embeddings is None:
             tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
@@ -367,14 +370,13 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
     ) -> None:
         """HF names (`model.layers.N.linear_attn.*`, `...self_attn.*`, `...mlp.*`, `lm_head`);
         per-expert or stacked MoE weights and Qwen3-Next DeltaNet layouts are converted."""
-        from .modeling_qwen3_5_mtp import split_mtp_weights
-
         named: dict[str, torch.Tensor] = {}
         for name, tensor in weights.items():
             target = rename(name) if rename is not None else name
             if target is not None:
                 named[target] = tensor
-        named = split_mtp_weights(named, load_mtp=self.mtp is not None)
+        if self.mtp is None:
+            named = _without_mtp(named)
         optional: set[str] = set()
         if self.tie_word_embeddings:
             optional.add("lm_head.weight")

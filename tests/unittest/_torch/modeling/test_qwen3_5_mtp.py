@@ -1,5 +1,5 @@
-"""Qwen3.5 MTP weights: skipped with one log line by default, loaded into `Qwen3_5MTP` with
-`load_mtp=True`, and the MTP forward (through our paged attention, prefill then decode)
+"""Qwen3.5 MTP weights: skipped with one log line by default, loaded into `Qwen3_5MTP` after
+`with_mtp`, and the MTP forward (through our paged attention, prefill then decode)
 against a plain reference of its definition built from transformers' Qwen3.5 layers."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 from paged_kv_helpers import FakeKVCacheManager, build_metadata
 
 from tensorrt_llm._torch.config_utils import load_pretrained_config, resolve_architecture
-from tensorrt_llm._torch.models import modeling_qwen3_5_mtp
+from tensorrt_llm._torch.models import modeling_qwen3_next
 from tensorrt_llm._torch.models.modeling_auto import get_model_class
-from tensorrt_llm._torch.models.modeling_qwen3_5_mtp import mtp_logits
+from tensorrt_llm._torch.models.modeling_qwen3_5_mtp import mtp_logits, with_mtp
 from tensorrt_llm._torch.models.modeling_qwen3_next import (
     Qwen3_5MoeTextForCausalLM,
     Qwen3_5TextForCausalLM,
@@ -45,7 +45,7 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
 def _text_lm(family: str, ckpt: Path) -> Any:
     """The text causal LM with its MTP head, loaded from the checkpoint's text weights."""
     text_config = load_pretrained_config(ckpt).text_config
-    lm = TEXT_LM[family](text_config, load_mtp=True)
+    lm = with_mtp(TEXT_LM[family](text_config))
     lm.load_weights(split_vl_weights(_weights(ckpt))[0])
     return lm.eval().requires_grad_(False)
 
@@ -59,7 +59,7 @@ def test_mtp_tensors_are_skipped_with_one_log_line(
     assert num_mtp > 10
     config = load_pretrained_config(ckpt)
     cls = get_model_class(resolve_architecture(config))
-    with caplog.at_level(logging.INFO, logger=modeling_qwen3_5_mtp.__name__):
+    with caplog.at_level(logging.INFO, logger=modeling_qwen3_next.__name__):
         model = load_model(cls, ModelConfig(config, checkpoint_dir=str(ckpt)), "cpu")
     lines = [r.getMessage() for r in caplog.records if "MTP" in r.getMessage()]
     assert lines == [
@@ -98,17 +98,18 @@ def test_mtp_on_the_tensors_land_in_the_module(family: str, ckpts: dict[str, Pat
 def test_mtp_on_needs_the_weights_and_the_config(ckpts: dict[str, Path]) -> None:
     ckpt = ckpts["qwen3_5"]
     text = split_vl_weights(_weights(ckpt))[0]
-    lm = Qwen3_5TextForCausalLM(load_pretrained_config(ckpt).text_config, load_mtp=True)
+    lm = with_mtp(Qwen3_5TextForCausalLM(load_pretrained_config(ckpt).text_config))
     without = {n: t for n, t in text.items() if not n.startswith("mtp.")}
     with pytest.raises(ValueError, match=r"missing 15 weights: mtp\."):
         lm.load_weights(without)
     plain_config = load_pretrained_config(ckpts["qwen3_5-plain"]).text_config
     with pytest.raises(ValueError, match="declares no MTP layers"):
-        Qwen3_5TextForCausalLM(plain_config, load_mtp=True)
+        with_mtp(Qwen3_5TextForCausalLM(plain_config))
     plain_lm = Qwen3_5TextForCausalLM(plain_config)
     md = build_metadata(None, [(0, 2, 0)])
     with pytest.raises(ValueError, match="without its MTP head"):
-        mtp_logits(plain_lm, md, torch.zeros(2, dtype=torch.long), torch.zeros(2, 64), torch.arange(2))
+        ids, hidden = torch.zeros(2, dtype=torch.long), torch.zeros(2, 64)
+        mtp_logits(plain_lm, md, ids, hidden, torch.arange(2))
 
 
 def _reference_mtp(family: str, ckpt: Path) -> tuple[HFStyleMTP, Any]:
