@@ -21,6 +21,8 @@ from tensorrt_llm._torch.modules.triton_kernels import HAS_TRITON
 from tensorrt_llm._torch.modules.triton_kernels.mrope import apply_rotary_qk_
 
 MAX_POS = 256
+# The Triton kernel runs compiled on a GPU, else under TRITON_INTERPRET (tests/conftest.py).
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # Each variant exercises one branch of HF's `_compute_yarn_parameters`.
 YARN_VARIANTS: dict[str, dict[str, Any]] = {
     "factor": {"factor": 4.0, "original_max_position_embeddings": 64},
@@ -169,7 +171,10 @@ def test_fused_rope_kernel_reads_the_scaled_tables(family: str, backend: str) ->
     exp_q, exp_k = apply_rotary_pos_emb(
         q[..., :rotary].transpose(0, 1), k[..., :rotary].transpose(0, 1), cos, sin, 0
     )
-    got_q, got_k = apply_rotary_qk_(ours, q.clone(), k.clone(), positions, backend=backend)
+    got_q, got_k = apply_rotary_qk_(
+        ours.to(DEVICE), q.to(DEVICE), k.to(DEVICE), positions.to(DEVICE), backend=backend
+    )
+    got_q, got_k = got_q.cpu(), got_k.cpu()
     torch.testing.assert_close(got_q[..., :rotary], exp_q.transpose(0, 1), atol=1e-5, rtol=0)
     torch.testing.assert_close(got_k[..., :rotary], exp_k.transpose(0, 1), atol=1e-5, rtol=0)
     assert torch.equal(got_q[..., rotary:], q[..., rotary:])
