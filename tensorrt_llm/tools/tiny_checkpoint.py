@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from .tiny_mtp import MTP_FAMILIES, mtp_state_dict
 from .tiny_tokenizer import (  # noqa: F401  (re-exported: tests and tools import them here)
     BPE_VOCAB_SIZE,
     CHAT_TEMPLATE,
@@ -247,6 +248,9 @@ def build_config_dict(family: str, **overrides: Any) -> dict[str, Any]:
     if family not in builders:
         raise ValueError(f"unknown tiny family {family!r}; expected one of {TINY_FAMILIES}")
     cfg = builders[family]()
+    # Issue 16 hooks: YaRN (or any) rope scaling, and MTP layers for the Qwen3.5 families.
+    _apply_rope_scaling(cfg, overrides.pop("rope_scaling", None))
+    _apply_mtp_layers(family, cfg, overrides.pop("mtp_num_hidden_layers", None))
     if "vision_config" in cfg:
         ids = SPECIAL_IDS
         cfg.update(
@@ -258,6 +262,30 @@ def build_config_dict(family: str, **overrides: Any) -> dict[str, Any]:
         )
     _apply_overrides(cfg, overrides)
     return cfg
+
+
+def _apply_rope_scaling(cfg: dict[str, Any], rope_scaling: dict[str, Any] | None) -> None:
+    """Merge `rope_scaling` into the text config's `rope_parameters` (transformers-5 layout,
+    keeping mRoPE sections), or set legacy `rope_scaling` where the family has a top-level
+    `rope_theta` (like the Qwen2/Qwen3 hub configs)."""
+    if rope_scaling is None:
+        return
+    text = cfg.get("text_config", cfg)
+    if "rope_parameters" in text:
+        text["rope_parameters"].update(copy.deepcopy(rope_scaling))
+    else:
+        text["rope_scaling"] = copy.deepcopy(rope_scaling)
+
+
+def _apply_mtp_layers(family: str, cfg: dict[str, Any], num_layers: int | None) -> None:
+    """`mtp_num_hidden_layers` in the text config; `build_state_dict` then adds `mtp.*`."""
+    if num_layers is None:
+        return
+    if family not in MTP_FAMILIES:
+        raise ValueError(
+            f"mtp_num_hidden_layers is for the families {MTP_FAMILIES}, not {family!r}"
+        )
+    cfg["text_config"]["mtp_num_hidden_layers"] = int(num_layers)
 
 
 def _apply_overrides(cfg: dict[str, Any], overrides: dict[str, Any]) -> None:
@@ -310,6 +338,14 @@ def _randomize_constants(model: torch.nn.Module) -> None:
                 param.uniform_(0.7, 1.3)
 
 
+def _randomize_mtp_constants(mtp: dict[str, torch.Tensor]) -> None:
+    """`_randomize_constants` for the MTP tensors (zero-centred norms start at zero)."""
+    with torch.no_grad():
+        for t in mtp.values():
+            if t.dim() == 1 and bool((t == 0).all()):
+                t.uniform_(-0.3, 0.3)
+
+
 def _to_hub_layout(family: str, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rename/reshape a transformers-5 state dict into the layout published on the hub."""
     out: dict[str, torch.Tensor] = {}
@@ -344,7 +380,10 @@ def build_state_dict(family: str, cfg: dict[str, Any], seed: int) -> dict[str, t
         torch.manual_seed(seed)
         model = cls(hf_cfg)
         _randomize_constants(model)
-    sd = model.state_dict()
+        # Drawn after the model's weights, so those stay the same with or without MTP.
+        mtp = mtp_state_dict(family, hf_cfg)
+        _randomize_mtp_constants(mtp)
+    sd = {**model.state_dict(), **mtp}
     if cfg.get("tie_word_embeddings") or cfg.get("text_config", {}).get("tie_word_embeddings"):
         sd.pop("lm_head.weight", None)
     return _to_hub_layout(family, sd)
@@ -360,7 +399,9 @@ def write_tiny_checkpoint(
     """Write a complete tiny HF checkpoint folder for `family` into `out_dir` and return it.
 
     overrides: `text_config={...}` / `vision_config={...}` merge into those sub-configs; any
-    other key is set at the top level of config.json (e.g. `tie_word_embeddings=True`).
+    other key is set at the top level of config.json (e.g. `tie_word_embeddings=True`), except:
+    `rope_scaling={...}` merges into the text rope parameters (e.g. YaRN, any family), and
+    `mtp_num_hidden_layers=N` adds N MTP layers' `mtp.*` weights (Qwen3.5 families).
     """
     cfg = build_config_dict(family, **overrides)
     out = Path(out_dir)

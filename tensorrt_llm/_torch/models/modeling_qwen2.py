@@ -21,7 +21,7 @@ from ..modules.embedding import Embedding, LMHead
 from ..modules.fp8_linear import UnscaledOutput
 from ..modules.gated_mlp import GatedMLP, mlp_after_norm
 from ..modules.rms_norm import RMSNorm
-from ..modules.rotary_embedding import MRotaryEmbedding, RotaryEmbedding
+from ..modules.rotary_embedding import MRotaryEmbedding, RotaryEmbedding, parse_rope_scaling
 from ..weight_loading import load_hf_weights
 from .modeling_utils import ModelConfig, register_auto_model
 
@@ -45,27 +45,30 @@ def text_head_dim(config: Any) -> int:
 
 
 def build_rotary_embedding(config: Any) -> RotaryEmbedding:
-    """RoPE for an HF text config: base, partial rotary and (m)RoPE sections from its
-    `rope_parameters` (transformers 5) or legacy `rope_theta`/`rope_scaling`."""
+    """RoPE for an HF text config: base, partial rotary, YaRN scaling and (m)RoPE sections from
+    its `rope_parameters` (transformers 5) or legacy `rope_theta`/`rope_scaling`; a rope_type
+    other than default / mrope / yarn is a ValueError (`parse_rope_scaling`)."""
     rope: dict[str, Any] = dict(
         getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     )
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", "mrope"):
-        raise ValueError(f"unsupported rope_type {rope_type!r} (only default RoPE / mRoPE)")
+    max_positions = int(getattr(config, "max_position_embeddings", 32768))
+    scaling = parse_rope_scaling(
+        rope, max_positions, getattr(config, "original_max_position_embeddings", None)
+    )
     base = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
     head_dim = text_head_dim(config)
     rotary_dim = int(head_dim * partial)
-    max_positions = int(getattr(config, "max_position_embeddings", 32768))
     default_section, default_interleaved = _MROPE_DEFAULTS.get(
         getattr(config, "model_type", ""), (None, False)
     )
     section = rope.get("mrope_section", default_section)
     if section is None:
-        return RotaryEmbedding(head_dim, rotary_dim, base, max_positions)
+        return RotaryEmbedding(head_dim, rotary_dim, base, max_positions, scaling=scaling)
     interleaved = bool(rope.get("mrope_interleaved", default_interleaved))
-    return MRotaryEmbedding(head_dim, rotary_dim, base, max_positions, section, interleaved)
+    return MRotaryEmbedding(
+        head_dim, rotary_dim, base, max_positions, section, interleaved, scaling=scaling
+    )
 
 
 class DecoderStack(Protocol):

@@ -12,9 +12,10 @@ from zero state, so a recycled slot never leaks and later prefill chunks carry t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -38,9 +39,24 @@ from ..seq_slots import slot_rows
 from ..weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
 from .modeling_qwen2 import Qwen2Model, Qwen2TextForCausalLM, build_rotary_embedding, text_head_dim
 
+if TYPE_CHECKING:
+    from .modeling_qwen3_5_mtp import Qwen3_5MTP
+
 _LAYER_TYPES = ("linear_attention", "full_attention")
-# Multi-token-prediction heads published with some checkpoints; not used for decoding.
-_IGNORE = (*DEFAULT_IGNORE, r"^mtp\.")
+logger = logging.getLogger(__name__)
+
+
+def _without_mtp(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the multi-token-prediction tensors (`mtp.*`) of a model built without its MTP
+    head, with one log line (never an "unexpected weights" error)."""
+    kept = {k: v for k, v in named.items() if not k.startswith("mtp.")}
+    if len(kept) < len(named):
+        logger.info(
+            "skipping %d MTP tensors (mtp.*): multi-token prediction is off (no speculative "
+            "decoding)",
+            len(named) - len(kept),
+        )
+    return kept
 
 
 class ZeroCenteredRMSNorm(RMSNorm):
@@ -332,6 +348,9 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
         self.model = self.model_cls(
             config, dtype=dtype, attn_backend=attn_backend, max_num_seq_slots=max_num_seq_slots
         )
+        # The MTP head, set by `with_mtp` (modeling_qwen3_5_mtp.py) before loading; while it
+        # is None the checkpoint's `mtp.*` tensors are skipped with one log line.
+        self.mtp: Qwen3_5MTP | None = None
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype=dtype)
         if tie_word_embeddings is None:
             tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
@@ -356,6 +375,8 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
             target = rename(name) if rename is not None else name
             if target is not None:
                 named[target] = tensor
+        if self.mtp is None:
+            named = _without_mtp(named)
         optional: set[str] = set()
         if self.tie_word_embeddings:
             optional.add("lm_head.weight")
@@ -376,7 +397,7 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
             head_v_dim=config.linear_value_head_dim,
         )
         fused = {**FUSED_PROJECTIONS, **GATED_DELTA_NET_FUSED_PROJECTIONS}
-        load_hf_weights(self, named, fused=fused, ignore=_IGNORE, optional=optional)
+        load_hf_weights(self, named, fused=fused, ignore=DEFAULT_IGNORE, optional=optional)
 
 
 class Qwen3_5MoeTextForCausalLM(Qwen3_5TextForCausalLM):

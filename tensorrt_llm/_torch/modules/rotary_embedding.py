@@ -4,14 +4,168 @@ Layout contract (docs/interfaces.md): `get_cos_sin(...)` returns float32 `[T, ro
 as `cat(cos, sin)` over the `rotary_dim // 2` frequencies. Rotation is the neox / HF
 `rotate_half` style: frequency j rotates channels (j, j + rotary_dim // 2). With
 `rotary_dim < head_dim` only the first `rotary_dim` channels of each head rotate.
+
+YaRN (`YarnScaling`, HF `rope_type: "yarn"`) changes the inverse frequencies and multiplies the
+whole table by its attention factor, as HF scales cos and sin by `attention_scaling`; every
+consumer (`get_cos_sin`, the fused `rope_qk_` kernel) reads the scaled table as it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+
+# HF `rope_type` values we implement; "mrope" is the legacy Qwen2-VL name for default RoPE.
+SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "mrope", "yarn")
+# Keys of an HF rope dict that are not scaling parameters (read by `build_rotary_embedding`).
+_COMMON_ROPE_KEYS = frozenset(
+    {
+        "rope_type",
+        "type",
+        "rope_theta",
+        "partial_rotary_factor",
+        "mrope_section",
+        "mrope_interleaved",
+    }
+)
+_YARN_KEYS = frozenset(
+    {
+        "factor",
+        "original_max_position_embeddings",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "attention_factor",
+        "truncate",
+    }
+)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+@dataclass(frozen=True)
+class YarnScaling:
+    """YaRN parameters with HF's semantics (`_compute_yarn_parameters`, transformers 5).
+
+    `beta_fast` / `beta_slow` bound the ramp between extrapolated (fast, short-wavelength)
+    and interpolated (slow) frequencies, counted in rotations over `original_max_positions`.
+    """
+
+    factor: float
+    original_max_positions: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.factor <= 0 or self.original_max_positions <= 0:
+            raise ValueError(
+                f"YaRN needs a positive factor and original_max_position_embeddings, got "
+                f"factor={self.factor}, original_max_position_embeddings="
+                f"{self.original_max_positions}"
+            )
+
+    def resolved_attention_factor(self) -> float:
+        """The factor cos and sin are multiplied by (HF `attention_scaling`)."""
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        # NOTE: HF uses mscale only when mscale_all_dim is also set (and both non-zero).
+        if self.mscale and self.mscale_all_dim:
+            return _yarn_mscale(self.factor, self.mscale) / _yarn_mscale(
+                self.factor, self.mscale_all_dim
+            )
+        return _yarn_mscale(self.factor)
+
+    def _correction_dim(self, rotations: float, rotary_dim: int, base: float) -> float:
+        # The frequency index whose wavelength fits `rotations` times in the original context.
+        ratio = self.original_max_positions / (rotations * 2 * math.pi)
+        return rotary_dim * math.log(ratio) / (2 * math.log(base))
+
+    def inv_freq(self, base: float, rotary_dim: int, device: torch.device | str) -> torch.Tensor:
+        """float32 `[rotary_dim // 2]`: per frequency a blend of `1 / base^(2j/d)`
+        (extrapolation) and the same divided by `factor` (interpolation)."""
+        low = self._correction_dim(self.beta_fast, rotary_dim, base)
+        high = self._correction_dim(self.beta_slow, rotary_dim, base)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, rotary_dim - 1)
+        if low == high:
+            high += 0.001  # HF's guard against a zero-width ramp
+        exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=device).float()
+        pos_freqs = base ** (exponent / rotary_dim)
+        extrapolation = 1.0 / pos_freqs
+        interpolation = 1.0 / (self.factor * pos_freqs)
+        index = torch.arange(rotary_dim // 2, dtype=torch.int64, device=device).float()
+        ramp = ((index - low) / (high - low)).clamp(0, 1)
+        extrapolation_weight = 1 - ramp
+        return interpolation * (1 - extrapolation_weight) + extrapolation * extrapolation_weight
+
+
+def _rope_float(rope: Mapping[str, Any], key: str) -> float | None:
+    value = rope.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"rope_scaling {key!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def parse_rope_scaling(
+    rope: Mapping[str, Any],
+    max_position_embeddings: int,
+    original_max_position_embeddings: int | None = None,
+) -> YarnScaling | None:
+    """The scaling an HF `rope_parameters` / `rope_scaling` dict asks for: None for plain RoPE
+    (default / mrope), `YarnScaling` for YaRN; any other `rope_type`, or a YaRN key we do not
+    know, is a ValueError.
+
+    `original_max_position_embeddings` is the config's top-level field of that name (HF gives
+    it priority over the dict's); without either, HF falls back to `max_position_embeddings`.
+    """
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"unsupported rope_type {rope_type!r}: supported rope types are "
+            f"{', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    if rope_type != "yarn":
+        return None
+    unknown = sorted(set(rope) - _COMMON_ROPE_KEYS - _YARN_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unsupported rope_scaling keys {unknown} for rope_type 'yarn' (known: "
+            f"{sorted(_YARN_KEYS)})"
+        )
+    if "factor" not in rope:
+        raise ValueError("rope_type 'yarn' needs a 'factor' in rope_scaling / rope_parameters")
+    original = original_max_position_embeddings
+    if original is None:
+        original = int(rope.get("original_max_position_embeddings") or max_position_embeddings)
+    factor = _rope_float(rope, "factor")
+    if factor is None:  # HF: the ratio of the extended to the original context
+        factor = max_position_embeddings / original
+    return YarnScaling(
+        factor=factor,
+        original_max_positions=int(original),
+        # HF: `or` defaults, so 0 and None both mean the paper's 32 / 1.
+        beta_fast=_rope_float(rope, "beta_fast") or 32.0,
+        beta_slow=_rope_float(rope, "beta_slow") or 1.0,
+        mscale=_rope_float(rope, "mscale"),
+        mscale_all_dim=_rope_float(rope, "mscale_all_dim"),
+        attention_factor=_rope_float(rope, "attention_factor"),
+        truncate=bool(rope.get("truncate", True)),
+    )
 
 
 def _check_dims(head_dim: int, rotary_dim: int, max_positions: int) -> None:
@@ -37,6 +191,8 @@ class RotaryEmbedding(nn.Module):
         base: float = 10000.0,
         max_positions: int = 32768,
         device: torch.device | str = "cpu",
+        *,
+        scaling: YarnScaling | None = None,
     ) -> None:
         super().__init__()
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
@@ -45,13 +201,22 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = rotary_dim
         self.base = float(base)
         self.max_positions = max_positions
-        exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=device).float()
-        inv_freq = 1.0 / (self.base ** (exponent / rotary_dim))
+        self.scaling = scaling
+        if scaling is None:
+            exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=device).float()
+            inv_freq = 1.0 / (self.base ** (exponent / rotary_dim))
+            self.attention_scaling = 1.0
+        else:
+            inv_freq = scaling.inv_freq(self.base, rotary_dim, device)
+            self.attention_scaling = scaling.resolved_attention_factor()
         positions = torch.arange(max_positions, dtype=torch.int64, device=device).float()
         freqs = positions[:, None] * inv_freq[None, :]  # [P, rotary_dim // 2]
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         # [P, rotary_dim] float32: cat(cos, sin)
         table = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+        if scaling is not None:
+            # HF multiplies cos and sin (so q.k by its square); the table carries it.
+            table = table * self.attention_scaling
         self.register_buffer("cos_sin_table", table, persistent=False)
 
     def _lookup(self, position_ids: torch.Tensor) -> torch.Tensor:
@@ -68,10 +233,11 @@ class RotaryEmbedding(nn.Module):
         return self._lookup(position_ids)
 
     def extra_repr(self) -> str:
-        return (
+        text = (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
             f"max_positions={self.max_positions}"
         )
+        return text if self.scaling is None else f"{text}, scaling={self.scaling}"
 
 
 def mrope_channel_axes(mrope_section: Sequence[int], interleaved: bool) -> torch.Tensor:
@@ -115,8 +281,10 @@ class MRotaryEmbedding(RotaryEmbedding):
         mrope_section: Sequence[int] = (16, 24, 24),
         interleaved: bool = False,
         device: torch.device | str = "cpu",
+        *,
+        scaling: YarnScaling | None = None,
     ) -> None:
-        super().__init__(head_dim, rotary_dim, base, max_positions, device)
+        super().__init__(head_dim, rotary_dim, base, max_positions, device, scaling=scaling)
         section = [int(s) for s in mrope_section]
         if len(section) != 3 or sum(section) != self.rotary_dim // 2:
             raise ValueError(

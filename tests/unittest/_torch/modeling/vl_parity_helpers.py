@@ -69,7 +69,11 @@ class Stack:
 
 
 def build_stack(
-    family: str, ckpt: Path, device: str = "cpu", dtype: torch.dtype = torch.float32
+    family: str,
+    ckpt: Path,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    hf_class: str | None = None,
 ) -> Stack:
     config = load_pretrained_config(ckpt)
     cls = get_model_class(resolve_architecture(config))
@@ -98,7 +102,7 @@ def build_stack(
         device=device,
     )
     engine.set_kv_cache_manager(kv)
-    hf_cls = getattr(transformers, HF_CLASS[family])
+    hf_cls = getattr(transformers, hf_class or HF_CLASS[family])
     hf = hf_cls.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
     return Stack(family, create_input_processor(ckpt), engine, kv, SeqSlotManager(8), hf)
 
