@@ -27,6 +27,7 @@ from tensorrt_llm._torch.modules.triton_kernels import (
     fp8_block,
     fp8_quant,
     fp8_scale,
+    fused_moe,
     gdn_decode,
     mrope,
     rms_norm,
@@ -198,6 +199,21 @@ def _fp8_block_variants() -> Iterator[
         dict(HAS_BIAS=True, BLOCK=1024),
         {},
     )
+    # Qwen3.6-35B-A3B's experts (H 2048, I 512, top-8), both BLOCK_M choices of the launcher,
+    # block-FP8 and 16-bit (whose kernels now take the unused scale arguments).
+    for scaled, block_m in ((True, 16), (True, 64), (False, 16)):
+        w = "*fp8e4nv" if scaled else "*bf16"
+        base = dict(sorted_ptr="*i32", block_expert_ptr="*i32", w_ptr=w, w_scale_ptr="*fp32")
+        cx = dict(
+            BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128 if scaled else 64, PRECISION="tf32",
+            BLOCK_SCALED=scaled, W_BLOCK_N=128, HIDDEN=2048, INTER=512,
+        )  # fmt: skip
+        types = dict(base, x_ptr=w, out_ptr="*bf16", x_scale_ptr="*fp32")
+        name = f"fused_moe gate_up scaled={scaled} m{block_m}"
+        yield name, fused_moe._gate_up_silu_kernel, types, {**cx, "TOP_K": 8}, {}
+        types = dict(base, act_ptr=w, out_ptr="*fp32", topk_w_ptr="*bf16", act_scale_ptr="*fp32")
+        name = f"fused_moe down scaled={scaled} m{block_m}"
+        yield name, fused_moe._down_weighted_kernel, types, cx, {}
 
 
 def _pdl_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict[str, Any]]]:
