@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from ...inputs.registry import TextInputProcessor
-from ..modules.fused_moe import MoE, convert_hf_expert_weights
+from ..modules.fused_moe import MoE, convert_hf_expert_weights, prepare_fp8_block_experts_
 from .modeling_qwen2 import Qwen2Model
 from .modeling_qwen3 import Qwen3Model, Qwen3TextForCausalLM
 from .modeling_utils import ModelConfig, register_auto_model
@@ -57,6 +57,7 @@ class Qwen3MoeTextForCausalLM(Qwen3TextForCausalLM):
             hidden_size=self.config.hidden_size,
             intermediate_size=self.config.moe_intermediate_size,
         )
+        prepare_fp8_block_experts_(self, named)  # block-FP8 experts stay FP8
         super().load_weights(named)
 
 

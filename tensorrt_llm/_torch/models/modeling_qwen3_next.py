@@ -24,7 +24,7 @@ from ..attention_backend import AttentionMetadata, get_attention_backend
 from ..attention_backend.piecewise import run_attention
 from ..modules.embedding import Embedding, LMHead
 from ..modules.fp8_linear import Fp8Activation, UnscaledOutput
-from ..modules.fused_moe import MoE, convert_hf_expert_weights
+from ..modules.fused_moe import MoE, convert_hf_expert_weights, prepare_fp8_block_experts_
 from ..modules.gated_delta_net import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
     GatedDeltaNet,
@@ -389,6 +389,7 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
                 hidden_size=config.hidden_size,
                 intermediate_size=config.moe_intermediate_size,
             )
+            prepare_fp8_block_experts_(self, named)  # block-FP8 experts stay FP8
         named = convert_qwen3_next_gdn_weights(
             named,
             num_k_heads=config.linear_num_key_heads,

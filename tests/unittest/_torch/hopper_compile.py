@@ -24,8 +24,10 @@ from triton.compiler import ASTSource
 from tensorrt_llm._torch.attention_backend.triton_kernels import decode, kv_store, prefill
 from tensorrt_llm._torch.modules.triton_kernels import (
     activation,
+    fp8_block,
     fp8_quant,
     fp8_scale,
+    fused_moe,
     gdn_decode,
     mrope,
     rms_norm,
@@ -34,15 +36,27 @@ from tensorrt_llm._torch.modules.triton_kernels import (
 _HOPPER = GPUTarget("cuda", 90, 32)
 
 
+# Arguments the block-FP8 kernels see divisible by 16 at run time (Triton specializes aligned
+# pointers, and sizes / strides that are multiples of 16), so their loads pipeline here as on
+# the GPU; a variant compiled without these would show single-stage shared memory.
+_DIVISIBLE = ("depth", "cols", "stride_am", "stride_bn", "stride_asm", "stride_bsn", "stride_cm")
+
+
 def _compile(kernel: Any, types: dict[str, str], constexprs: dict[str, Any], **options: Any):
     names = kernel.arg_names
+    divisible = options.pop("divisible", False)
     if "USE_PDL" in names:
         constexprs = {"USE_PDL": False, **constexprs}
     signature = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in names}
+    attrs = None
+    if divisible:
+        hinted = [n for n in names if signature[n].startswith("*") or n in _DIVISIBLE]
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in hinted}
     src = ASTSource(
         fn=kernel,
         signature=signature,
         constexprs={(names.index(n),): v for n, v in constexprs.items()},
+        attrs=attrs,
     )
     return triton.compile(src, target=_HOPPER, options=options or None)
 
@@ -152,10 +166,60 @@ def _more_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any],
     yield "gated delta rule decode", gdn_decode._gdn_decode_kernel, gdn_types, cx, {}
 
 
+def _fp8_block_variants() -> Iterator[
+    tuple[str, Any, dict[str, str], dict[str, Any], dict[str, Any]]
+]:
+    """Block-FP8 (1 x 128 activation groups, 128 x 128 weight blocks): the group quantisation,
+    every M bucket of the GEMM's tile table (direct bf16 output and split-K fp32 partials),
+    the split-K sum, and the block-scaled grouped-GEMM MoE kernels."""
+    quant_types = dict(x_ptr="*bf16", q_ptr="*fp8e4nv", scale_ptr="*fp32")
+    cx = dict(GROUP=128, GROUP_P=128, GROUPS_PER_PROG=16)
+    yield "fp8_block group quant", fp8_block._group_quant_kernel, quant_types, cx, dict(num_warps=8)
+    gemm_types = dict(
+        a_ptr="*fp8e4nv", a_scale_ptr="*fp32", b_ptr="*fp8e4nv", b_scale_ptr="*fp32",
+        bias_ptr="*bf16",
+    )  # fmt: skip
+    for tiles in fp8_block._GEMM_TILES:
+        for out, bn, has_bias in (("bf16", 128, False), ("fp32", 128, False), ("bf16", 1, True)):
+            if out == "fp32" and not tiles.split_k:
+                continue
+            cx = dict(
+                W_BLOCK_N=bn, HAS_BIAS=has_bias, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+                BLOCK_K=128,
+            )  # fmt: skip
+            opts = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages, divisible=True)
+            name = f"fp8_block gemm m<={tiles.max_rows} out={out} bn={bn} bias={has_bias}"
+            types = {**gemm_types, "c_ptr": f"*{out}"}
+            yield name, fp8_block._block_fp8_gemm_kernel, types, cx, opts
+    sum_types = dict(part_ptr="*fp32", out_ptr="*bf16", bias_ptr="*bf16")
+    yield (
+        "fp8_block split-k sum",
+        fp8_block._split_k_sum_kernel,
+        sum_types,
+        dict(HAS_BIAS=True, BLOCK=1024),
+        {},
+    )
+    # Qwen3.6-35B-A3B's experts (H 2048, I 512, top-8), both BLOCK_M choices of the launcher,
+    # block-FP8 and 16-bit (whose kernels now take the unused scale arguments).
+    for scaled, block_m in ((True, 16), (True, 64), (False, 16)):
+        w = "*fp8e4nv" if scaled else "*bf16"
+        base = dict(sorted_ptr="*i32", block_expert_ptr="*i32", w_ptr=w, w_scale_ptr="*fp32")
+        cx = dict(
+            BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128 if scaled else 64, PRECISION="tf32",
+            BLOCK_SCALED=scaled, W_BLOCK_N=128, HIDDEN=2048, INTER=512,
+        )  # fmt: skip
+        types = dict(base, x_ptr=w, out_ptr="*bf16", x_scale_ptr="*fp32")
+        name = f"fused_moe gate_up scaled={scaled} m{block_m}"
+        yield name, fused_moe._gate_up_silu_kernel, types, {**cx, "TOP_K": 8}, {}
+        types = dict(base, act_ptr=w, out_ptr="*fp32", topk_w_ptr="*bf16", act_scale_ptr="*fp32")
+        name = f"fused_moe down scaled={scaled} m{block_m}"
+        yield name, fused_moe._down_weighted_kernel, types, cx, {}
+
+
 def _pdl_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict[str, Any]]]:
     """Every kernel that takes USE_PDL, compiled with it on (grid-dependency instructions and
     Triton's `launch_pdl` option), as decode-sized launches run on Hopper by default."""
-    for name, kernel, types, cx, opts in [*_variants(), *_more_variants()]:
+    for name, kernel, types, cx, opts in [*_variants(), *_more_variants(), *_fp8_block_variants()]:
         if "USE_PDL" in kernel.arg_names and "split=True" not in name:
             yield (
                 f"{name} +pdl",
@@ -171,7 +235,8 @@ def _pdl_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], 
 
 def main() -> int:
     failed = 0
-    for name, kernel, types, cx, opts in [*_variants(), *_more_variants(), *_pdl_variants()]:
+    every = [*_variants(), *_more_variants(), *_fp8_block_variants(), *_pdl_variants()]
+    for name, kernel, types, cx, opts in every:
         try:
             compiled = _compile(kernel, types, cx, **opts)
             if "cubin" not in compiled.asm:

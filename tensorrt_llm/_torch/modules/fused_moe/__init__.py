@@ -8,6 +8,7 @@ from .moe import (
     convert_hf_expert_weights,
     fused_moe_dense_ref,
     fused_moe_ref,
+    prepare_fp8_block_experts_,
 )
 from .router import TopKRouter, softmax_topk
 
@@ -18,5 +19,6 @@ __all__ = [
     "convert_hf_expert_weights",
     "fused_moe_dense_ref",
     "fused_moe_ref",
+    "prepare_fp8_block_experts_",
     "softmax_topk",
 ]

@@ -7,6 +7,11 @@ Layout of `modules/fused_moe/moe.py`: `gate_up_proj: [E, 2*I, H]` (gate rows fir
    The buffer size is an upper bound known from shapes alone; unused blocks are marked empty.
 2. GEMM 1 per block: `silu(x @ gate^T) * (x @ up^T)` -> `[T*k, I]` in the activation dtype.
 3. GEMM 2 per block: `act @ down^T * routing_weight` -> `[T*k, H]` fp32, then a sum over k.
+
+Block-FP8 experts (`gate_up_scale_inv` / `down_scale_inv` given, weights e4m3 in the layout of
+`fp8_block.py`): x and then `act` are quantized per 1 x bk group (`per_token_group_quant_fp8`)
+before their GEMM, whose K tile is the scale block: each tile's fp8 dot is rescaled by the
+row's group scale and the weight rows' block scales in fp32 (`BLOCK_SCALED`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from . import tl, triton, triton_jit, use_triton
-from .fused_moe_ref import fused_moe_dense_ref, fused_moe_ref
+from .fp8_block import FP8_DTYPE, check_block_scales, per_token_group_quant_fp8
+from .fused_moe_ref import BlockScales, fused_moe_dense_ref, fused_moe_ref
 
 _BLOCK_N = 64
 _BLOCK_K = 64
@@ -22,14 +28,16 @@ _BLOCK_K = 64
 
 @triton_jit(do_not_specialize=("num_pairs",))
 def _gate_up_silu_kernel(
-    x_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr,
-    stride_xt, stride_we, stride_wn, stride_wk, stride_ot,
+    x_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, x_scale_ptr, w_scale_ptr,
+    stride_xt, stride_we, stride_wn, stride_wk, stride_ot, stride_xst, stride_wse, stride_wsn,
     num_pairs, num_experts,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_SCALED: tl.constexpr, W_BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    # grid: (num_blocks, cdiv(INTER, BLOCK_N)); x [T, HIDDEN], w [E, 2*INTER, HIDDEN].
+    # grid: (num_blocks, cdiv(INTER, BLOCK_N)); x [T, HIDDEN], w [E, 2*INTER, HIDDEN]. When
+    # BLOCK_SCALED: x e4m3 with scales [T, HIDDEN / BLOCK_K], w e4m3 with scales
+    # [E, 2*INTER / W_BLOCK_N, HIDDEN / BLOCK_K] (BLOCK_K is the scale block).
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < num_experts:  # Blocks past the last expert's run stay empty.
@@ -39,6 +47,9 @@ def _gate_up_silu_kernel(
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < INTER
         w_base = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn
+        ws_base = w_scale_ptr + expert.to(tl.int64) * stride_wse
+        gate_scale_ptrs = ws_base + (offs_n // W_BLOCK_N) * stride_wsn
+        up_scale_ptrs = ws_base + ((offs_n + INTER) // W_BLOCK_N) * stride_wsn
         acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, HIDDEN, BLOCK_K):
@@ -53,8 +64,16 @@ def _gate_up_silu_kernel(
             w_ptrs = w_base + offs_k[:, None] * stride_wk
             gate = tl.load(w_ptrs, mask=w_mask, other=0.0)
             up = tl.load(w_ptrs + INTER * stride_wn, mask=w_mask, other=0.0)
-            acc_gate = tl.dot(a, gate, acc_gate, input_precision=PRECISION)
-            acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
+            if BLOCK_SCALED:
+                kb = k0 // BLOCK_K
+                a_scale = tl.load(x_scale_ptr + tokens * stride_xst + kb, mask=valid, other=0.0)
+                gate_scale = tl.load(gate_scale_ptrs + kb, mask=mask_n, other=0.0)
+                up_scale = tl.load(up_scale_ptrs + kb, mask=mask_n, other=0.0)
+                acc_gate += tl.dot(a, gate) * (a_scale[:, None] * gate_scale[None, :])
+                acc_up += tl.dot(a, up) * (a_scale[:, None] * up_scale[None, :])
+            else:
+                acc_gate = tl.dot(a, gate, acc_gate, input_precision=PRECISION)
+                acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
         act = acc_gate * tl.sigmoid(acc_gate) * acc_up
         out_ptrs = out_ptr + pairs.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
         tl.store(out_ptrs, act.to(out_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
@@ -62,14 +81,15 @@ def _gate_up_silu_kernel(
 
 @triton_jit(do_not_specialize=("num_pairs",))
 def _down_weighted_kernel(
-    act_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, topk_w_ptr,
-    stride_at, stride_we, stride_wn, stride_wk, stride_ot,
+    act_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, topk_w_ptr, act_scale_ptr, w_scale_ptr,
+    stride_at, stride_we, stride_wn, stride_wk, stride_ot, stride_ast, stride_wse, stride_wsn,
     num_pairs, num_experts,
     HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_SCALED: tl.constexpr, W_BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    # grid: (num_blocks, cdiv(HIDDEN, BLOCK_N)); act [T*k, INTER], w [E, HIDDEN, INTER].
+    # grid: (num_blocks, cdiv(HIDDEN, BLOCK_N)); act [T*k, INTER], w [E, HIDDEN, INTER]; the
+    # block-scaled layout as in `_gate_up_silu_kernel`.
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < num_experts:
@@ -79,6 +99,8 @@ def _down_weighted_kernel(
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < HIDDEN
         w_base = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn
+        w_scale_ptrs = w_scale_ptr + expert.to(tl.int64) * stride_wse
+        w_scale_ptrs += (offs_n // W_BLOCK_N) * stride_wsn
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, INTER, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -93,7 +115,13 @@ def _down_weighted_kernel(
                 mask=mask_k[:, None] & mask_n[None, :],
                 other=0.0,
             )
-            acc = tl.dot(a, w, acc, input_precision=PRECISION)
+            if BLOCK_SCALED:
+                kb = k0 // BLOCK_K
+                a_scale = tl.load(act_scale_ptr + rows * stride_ast + kb, mask=valid, other=0.0)
+                w_scale = tl.load(w_scale_ptrs + kb, mask=mask_n, other=0.0)
+                acc += tl.dot(a, w) * (a_scale[:, None] * w_scale[None, :])
+            else:
+                acc = tl.dot(a, w, acc, input_precision=PRECISION)
         weight = tl.load(topk_w_ptr + rows, mask=valid, other=0.0).to(tl.float32)
         acc = acc * weight[:, None]
         out_ptrs = out_ptr + rows[:, None] * stride_ot + offs_n[None, :]
@@ -165,6 +193,25 @@ def _block(size: int, cap: int) -> int:
     return min(cap, max(16, triton.next_power_of_2(size)))
 
 
+def _check_block_scaled(
+    x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, scales: BlockScales
+) -> None:
+    if gate_up_proj.dtype != FP8_DTYPE or down_proj.dtype != FP8_DTYPE:
+        raise ValueError(
+            f"fused_moe with block scales needs e4m3 weights, got gate_up_proj "
+            f"{gate_up_proj.dtype}, down_proj {down_proj.dtype}"
+        )
+    for name, w, scale, block in (
+        ("gate_up_proj", gate_up_proj, scales.gate_up, scales.gate_up_block),
+        ("down_proj", down_proj, scales.down, scales.down_block),
+    ):
+        if scale.dim() != 3 or scale.shape[0] != w.shape[0]:
+            raise ValueError(
+                f"fused_moe: {name} scales must be [E, ., .], got {tuple(scale.shape)}"
+            )
+        check_block_scales(w[0], scale[0], block, f"fused_moe {name}")
+
+
 def _fused_moe_triton(
     x: torch.Tensor,
     gate_up_proj: torch.Tensor,
@@ -172,6 +219,7 @@ def _fused_moe_triton(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     block_m: int | None,
+    scales: BlockScales | None,
 ) -> torch.Tensor:
     num_tokens, hidden = x.shape
     num_experts, inter = gate_up_proj.shape[0], down_proj.shape[2]
@@ -186,22 +234,36 @@ def _fused_moe_triton(
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
     block_n1 = _block(inter, _BLOCK_N)
+    a1, a1_scale, s1, block_k1, w1_bn = x, x, w1, _block(hidden, _BLOCK_K), 1
+    if scales is not None:  # the K tile is the scale block; act stays 16-bit for its quant
+        block_k1, w1_bn = scales.gate_up_block[1], scales.gate_up_block[0]
+        a1, a1_scale = per_token_group_quant_fp8(x, block_k1)
+        s1 = scales.gate_up.float().contiguous()
     _gate_up_silu_kernel[(num_blocks, triton.cdiv(inter, block_n1))](
-        x, w1, act, sorted_pairs, block_expert,
-        x.stride(0), w1.stride(0), w1.stride(1), w1.stride(2), act.stride(0),
+        a1, w1, act, sorted_pairs, block_expert, a1_scale, s1,
+        a1.stride(0), w1.stride(0), w1.stride(1), w1.stride(2), act.stride(0),
+        a1_scale.stride(0), s1.stride(0), s1.stride(1),
         num_pairs, num_experts,
         HIDDEN=hidden, INTER=inter, TOP_K=top_k,
-        BLOCK_M=block_m, BLOCK_N=block_n1, BLOCK_K=_block(hidden, _BLOCK_K), PRECISION=precision,
+        BLOCK_M=block_m, BLOCK_N=block_n1, BLOCK_K=block_k1, PRECISION=precision,
+        BLOCK_SCALED=scales is not None, W_BLOCK_N=w1_bn,
     )  # fmt: skip
     routed = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
     weights = topk_weights.reshape(-1).contiguous()
     block_n2 = _block(hidden, _BLOCK_N)
+    a2, a2_scale, s2, block_k2, w2_bn = act, act, w2, _block(inter, _BLOCK_K), 1
+    if scales is not None:
+        block_k2, w2_bn = scales.down_block[1], scales.down_block[0]
+        a2, a2_scale = per_token_group_quant_fp8(act, block_k2)
+        s2 = scales.down.float().contiguous()
     _down_weighted_kernel[(num_blocks, triton.cdiv(hidden, block_n2))](
-        act, w2, routed, sorted_pairs, block_expert, weights,
-        act.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), routed.stride(0),
+        a2, w2, routed, sorted_pairs, block_expert, weights, a2_scale, s2,
+        a2.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), routed.stride(0),
+        a2_scale.stride(0), s2.stride(0), s2.stride(1),
         num_pairs, num_experts,
         HIDDEN=hidden, INTER=inter,
-        BLOCK_M=block_m, BLOCK_N=block_n2, BLOCK_K=_block(inter, _BLOCK_K), PRECISION=precision,
+        BLOCK_M=block_m, BLOCK_N=block_n2, BLOCK_K=block_k2, PRECISION=precision,
+        BLOCK_SCALED=scales is not None, W_BLOCK_N=w2_bn,
     )  # fmt: skip
     return routed.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)
 
@@ -214,24 +276,36 @@ def fused_moe(
     topk_weights: torch.Tensor,
     backend: str = "auto",
     block_m: int | None = None,
+    scales: BlockScales | None = None,
 ) -> torch.Tensor:
     """`sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])`: x `[T, H]` -> `[T, H]`.
 
-    NOTE: topk_ids must lie in `[0, E)`; checking that on the device would need a host sync.
-    The torch path is `fused_moe_ref`, or `fused_moe_dense_ref` during CUDA-graph capture.
+    With `scales`, the weights are block-FP8 (e4m3, `BlockScales` their scale_inv) and x is
+    16-bit or fp32. NOTE: topk_ids must lie in `[0, E)`; checking that on the device would
+    need a host sync. The torch path is `fused_moe_ref`, or `fused_moe_dense_ref` during
+    CUDA-graph capture.
     """
     _check_inputs(x, gate_up_proj, down_proj, topk_ids, topk_weights)
     if block_m is not None and (block_m < 16 or block_m & (block_m - 1)):
         raise ValueError(f"block_m must be a power of two >= 16, got {block_m}")
+    if scales is not None:
+        _check_block_scaled(x, gate_up_proj, down_proj, scales)
+    elif gate_up_proj.dtype == FP8_DTYPE or down_proj.dtype == FP8_DTYPE:
+        raise ValueError("fused_moe: e4m3 expert weights need their block scales (scales=)")
     if not use_triton("fused_moe", x.device, backend):
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
         ref = fused_moe_dense_ref if capturing else fused_moe_ref
-        return ref(x, gate_up_proj, down_proj, topk_ids, topk_weights)
-    if x.dtype != gate_up_proj.dtype or x.dtype != down_proj.dtype:
+        return ref(x, gate_up_proj, down_proj, topk_ids, topk_weights, scales=scales)
+    if scales is None and (x.dtype != gate_up_proj.dtype or x.dtype != down_proj.dtype):
         raise ValueError(
             f"fused_moe needs one dtype, got x {x.dtype}, gate_up_proj {gate_up_proj.dtype}, "
             f"down_proj {down_proj.dtype}"
         )
+    if scales is not None:  # the kernel's K tile is the scale block
+        for name, bk in (("gate_up", scales.gate_up_block[1]), ("down", scales.down_block[1])):
+            if bk < 32 or bk > 256 or bk & (bk - 1):
+                raise ValueError(f"fused_moe: the Triton kernel needs the {name} bk a power of "
+                                 f"two in [32, 256], got {bk}; use backend='torch'")  # fmt: skip
     if x.shape[0] == 0:
         return torch.zeros_like(x)
-    return _fused_moe_triton(x, gate_up_proj, down_proj, topk_ids, topk_weights, block_m)
+    return _fused_moe_triton(x, gate_up_proj, down_proj, topk_ids, topk_weights, block_m, scales)
