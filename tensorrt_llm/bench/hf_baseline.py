@@ -48,10 +48,13 @@ def _hf_inputs(
 
 @torch.inference_mode()
 def _generate_time(model: torch.nn.Module, kwargs: dict[str, Any], new_tokens: int) -> float:
-    torch.cuda.synchronize()
+    on_cuda = next(model.parameters()).device.type == "cuda"
+    if on_cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    torch.cuda.synchronize()
+    if on_cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 

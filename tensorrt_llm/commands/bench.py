@@ -271,7 +271,8 @@ def _run_served(args: argparse.Namespace, folder: Path, config: Any) -> list[dic
 
 
 def _ratios(num: list[dict[str, float]], den: list[dict[str, float]]) -> list[dict[str, float]]:
-    """Per concurrency present in both: throughput, TTFT p50 and ITL p50 of num over den."""
+    """Per concurrency present in both: throughput, TTFT p50 and ITL p50 of num over den
+    (those both rows have: the HF baseline's rows carry throughput and means only)."""
     out = []
     for row in num:
         match = next((r for r in den if r["concurrency"] == row["concurrency"]), None)
@@ -279,7 +280,8 @@ def _ratios(num: list[dict[str, float]], den: list[dict[str, float]]) -> list[di
             continue
         ratio = {"concurrency": row["concurrency"]}
         for key in ("output_tok_s", "ttft_ms_p50", "itl_ms_p50"):
-            ratio[f"{key}_ratio"] = row[key] / match[key] if match[key] else float("nan")
+            if key in row and key in match:
+                ratio[f"{key}_ratio"] = row[key] / match[key] if match[key] else float("nan")
         out.append(ratio)
     return out
 
@@ -294,17 +296,24 @@ def _run_hf(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[st
     from ..bench.hf_baseline import build_hf_model, run_hf_baseline
 
     dtype = getattr(torch, args.dtype)
-    model = build_hf_model(config, dtype, "cuda")
+    device = _hf_device(args.device)
+    model = build_hf_model(config, dtype, device)
     rows = []
     for c in args.hf_concurrency or args.concurrency:
         workload = Workload(args.isl, args.hf_max_osl, args.images_per_request, args.image_size, c)
         prompts = make_requests(config, workload)
-        rows.append(run_hf_baseline(model, str(folder), prompts, c, args.hf_max_osl))
+        rows.append(run_hf_baseline(model, str(folder), prompts, c, args.hf_max_osl, device))
         print("HF", rows[-1], flush=True)
     del model
-    gc.collect()
-    torch.cuda.empty_cache()
+    _free_accelerator()
     return rows
+
+
+def _hf_device(device: str) -> str:
+    """The HF baseline's device: `--device`, with "auto" meaning CUDA when there is one."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
 def _report(args: argparse.Namespace, result: dict[str, Any], hf: list[dict[str, float]]) -> None:
@@ -336,11 +345,15 @@ def _report(args: argparse.Namespace, result: dict[str, Any], hf: list[dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # The model folder (config, tokenizer, processor files) lives only as long as the run.
+    with tempfile.TemporaryDirectory(prefix="trtllm-bench-") as scratch:
+        return _main(args, Path(scratch))
+
+
+def _main(args: argparse.Namespace, scratch: Path) -> int:
     from .._torch.config_utils import load_pretrained_config
 
-    folder = prepare_model_folder(
-        args.config, tempfile.mkdtemp(prefix="trtllm-bench-"), args.image_size
-    )
+    folder = prepare_model_folder(args.config, scratch, args.image_size)
     config = load_pretrained_config(folder)
     # HF first: its model is freed before ours sizes the KV cache from free memory.
     hf = _run_hf(args, folder, config) if args.hf_baseline else []

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from tensorrt_llm._torch.config_utils import load_pretrained_config
 from tensorrt_llm.bench.metrics import RequestTiming, summarize
@@ -94,3 +96,21 @@ def test_piecewise_graphs_flag_needs_cuda_graphs(tiny_config: Path) -> None:
     with pytest.raises(SystemExit, match="needs CUDA graphs"):
         main(["--config", str(tiny_config), "--no_cuda_graph", "--piecewise_max_tokens", "256",
               "--device", "cpu"])  # fmt: skip
+
+
+def test_hf_baseline_on_cpu_leaves_no_temporary_folder(
+    tiny_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    out = tmp_path / "result.json"
+    args = ["--config", str(tiny_config), "--isl", "60", "--osl", "4", "--image_size", "32",
+            "--concurrency", "1", "--dtype", "float32", "--output", str(out),
+            "--hf_baseline", "--hf_max_osl", "3"]  # fmt: skip
+    if not torch.cuda.is_available():
+        args += ["--device", "auto"]  # "auto" is the CPU here: the baseline crashed on "cuda"
+    assert main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["hf"][0]["output_tok_s"] > 0 and result["ratios"][0]["throughput_ratio"] > 0
+    assert list(scratch.iterdir()) == []
