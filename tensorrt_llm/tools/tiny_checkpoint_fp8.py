@@ -96,7 +96,9 @@ def quantize_weights_fp8_block(
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     """(block-FP8 weights, dequantized 16-bit weights, quantization_config) of `weights`."""
     weights = _per_expert(weights, cfg)
-    quant = QuantConfig(weight_block_size=block, modules_to_not_convert=tuple(_not_converted(weights)))
+    quant = QuantConfig(
+        weight_block_size=block, modules_to_not_convert=tuple(_not_converted(weights))
+    )
     fp8: dict[str, torch.Tensor] = {}
     ref: dict[str, torch.Tensor] = {}
     for name, t in sorted(weights.items()):

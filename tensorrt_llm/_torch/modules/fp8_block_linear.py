@@ -55,7 +55,10 @@ def merge_shard_scales(
     if layer_bn == block[0]:
         return torch.cat(list(scales), dim=0)
     # Row-granular: row n of a shard reads block row n // bn of that shard's own grid.
-    rows = [s.repeat_interleave(block[0], dim=0)[: w.shape[0]] for w, s in zip(shards, scales)]
+    rows = [
+        s.repeat_interleave(block[0], dim=0)[: w.shape[0]]
+        for w, s in zip(shards, scales, strict=True)
+    ]
     return torch.cat(rows, dim=0)
 
 
@@ -77,10 +80,13 @@ def check_shards(
     quantize_on_load: bool,
 ) -> None:
     """A ValueError unless the checkpoint tensors fit a block-FP8 layer (see `load_fp8_block`)."""
+    if len(shards) != len(splits) or (scales is not None and len(scales) != len(shards)):
+        got = "no" if scales is None else len(scales)
+        raise ValueError(f"{name}: {len(shards)} weights, {got} scales for splits {tuple(splits)}")
     dtypes = {w.dtype for w in shards}
     if len(dtypes) != 1:
         raise ValueError(f"{name}: its shards mix dtypes {sorted(map(str, dtypes))}")
-    for w, rows in zip(shards, splits):
+    for w, rows in zip(shards, splits, strict=True):
         if tuple(w.shape) != (rows, in_features):
             raise ValueError(
                 f"{name}: checkpoint shard {tuple(w.shape)} vs model {(rows, in_features)}"
@@ -95,7 +101,7 @@ def check_shards(
             f"{name}: the checkpoint stores this layer in {shards[0].dtype}, but its "
             "quantization_config does not list it in modules_to_not_convert (block-FP8 expected)"
         )
-    for i, (w, s) in enumerate(zip(shards, scales or ())):
+    for i, (w, s) in enumerate(zip(shards, scales or (), strict=False)):  # (none: no scales)
         if s.dtype != torch.float32:
             raise ValueError(f"{name}: weight_scale_inv must be float32, got {s.dtype}")
         check_block_scales(w, s, block, f"{name} (shard {i})")
@@ -116,9 +122,9 @@ def load_fp8_block(
     """Fill a block-FP8 layer's `weight`/`scale_inv` from its checkpoint shards.
 
     `block` is the checkpoint's (per shard), `layer_bn` the row count of the layer's scale
-    blocks (`scale_rows`). e4m3 shards need their fp32 scales; 16-bit shards (no scales) are quantized here, one
-    shard at a time, when `quantize_on_load` (quantization="fp8_block" on a 16-bit checkpoint,
-    or random weights). Anything else is a ValueError naming the layer.
+    blocks (`scale_rows`). e4m3 shards need their fp32 scales; 16-bit shards (no scales) are
+    quantized here, one shard at a time, when `quantize_on_load` (quantization="fp8_block" on
+    a 16-bit checkpoint, or random weights). Anything else is a ValueError naming the layer.
     """
     check_shards(name, shards, scales, splits, weight.shape[1], block, quantize_on_load)
     if scales is None:

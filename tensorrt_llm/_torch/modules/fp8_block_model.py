@@ -49,7 +49,7 @@ def fp8_block_linears(model: nn.Module, quant_config: QuantConfig) -> dict[str, 
         if all(converts):
             chosen[name] = module
         elif any(converts):
-            listed = [names[0] for names, c in zip(shards, converts) if not c]
+            listed = [names[0] for names, c in zip(shards, converts, strict=True) if not c]
             raise ValueError(
                 f"{name} fuses checkpoint projections of which only {listed} are listed in "
                 "modules_to_not_convert; a fused layer is either all block-FP8 or all 16-bit"

@@ -66,7 +66,9 @@ class Linear(nn.Module):
         if self.fp8_block is not None:
             if isinstance(x, Fp8Activation):
                 raise TypeError("per-row FP8 activations given to a block-FP8 Linear")
-            return fp8_block_forward(x, self.weight, self.weight_scale_inv, self.bias, self.fp8_block)
+            return fp8_block_forward(
+                x, self.weight, self.weight_scale_inv, self.bias, self.fp8_block
+            )
         if self.per_channel_fp8:
             return fp8_linear(x, self.weight, self.weight_scale, self.bias)
         if isinstance(x, Fp8Activation):

@@ -185,9 +185,7 @@ def test_dummy_weights_in_block_layout(root: Path) -> None:
     for ckpt in (ref, fp8):  # a 16-bit config, and one that already says block-FP8
         args = LlmArgs(model=str(ckpt), device="cpu", load_format="dummy", quantization="fp8_block")
         config = args.to_engine_config()
-        model = py_executor_creator._build_model(
-            *_route(config), torch.device("cpu"), config
-        )
+        model = py_executor_creator._build_model(*_route(config), torch.device("cpu"), config)
         blocks = [m for m in model.modules() if getattr(m, "fp8_block", None) is not None]
         assert blocks and all(m.weight.dtype == FP8_DTYPE for m in blocks)
         for m in blocks:
