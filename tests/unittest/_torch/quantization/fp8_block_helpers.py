@@ -27,19 +27,24 @@ from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 from tensorrt_llm.tools.tiny_checkpoint_fp8 import convert_checkpoint_fp8_block
 
 
-def load_engine(ckpt: Path, quantization: str | None = None) -> PyTorchModelEngine:
+def load_engine(
+    ckpt: Path,
+    quantization: str | None = None,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> PyTorchModelEngine:
     """Our model from `ckpt` (block-FP8 as its config says, or as `quantization` asks)."""
     config = load_pretrained_config(ckpt)
     quant = resolve_quant_config(quantization, config)
     model = load_model(
         get_model_class(resolve_architecture(config)),
-        ModelConfig(config, max_num_seq_slots=4, checkpoint_dir=str(ckpt)),
-        "cpu",
+        ModelConfig(config, torch_dtype=dtype, max_num_seq_slots=4, checkpoint_dir=str(ckpt)),
+        device,
         prepare=(lambda m: apply_fp8_block_config_(m, quant)) if quant is not None else None,
     )
     engine = PyTorchModelEngine(
         model,
-        torch.device("cpu"),
+        torch.device(device),
         max_num_tokens=256,
         max_batch_size=4,
         max_seq_len=256,
@@ -55,8 +60,8 @@ def load_engine(ckpt: Path, quantization: str | None = None) -> PyTorchModelEngi
             16,
             64,
             16,
-            dtype=torch.float32,
-            device="cpu",
+            dtype=dtype,
+            device=device,
         )
     )
     return engine
