@@ -219,3 +219,14 @@ def test_tiny_config_with_partial_blocks_loads_exactly(
     got, _ = prefill_and_greedy(engine, fp8, ids, 1)
     want, _ = prefill_and_greedy(load_engine(tmp_path / "ref"), tmp_path / "ref", ids, 1)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_bench_takes_fp8_block(tmp_path: Path) -> None:
+    from tensorrt_llm.commands.bench import parse_args, serve_flags
+
+    args = parse_args(["--config", "c.json", "--quantization", "fp8_block", "--device", "cpu"])
+    assert args.quantization == "fp8_block"
+    flags = serve_flags(args, tmp_path)
+    assert flags[flags.index("--quantization") + 1] == "fp8_block"
+    with pytest.raises(SystemExit):
+        parse_args(["--config", "c.json", "--quantization", "awq"])
