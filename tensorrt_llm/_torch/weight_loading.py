@@ -9,6 +9,12 @@ How the engine builds a model (see `load_model`):
   3. `model.load_weights(weights)` maps HF names onto the model through `load_hf_weights`,
      which fills fused projections from their HF parts and raises a ValueError naming any
      missing or unexpected weights.
+
+Block-FP8 checkpoints: `build_model_on_meta(..., prepare=)` switches the chosen `Linear`s to
+block-FP8 while the model is still on meta (so the weights never exist in 16 bits on the
+device), and `load_hf_weights` hands each such layer its e4m3 `weight` and fp32
+`weight_scale_inv` shards (`Linear.load_fp8_block_shards`). An e4m3 tensor is never copied
+into a 16-bit parameter (nor the reverse): that is an error naming the weight.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
 }
 # HF checkpoint entries that carry no weights we use
 DEFAULT_IGNORE: tuple[str, ...] = (r"(^|\.)rotary_emb\.inv_freq$",)
+_SCALE = "weight_scale_inv"
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _INDEX_FILE = "model.safetensors.index.json"
 _SINGLE_FILE = "model.safetensors"
 
@@ -97,6 +105,16 @@ def check_weights(expected: set[str], got: set[str], optional: Iterable[str] = (
         problems.append(f"missing {len(missing)} weights: {_preview(missing)}")
     if unexpected:
         problems.append(f"unexpected {len(unexpected)} weights: {_preview(unexpected)}")
+    if any(n.endswith(_SCALE) for n in missing):
+        problems.append(
+            f"block-FP8 layers need their {_SCALE}; a layer the checkpoint stores in 16 bits "
+            "must be listed in quantization_config.modules_to_not_convert"
+        )
+    if any(n.endswith(_SCALE) for n in unexpected):
+        problems.append(
+            f"{_SCALE} tensors for layers this model holds in 16 bits (listed in "
+            "modules_to_not_convert, or the checkpoint's config has no quantization_config)"
+        )
     if problems:
         raise ValueError("checkpoint does not match the model: " + "; ".join(problems))
 
@@ -134,13 +152,36 @@ def load_hf_weights(
     params = dict(model.named_parameters(remove_duplicate=False))
     sources = {p: _split_fused(p, fused) for p in params}
     expected = {hf for names in sources.values() for hf in names}
+    blocks = _block_fp8_layers(model)
+    optional = set(optional)
+    for prefix, layer in blocks.items():
+        if layer.quantize_on_load:  # 16-bit checkpoints carry no scales
+            optional.update(sources[prefix + _SCALE])
     check_weights(expected, set(renamed), optional)
     with torch.no_grad():
+        for prefix, layer in blocks.items():
+            weight_names = sources.pop(prefix + "weight")
+            scale_names = sources.pop(prefix + _SCALE)
+            scales = [renamed[n] for n in scale_names if n in renamed]
+            layer.load_fp8_block_shards(
+                prefix + "weight",
+                [renamed[n] for n in weight_names],
+                scales if scales else None,
+            )
         for param_name, hf_names in sources.items():
             present = [renamed[n] for n in hf_names if n in renamed]
             if not present:
                 continue  # an optional weight (tied head) left out of the checkpoint
             _copy_into(params[param_name], param_name, present, hf_names)
+
+
+def _block_fp8_layers(model: nn.Module) -> dict[str, Any]:
+    """Block-FP8 `Linear`s (`Linear.to_fp8_block_`) by parameter-name prefix ("" or "a.b.")."""
+    return {
+        (name + "." if name else ""): module
+        for name, module in model.named_modules()
+        if getattr(module, "fp8_block", None) is not None
+    }
 
 
 def _copy_into(
@@ -150,6 +191,13 @@ def _copy_into(
         raise ValueError(f"parameter {name!r} is still on the meta device; materialise first")
     if len(shards) != len(hf_names):
         raise ValueError(f"{name!r} needs all of {hf_names}, got {len(shards)} of them")
+    fp8 = {s.dtype in _FP8_DTYPES for s in shards}
+    if fp8 != {param.dtype in _FP8_DTYPES}:
+        raise ValueError(
+            f"{name!r} (from {hf_names}) is {param.dtype} in the model but the checkpoint has "
+            f"{sorted({str(s.dtype) for s in shards})}: FP8 tensors are never loaded as 16-bit "
+            "ones (or the reverse); check quantization_config.modules_to_not_convert"
+        )
     value = shards[0] if len(shards) == 1 else torch.cat(shards, dim=0)
     if value.shape != param.shape:
         raise ValueError(
@@ -191,14 +239,21 @@ def materialize_meta_model(model: nn.Module, device: str | torch.device) -> nn.M
 
 
 def build_model_on_meta(
-    cls: Callable[[Any], nn.Module], model_config: Any, device: str | torch.device
+    cls: Callable[[Any], nn.Module],
+    model_config: Any,
+    device: str | torch.device,
+    prepare: Callable[[nn.Module], object] | None = None,
 ) -> nn.Module:
     """Construct `cls(model_config)` without allocating weights, then materialise on `device`.
 
-    The parameters hold garbage until `model.load_weights(...)` fills them.
+    `prepare(model)` runs while the model is still on meta (block-FP8: switch linears to
+    e4m3 before any storage exists). The parameters hold garbage until
+    `model.load_weights(...)` fills them.
     """
     with torch.device("meta"):
         model = cls(model_config)
+        if prepare is not None:
+            prepare(model)
     return materialize_meta_model(model, device).eval()
 
 
@@ -207,12 +262,13 @@ def load_model(
     model_config: Any,
     device: str | torch.device,
     checkpoint_dir: str | Path | None = None,
+    prepare: Callable[[nn.Module], object] | None = None,
 ) -> nn.Module:
-    """Build on meta, then load the safetensors checkpoint (default: `checkpoint_dir` of
-    `model_config`)."""
+    """Build on meta (`prepare` as in build_model_on_meta), then load the safetensors
+    checkpoint (default: `checkpoint_dir` of `model_config`)."""
     checkpoint_dir = checkpoint_dir or getattr(model_config, "checkpoint_dir", None)
     if checkpoint_dir is None:
         raise ValueError("load_model needs a checkpoint_dir (or model_config.checkpoint_dir)")
-    model = build_model_on_meta(cls, model_config, device)
+    model = build_model_on_meta(cls, model_config, device, prepare)
     model.load_weights(load_safetensors_checkpoint(checkpoint_dir))  # type: ignore[operator]
     return model

@@ -107,9 +107,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--quantization",
-        choices=["fp8"],
+        choices=["fp8", "fp8_block"],
         default=None,
-        help="fp8 weights+activations in the text decoder (ours only)",
+        help="fp8: per-channel FP8 weights+activations in the text decoder; fp8_block: the "
+        "-FP8 releases' 128x128 block layout (ours only)",
     )
     p.add_argument(
         "--kv_cache_dtype",

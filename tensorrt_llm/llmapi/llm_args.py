@@ -22,6 +22,7 @@ from .._torch.attention_backend.interface import FLASH_ATTN_PAGE_MULTIPLE
 from .._torch.pyexecutor.capacity import batch_size_cap
 from .._torch.pyexecutor.engine_config import CudaGraphConfig, EngineConfig
 from .._torch.pyexecutor.engine_config import check_int as _check_int
+from .._torch.quantization import QUANTIZATION_MODES, resolve_quant_config
 from ..inputs.validation import check_mm_processor_kwargs
 
 DTYPES: dict[str, torch.dtype | None] = {
@@ -77,7 +78,10 @@ class LlmArgs:
     attn_backend: str = "auto"
     # Decode CUDA graphs (a CudaGraphConfig, or a dict of its fields); None turns them off.
     cuda_graph_config: CudaGraphConfig | None = field(default_factory=CudaGraphConfig)
-    # "fp8": e4m3 weights (per-channel) and activations (per-token) in the text decoder.
+    # "fp8": e4m3 weights (per-channel) and activations (per-token) in the text decoder, on a
+    # 16-bit checkpoint. "fp8_block": 128 x 128 block-scaled e4m3 weights and per-token-group
+    # activations (the Qwen -FP8 releases' layout), converted at load. None: the checkpoint as
+    # it is (block-FP8 when its config.json has a quantization_config).
     quantization: str | None = None
     # "auto": the KV cache takes the model dtype. "fp8": e4m3 K/V (half the bytes: twice the
     # cached tokens and half the decode-attention traffic); values are stored unscaled and
@@ -104,7 +108,7 @@ class LlmArgs:
         _check_choice("device", self.device, DEVICES)
         _check_choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
         _check_choice("load_format", self.load_format, ["auto", "dummy"])
-        _check_choice("quantization", self.quantization, [None, "fp8"])
+        _check_choice("quantization", self.quantization, QUANTIZATION_MODES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, list(KV_CACHE_DTYPES))
         _check_choice("executor_mode", self.executor_mode, EXECUTOR_MODES)
         _check_int("max_batch_size", self.max_batch_size, 1, allow_none=True)
@@ -311,6 +315,7 @@ class LlmArgs:
             load_format=self.load_format,
             seed=self.seed or 0,
             quantization=self.quantization,
+            quant_config=resolve_quant_config(self.quantization, config),
             enable_chunked_prefill=self.enable_chunked_prefill,
             disable_overlap_scheduler=self.disable_overlap_scheduler,
             use_cuda_graph=graphs is not None,

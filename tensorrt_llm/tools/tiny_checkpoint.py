@@ -394,7 +394,12 @@ def _dump_json(path: Path, obj: dict[str, Any]) -> None:
 
 
 def write_tiny_checkpoint(
-    family: str, out_dir: str | Path, seed: int = 0, **overrides: Any
+    family: str,
+    out_dir: str | Path,
+    seed: int = 0,
+    quantization: str | None = None,
+    reference_dir: str | Path | None = None,
+    **overrides: Any,
 ) -> Path:
     """Write a complete tiny HF checkpoint folder for `family` into `out_dir` and return it.
 
@@ -402,7 +407,13 @@ def write_tiny_checkpoint(
     other key is set at the top level of config.json (e.g. `tie_word_embeddings=True`), except:
     `rope_scaling={...}` merges into the text rope parameters (e.g. YaRN, any family), and
     `mtp_num_hidden_layers=N` adds N MTP layers' `mtp.*` weights (Qwen3.5 families).
+    `quantization="fp8_block"`: the weights as the -FP8 releases store them
+    (tiny_checkpoint_fp8.py); `reference_dir` then also gets their dequantized 16-bit copy.
     """
+    if quantization not in (None, "fp8_block"):
+        raise ValueError(f"quantization must be None or 'fp8_block', got {quantization!r}")
+    if reference_dir is not None and quantization is None:
+        raise ValueError("reference_dir is the dequantized copy of a quantized checkpoint")
     cfg = build_config_dict(family, **overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -410,6 +421,10 @@ def write_tiny_checkpoint(
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     _dump_json(out / "config.json", cfg)
     write_processing_files(out, cfg)
+    if quantization is not None:
+        from .tiny_checkpoint_fp8 import convert_checkpoint_fp8_block
+
+        convert_checkpoint_fp8_block(out, out, reference_dir)
     return out
 
 

@@ -87,7 +87,12 @@ class GatedAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         bias = bool(getattr(config, "attention_bias", False))
         self.qkv_proj = Linear(
-            config.hidden_size, 2 * self.q_size + 2 * self.kv_size, bias=bias, dtype=dtype
+            config.hidden_size,
+            2 * self.q_size + 2 * self.kv_size,
+            bias=bias,
+            dtype=dtype,
+            # q_proj holds q and its output gate; the shards place block-FP8 scales.
+            output_splits=(2 * self.q_size, self.kv_size, self.kv_size),
         )
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias, dtype=dtype)
         self.q_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)

@@ -1,5 +1,8 @@
 """Linear layer with optional fused output shards (qkv, gate_up), and `quantize_model_fp8_`,
-which converts a model's Linears to FP8 in place (fp8_linear.py has the FP8 compute)."""
+which converts a model's Linears to FP8 in place (fp8_linear.py has the FP8 compute).
+
+A Linear is 16-bit, per-channel FP8 (`quantize_linear_fp8_`, after loading) or block-FP8
+(`to_fp8_block_`, before loading: fp8_block_linear.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fp8_block_linear import fp8_block_forward, load_fp8_block, scale_rows
 from .fp8_linear import (
     FP8_DTYPE,
     Fp8Activation,
@@ -47,18 +51,79 @@ class Linear(nn.Module):
         self.output_splits = splits
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
+        # Block-FP8 mode (`to_fp8_block_`): (bn, bk) of `weight_scale_inv`, the checkpoint's
+        # per-shard block, and whether 16-bit weights are quantized as they load.
+        self.fp8_block: tuple[int, int] | None = None
+        self.checkpoint_block: tuple[int, int] | None = None
+        self.quantize_on_load = False
+
+    @property
+    def per_channel_fp8(self) -> bool:
+        """Converted by `quantize_model_fp8_` (e4m3 weight, per-channel `weight_scale`)."""
+        return self.fp8_block is None and self.weight.dtype == FP8_DTYPE
 
     def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
-        if self.weight.dtype == FP8_DTYPE:  # converted by quantize_model_fp8_
+        if self.fp8_block is not None:
+            if isinstance(x, Fp8Activation):
+                raise TypeError("per-row FP8 activations given to a block-FP8 Linear")
+            return fp8_block_forward(
+                x, self.weight, self.weight_scale_inv, self.bias, self.fp8_block
+            )
+        if self.per_channel_fp8:
             return fp8_linear(x, self.weight, self.weight_scale, self.bias)
         if isinstance(x, Fp8Activation):
             raise TypeError("FP8 activation rows given to a 16-bit Linear")
         return F.linear(x, self.weight, self.bias)
 
+    def to_fp8_block_(self, block: tuple[int, int], quantize_on_load: bool = False) -> None:
+        """Switch to block-FP8 before the weights exist (typically on the meta device): an
+        e4m3 `weight [N, K]` and an fp32 `weight_scale_inv` in `block` (bn, bk) blocks, or
+        row-granular (bn = 1) when a fused shard does not end on a bn boundary."""
+        if self.fp8_block is not None or self.per_channel_fp8:
+            raise ValueError("Linear is already FP8")
+        device = self.weight.device
+        bn = scale_rows(self.output_splits, block)
+        grid = (-(-self.out_features // bn), -(-self.in_features // block[1]))
+        self.weight = nn.Parameter(
+            torch.empty(self.out_features, self.in_features, dtype=FP8_DTYPE, device=device),
+            requires_grad=False,
+        )
+        self.weight_scale_inv = nn.Parameter(
+            torch.empty(grid, dtype=torch.float32, device=device), requires_grad=False
+        )
+        self.fp8_block = (bn, block[1])
+        self.checkpoint_block = block
+        self.quantize_on_load = quantize_on_load
+
+    def load_fp8_block_shards(
+        self,
+        name: str,
+        shards: Sequence[torch.Tensor],
+        scales: Sequence[torch.Tensor] | None,
+        quantize: bool | None = None,
+    ) -> None:
+        """Fill this block-FP8 layer from its checkpoint shards (one per `output_splits`
+        entry): e4m3 with fp32 scales, or 16-bit without when quantized on load."""
+        if self.fp8_block is None or self.checkpoint_block is None:
+            raise ValueError(f"{name} is not a block-FP8 Linear")
+        if len(shards) != len(self.output_splits):
+            raise ValueError(f"{name}: {len(shards)} shards for splits {self.output_splits}")
+        load_fp8_block(
+            name,
+            self.weight,
+            self.weight_scale_inv,
+            shards,
+            scales,
+            self.output_splits,
+            self.checkpoint_block,
+            self.fp8_block[0],
+            self.quantize_on_load if quantize is None else quantize,
+        )
+
     def takes_fp8_rows(self, x: torch.Tensor) -> bool:
         """Whether a producer should hand this layer `x` as e4m3 rows (`Fp8Activation`):
-        an FP8 layer at the sizes where it runs the tensor-wise GEMM on them."""
-        return self.weight.dtype == FP8_DTYPE and x.dim() == 2 and uses_tensorwise_gemm(x)
+        a per-channel FP8 layer at the sizes where it runs the tensor-wise GEMM on them."""
+        return self.per_channel_fp8 and x.dim() == 2 and uses_tensorwise_gemm(x)
 
     def forward_unscaled(
         self, x: torch.Tensor | Fp8Activation
@@ -68,7 +133,7 @@ class Linear(nn.Module):
         bias and `x` takes the tensor-wise GEMM (always, for `Fp8Activation` rows); None
         otherwise (call `forward`).
         """
-        if self.weight.dtype != FP8_DTYPE or self.bias is not None:
+        if not self.per_channel_fp8 or self.bias is not None:
             return None
         if isinstance(x, Fp8Activation):
             out, row_scale = fp8_gemm_unscaled(x, self.weight)
@@ -85,9 +150,10 @@ class Linear(nn.Module):
         return self(x) if unscaled is None else UnscaledOutput(*unscaled)
 
     def extra_repr(self) -> str:
+        block = f", fp8_block={self.fp8_block}" if self.fp8_block is not None else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, output_splits={self.output_splits}"
+            f"bias={self.bias is not None}, output_splits={self.output_splits}{block}"
         )
 
 
@@ -102,6 +168,8 @@ def quantize_model_fp8_(model: nn.Module, skip: tuple[str, ...] = ("visual",)) -
     for name, module in model.named_modules():
         if not isinstance(module, Linear) or any(part in skip for part in name.split(".")):
             continue
+        if module.fp8_block is not None:
+            raise ValueError(f"{name} is block-FP8 already; per-channel fp8 needs 16-bit weights")
         quantize_linear_fp8_(module)
         count += 1
     return count

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ..quantization import QuantConfig
+
 
 def check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
     """ValueError naming `name` unless `value` is an int >= minimum (or None when allowed)."""
@@ -118,7 +120,8 @@ class EngineConfig:
     load_format: str
     # Seed of the dummy-weight generator (LlmArgs.seed, 0 when not given).
     seed: int
-    # None, or "fp8": e4m3 weights and activations in the text decoder's linear layers.
+    # None, "fp8" (per-channel e4m3 weights and per-token activations in the text decoder's
+    # linears, converted after loading) or "fp8_block" (the user's LlmArgs.quantization).
     quantization: str | None
     # Whether a prompt longer than max_num_tokens is prefilled over several steps.
     enable_chunked_prefill: bool
@@ -136,6 +139,9 @@ class EngineConfig:
     # Piecewise prefill/mixed graphs: 0 off, N the largest token bucket; None: the default,
     # min(2048, max_num_tokens) where the built model can run them (decided after the build).
     piecewise_max_tokens: int | None
+    # Block-FP8 linears (`_torch/quantization.py`): the checkpoint's quantization_config, or
+    # the releases' layout for quantization="fp8_block" on 16-bit / random weights; None: none.
+    quant_config: QuantConfig | None = None
 
     @property
     def text_config(self) -> Any:

@@ -17,7 +17,13 @@ import torch
 from ...inputs.multimodal import MultimodalParams
 from ..models.modeling_auto import get_model_class
 from ..models.modeling_utils import ModelConfig
+from ..modules.fp8_block_model import (
+    apply_fp8_block_config_,
+    fill_dummy_fp8_block_,
+    quantize_moe_experts_fp8_block_,
+)
 from ..modules.linear import quantize_model_fp8_
+from ..quantization import QuantConfig
 from ..weight_loading import build_model_on_meta, load_model
 from .capacity import (
     BatchSizing,
@@ -88,6 +94,8 @@ def _fill_dummy_weights(model: torch.nn.Module, seed: int) -> None:
     """
     generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
+        if param.dtype == torch.float8_e4m3fn or name.endswith("weight_scale_inv"):
+            continue  # block-FP8 layers: fill_dummy_fp8_block_
         gen = generators.get(param.device)
         if gen is None:
             gen = generators[param.device] = torch.Generator(param.device).manual_seed(seed)
@@ -100,13 +108,36 @@ def _fill_dummy_weights(model: torch.nn.Module, seed: int) -> None:
 
 
 def _build_model(
-    cls: type, model_config: ModelConfig, device: torch.device, load_format: str, seed: int
+    cls: type,
+    model_config: ModelConfig,
+    device: torch.device,
+    config: EngineConfig,
 ) -> torch.nn.Module:
-    if load_format == "dummy":
-        model = build_model_on_meta(cls, model_config, device)
-        _fill_dummy_weights(model, seed)
-        return model.eval()
-    return load_model(cls, model_config, device)
+    quant = config.quant_config
+
+    def prepare(model: torch.nn.Module) -> None:  # on meta: no 16-bit copy of FP8 layers
+        if quant is not None:
+            converted = apply_fp8_block_config_(model, quant)
+            source = "checkpoint" if quant.from_checkpoint else "quantized at load"
+            logger.info("fp8_block: %d block-FP8 linear layers (%s)", converted, source)
+
+    if config.load_format == "dummy":
+        model = build_model_on_meta(cls, model_config, device, prepare)
+        _fill_dummy_weights(model, config.seed)
+        if quant is not None:
+            fill_dummy_fp8_block_(model, config.seed)
+    else:
+        model = load_model(cls, model_config, device, prepare=prepare)
+    if quant is not None and (config.load_format == "dummy" or not quant.from_checkpoint):
+        quantize_moe_experts_fp8_block_(model)
+    return model.eval()
+
+
+def _check_quant_config(config: EngineConfig) -> QuantConfig | None:
+    quant = config.quant_config
+    if quant is not None and config.quantization == "fp8":
+        raise ValueError("quantization='fp8' cannot apply to a block-FP8 model")
+    return quant
 
 
 def _presize_hybrid(
@@ -205,7 +236,8 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     if presized is not None:
         model_config = replace(model_config, max_num_seq_slots=presized.max_batch_size)
     num_slots = model_config.max_num_seq_slots
-    model = _build_model(cls, model_config, device, config.load_format, config.seed)
+    _check_quant_config(config)
+    model = _build_model(cls, model_config, device, config)
     if config.quantization == "fp8":
         converted = quantize_model_fp8_(model)
         logger.info("fp8: quantised %d linear layers of the text decoder", converted)
