@@ -18,7 +18,7 @@ import torch
 from .triton_kernels.fp8_block import (
     FP8_DTYPE,
     check_block_scales,
-    fp8_block_linear_torch,
+    fp8_block_linear,
     quantize_weight_fp8_block,
 )
 
@@ -30,12 +30,9 @@ def fp8_block_forward(
     bias: torch.Tensor | None,
     block: tuple[int, int],
 ) -> torch.Tensor:
-    """`x @ dequant(weight)^T + bias` in `x.dtype`.
-
-    NOTE: the one call of the block GEMM; the kernels branch's
-    `fp8_block_linear(..., backend="auto")` (same arguments) replaces it at merge.
-    """
-    return fp8_block_linear_torch(x, weight, scale_inv, bias, block)
+    """`x @ dequant(weight)^T + bias` in `x.dtype`: the one call of the block GEMM (Triton on
+    CUDA, the torch reference elsewhere)."""
+    return fp8_block_linear(x, weight, scale_inv, bias, block, backend="auto")
 
 
 def scale_rows(splits: Sequence[int], block: tuple[int, int]) -> int:

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..quantization import QuantConfig, checkpoint_module_names
 from ..weight_loading import FUSED_PROJECTIONS
+from .fused_moe.moe import MoEExperts
 from .gated_delta_net import GATED_DELTA_NET_FUSED_PROJECTIONS
 from .linear import Linear
 
@@ -91,24 +92,10 @@ def fill_dummy_fp8_block_(model: nn.Module, seed: int, std: float = 0.02) -> int
 
 def quantize_moe_experts_fp8_block_(model: nn.Module) -> int:
     """The routed experts' block-FP8 conversion (quantization="fp8_block" on 16-bit or random
-    weights). Returns how many expert modules converted.
-
-    TODO(issue 16): the MoE branch adds `MoEExperts.quantize_fp8_block_()`; until then the
-    experts stay 16-bit, and this says so.
-    """
+    weights), by the releases' rule; returns how many expert modules converted."""
     count = 0
-    pending = 0
     for module in model.modules():
-        quantize = getattr(module, "quantize_fp8_block_", None)
-        if callable(quantize):
-            quantize()
+        if isinstance(module, MoEExperts):
+            module.quantize_fp8_block_()
             count += 1
-        elif type(module).__name__ == "MoEExperts":
-            pending += 1
-    if pending:
-        logger.warning(
-            "fp8_block: %d MoE expert blocks stay 16-bit (MoEExperts.quantize_fp8_block_ lands "
-            "with the MoE kernels branch)",
-            pending,
-        )
     return count
