@@ -355,12 +355,18 @@ def _dump_json(path: Path, obj: dict[str, Any]) -> None:
 
 
 def write_tiny_checkpoint(
-    family: str, out_dir: str | Path, seed: int = 0, **overrides: Any
+    family: str,
+    out_dir: str | Path,
+    seed: int = 0,
+    generation_config: dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> Path:
     """Write a complete tiny HF checkpoint folder for `family` into `out_dir` and return it.
 
     overrides: `text_config={...}` / `vision_config={...}` merge into those sub-configs; any
     other key is set at the top level of config.json (e.g. `tie_word_embeddings=True`).
+    generation_config: keys merged over the default generation_config.json (eos ids,
+    do_sample=false); a key given as None is removed.
     """
     cfg = build_config_dict(family, **overrides)
     out = Path(out_dir)
@@ -369,7 +375,15 @@ def write_tiny_checkpoint(
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     _dump_json(out / "config.json", cfg)
     write_processing_files(out, cfg)
+    if generation_config is not None:
+        _write_generation_config(out, generation_config)
     return out
+
+
+def _write_generation_config(out: Path, changes: dict[str, Any]) -> None:
+    path = out / "generation_config.json"
+    merged = {**json.loads(path.read_text(encoding="utf-8")), **changes}
+    _dump_json(path, {k: v for k, v in merged.items() if v is not None})
 
 
 def _is_complete(folder: Path) -> bool:

@@ -21,6 +21,14 @@ from typing import Any
 import torch
 
 
+# Where EngineConfig.max_seq_len came from. Every source but the user's is a default that the
+# KV cache caps at startup (create_py_executor) to what it holds for one sequence.
+MAX_SEQ_LEN_USER = "max_seq_len"
+MAX_SEQ_LEN_CONFIG = "max_position_embeddings"
+MAX_SEQ_LEN_CPU_CAP = "cpu cap"  # the config's, capped: the CPU cache is a full batch at it
+MAX_SEQ_LEN_FALLBACK = "fallback"  # the config gives no context length
+
+
 def check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
     """ValueError naming `name` unless `value` is an int >= minimum (or None when allowed)."""
     if value is None and allow_none:
@@ -97,7 +105,8 @@ class EngineConfig:
     dtype: torch.dtype
     # The KV-cache element type (the model dtype, or e4m3 for kv_cache_dtype="fp8").
     kv_cache_dtype: torch.dtype
-    # Longest request (prompt + generated): the user's, else the config's capped context.
+    # Longest request (prompt + generated): the user's, else the config's context length (on
+    # the CPU capped at a default); a default is capped again by the KV cache at startup.
     max_seq_len: int
     # Most tokens one step schedules (also the text-only dummy of the capacity probe).
     max_num_tokens: int
@@ -136,6 +145,9 @@ class EngineConfig:
     # Piecewise prefill/mixed graphs: 0 off, N the largest token bucket; None: the default,
     # min(2048, max_num_tokens) where the built model can run them (decided after the build).
     piecewise_max_tokens: int | None
+    # Where max_seq_len came from (MAX_SEQ_LEN_*); anything but MAX_SEQ_LEN_USER is capped by
+    # what the sized KV cache holds for one sequence.
+    max_seq_len_source: str = MAX_SEQ_LEN_USER
 
     @property
     def text_config(self) -> Any:
