@@ -93,8 +93,9 @@ class SamplingParams:
         the caller's values are kept. The filled fields count as set afterwards."""
         unknown = sorted(set(defaults) - set(DEFAULTABLE_FIELDS))
         if unknown:
-            raise ValueError(f"no generation default for {unknown}; defaultable: "
-                             f"{sorted(DEFAULTABLE_FIELDS)}")
+            raise ValueError(
+                f"no generation default for {unknown}; defaultable: {sorted(DEFAULTABLE_FIELDS)}"
+            )
         fill = {k: v for k, v in defaults.items() if k in self.unset_fields}
         if not fill:
             return self

@@ -148,8 +148,10 @@ class GenerationDefaults:
 
     def log_startup(self) -> None:
         """The startup log: the defaults applied, then each field that is not (a warning)."""
-        logger.info("%s (a request's own value wins; generation_config='ignore' drops them)",
-                    self.describe())
+        logger.info(
+            "%s (a request's own value wins; generation_config='ignore' drops them)",
+            self.describe(),
+        )
         for name, value in self.not_applied:
             logger.warning(
                 "generation_config.json sets %s=%r, which is NOT applied: %s (requests run "

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-
 # Where EngineConfig.max_seq_len came from. Every source but the user's is a default that the
 # KV cache caps at startup (create_py_executor) to what it holds for one sequence.
 MAX_SEQ_LEN_USER = "max_seq_len"

@@ -137,6 +137,8 @@ def test_ignore_keeps_the_builtin_defaults(ckpt: Path) -> None:
 
 
 def test_tiny_checkpoint_writes_the_generation_config(tmp_path: Path) -> None:
-    out = write_tiny_checkpoint("qwen2", tmp_path, generation_config={"top_k": 4, "do_sample": None})
+    out = write_tiny_checkpoint(
+        "qwen2", tmp_path, generation_config={"top_k": 4, "do_sample": None}
+    )
     raw = json.loads((out / "generation_config.json").read_text(encoding="utf-8"))
     assert raw["top_k"] == 4 and "do_sample" not in raw and "eos_token_id" in raw

@@ -25,7 +25,9 @@ PROMPT = "the quick brown fox"
 
 @pytest.fixture(scope="module")
 def sampling_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint("qwen2", tmp_path_factory.mktemp("sampling"), generation_config=SAMPLING)
+    return write_tiny_checkpoint(
+        "qwen2", tmp_path_factory.mktemp("sampling"), generation_config=SAMPLING
+    )
 
 
 @pytest.fixture(scope="module")

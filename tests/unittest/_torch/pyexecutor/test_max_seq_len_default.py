@@ -62,7 +62,10 @@ def test_cuda_takes_the_full_context_length_the_cpu_caps_it(
     long_ckpt: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cpu = LlmArgs(model=str(long_ckpt), device="cpu").to_engine_config()
-    assert (cpu.max_seq_len, cpu.max_seq_len_source) == (DEFAULT_MAX_SEQ_LEN_CAP, MAX_SEQ_LEN_CPU_CAP)
+    assert (cpu.max_seq_len, cpu.max_seq_len_source) == (
+        DEFAULT_MAX_SEQ_LEN_CAP,
+        MAX_SEQ_LEN_CPU_CAP,
+    )
     user = LlmArgs(model=str(long_ckpt), device="cpu", max_seq_len=300).to_engine_config()
     assert (user.max_seq_len, user.max_seq_len_source) == (300, MAX_SEQ_LEN_USER)
     monkeypatch.setattr(LlmArgs, "resolve_device", lambda self: torch.device("cuda"))
