@@ -28,19 +28,24 @@ logger = logging.getLogger(__name__)
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 GENERATION_CONFIG_MODES = ("auto", "ignore")
-# Sampling fields HF generation configs carry that the sampler does not implement, with their
-# neutral values (a checkpoint setting one of these to anything else is logged as not applied).
-# NOTE: repetition_penalty / presence_penalty / frequency_penalty: issue 17 adds them.
-_NOT_APPLIED_NEUTRAL: dict[str, Any] = {
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "min_p": 0.0,
-    "typical_p": 1.0,
-    "num_beams": 1,
-    "no_repeat_ngram_size": 0,
+# Fields HF generation configs carry that requests do not take from the file, with their
+# neutral values (a checkpoint setting one to anything else is logged as not applied) and why.
+_SAMPLER_LACKS = "the sampler does not implement it yet"
+_NOT_APPLIED: dict[str, tuple[Any, str]] = {
+    # NOTE: the penalties come with issue 17.
+    "repetition_penalty": (1.0, _SAMPLER_LACKS),
+    "presence_penalty": (0.0, _SAMPLER_LACKS),
+    "frequency_penalty": (0.0, _SAMPLER_LACKS),
+    "min_p": (0.0, _SAMPLER_LACKS),
+    "typical_p": (1.0, _SAMPLER_LACKS),
+    "no_repeat_ngram_size": (0, _SAMPLER_LACKS),
+    "num_beams": (1, "there is no beam search"),
+    "max_new_tokens": (
+        None,
+        "a request's max_tokens defaults to SamplingParams' 32 (LLM) or --default_max_tokens "
+        "(trtllm-serve)",
+    ),
 }
-_WHY_NOT_APPLIED = "the sampler does not implement it yet"
 
 
 def read_generation_config(model_dir: str) -> dict[str, Any] | None:
@@ -124,7 +129,7 @@ class GenerationDefaults:
             ) from None
         not_applied = tuple(
             (name, raw[name])
-            for name, neutral in _NOT_APPLIED_NEUTRAL.items()
+            for name, (neutral, _why) in _NOT_APPLIED.items()
             if raw.get(name) is not None and raw[name] != neutral
         )
         eos = _eos_ids(raw.get("eos_token_id"), source)
@@ -154,9 +159,8 @@ class GenerationDefaults:
         )
         for name, value in self.not_applied:
             logger.warning(
-                "generation_config.json sets %s=%r, which is NOT applied: %s (requests run "
-                "without it)",
+                "generation_config.json sets %s=%r, which is NOT applied: %s",
                 name,
                 value,
-                _WHY_NOT_APPLIED,
+                _NOT_APPLIED[name][1],
             )

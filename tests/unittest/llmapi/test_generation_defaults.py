@@ -109,14 +109,16 @@ def test_unreadable_file_is_an_error_and_ignore_skips_it(tmp_path: Path) -> None
 
 def test_unsupported_fields_are_logged_not_dropped(caplog: pytest.LogCaptureFixture) -> None:
     raw = {**QWEN3_6, "repetition_penalty": 1.05, "presence_penalty": 0.0, "min_p": 0.1}
-    d = GenerationDefaults.from_dict(raw, "g.json")
-    assert d.not_applied == (("repetition_penalty", 1.05), ("min_p", 0.1))  # 0.0 is neutral
+    d = GenerationDefaults.from_dict({**raw, "max_new_tokens": 2048}, "g.json")
+    # presence_penalty 0.0 is neutral: nothing to say about it.
+    assert d.not_applied == (("repetition_penalty", 1.05), ("min_p", 0.1), ("max_new_tokens", 2048))
     with caplog.at_level(logging.INFO, logger="tensorrt_llm.llmapi.generation_defaults"):
         d.log_startup()
     text = caplog.text
     assert "temperature=0.6" in text and "top_k=20" in text and "top_p=0.95" in text
     assert "repetition_penalty=1.05, which is NOT applied" in text
     assert "min_p=0.1, which is NOT applied" in text and "presence_penalty" not in text
+    assert "max_new_tokens=2048, which is NOT applied: a request's max_tokens" in text
 
 
 # ---- the front end's preparation --------------------------------------------------------------
