@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 _MAX_SEED = 2**64 - 1
+# The fields a checkpoint's generation_config.json may default (llmapi/generation_defaults.py)
+# and the values they take when neither the request nor the checkpoint gives one.
+DEFAULTABLE_FIELDS: dict[str, float | int] = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
 
 def _is_int(value: Any) -> bool:
@@ -26,12 +29,20 @@ class SamplingParams:
     Greedy decoding is `temperature == 0` or `top_k == 1`. `top_k == 0` and `top_p == 1.0`
     switch those filters off. `end_id`/`pad_id` are normally filled from the tokenizer with
     `with_tokenizer(...)`, which returns a copy (the params object itself never changes).
+
+    `temperature`, `top_k` and `top_p` left out (or given as None) read as 1.0, 0 and 1.0 but
+    stay *unset* (`unset_fields`): the checkpoint's generation_config.json may default them
+    (`with_defaults`). A value given, even the built-in one, is the caller's and always wins.
+    NOTE: `dataclasses.replace` carries the unset marks over; a field it changes to another
+    value becomes set (one it sets to the built-in value stays unset: pass it to the
+    constructor instead).
     """
 
     max_tokens: int = 32
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    # None (the default): unset; reads as DEFAULTABLE_FIELDS' value after construction.
+    temperature: float = cast(float, None)
+    top_k: int = cast(int, None)
+    top_p: float = cast(float, None)
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -42,8 +53,12 @@ class SamplingParams:
     n: int = 1
     detokenize: bool = True
     _stop_token_set: frozenset[int] = field(init=False, repr=False, compare=False)
+    # Which DEFAULTABLE_FIELDS the caller left out. An init field only so that
+    # dataclasses.replace carries it over; never pass it yourself.
+    _unset_fields: frozenset[str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self._resolve_unset()
         self._check_lengths()
         self._check_randomness()
         self._check_stops()
@@ -54,6 +69,38 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         # Frozen dataclass: cache the set once so the per-token stop check is O(1).
         object.__setattr__(self, "_stop_token_set", frozenset(self.stop_token_ids or ()))
+
+    def _resolve_unset(self) -> None:
+        """Fill left-out fields with their built-in values and remember which they were."""
+        carried = self._unset_fields or frozenset()
+        unset = set()
+        for name, builtin in DEFAULTABLE_FIELDS.items():
+            value = getattr(self, name)
+            if value is None:
+                object.__setattr__(self, name, builtin)
+                unset.add(name)
+            elif name in carried and value == builtin and type(value) is type(builtin):
+                unset.add(name)  # dataclasses.replace kept the built-in value
+        object.__setattr__(self, "_unset_fields", frozenset(unset))
+
+    @property
+    def unset_fields(self) -> frozenset[str]:
+        """The DEFAULTABLE_FIELDS the caller left out (their values are the built-in ones)."""
+        return self._unset_fields or frozenset()
+
+    def with_defaults(self, defaults: dict[str, float | int]) -> SamplingParams:
+        """A copy with `defaults` (a subset of DEFAULTABLE_FIELDS) filling the unset fields;
+        the caller's values are kept. The filled fields count as set afterwards."""
+        unknown = sorted(set(defaults) - set(DEFAULTABLE_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"no generation default for {unknown}; defaultable: {sorted(DEFAULTABLE_FIELDS)}"
+            )
+        fill = {k: v for k, v in defaults.items() if k in self.unset_fields}
+        if not fill:
+            return self
+        left = self.unset_fields - set(fill)
+        return replace(self, **fill, _unset_fields=left)  # type: ignore[arg-type]
 
     def _check_lengths(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:

@@ -33,6 +33,7 @@ _LLM_FLAGS = (
     "kv_cache_dtype",
     "load_format",
     "executor_mode",
+    "generation_config",
 )
 
 
@@ -107,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("inproc", "process"),
         default=None,
         help="process: the engine runs in its own process (ZeroMQ); inproc: a thread of this one",
+    )
+    p.add_argument(
+        "--generation_config",
+        choices=("auto", "ignore"),
+        default=None,
+        help="auto (default): the checkpoint's generation_config.json gives the sampling "
+        "defaults (temperature, top_p, top_k, do_sample, eos ids) of fields a request omits; "
+        "ignore: the built-in defaults",
     )
     p.add_argument("--log_level", choices=LOG_LEVELS, default="info")
     p.add_argument("--default_max_tokens", type=int, default=256, help="when a request has none")

@@ -8,10 +8,8 @@ can run in the LLM's own thread or, for `trtllm-serve`, in a pool of worker proc
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from ..inputs.data import as_prompt_dict
@@ -27,6 +25,7 @@ from ..inputs.validation import (
 )
 from ..sampling_params import SamplingParams
 from .errors import PromptTooLongError
+from .generation_defaults import GenerationDefaults
 from .llm_args import LlmArgs
 
 logger = logging.getLogger(__name__)
@@ -42,23 +41,16 @@ class PreparedRequest:
     sampling_params: SamplingParams
 
 
-def generation_eos_ids(model_dir: str) -> list[int]:
-    """End ids from generation_config.json (Qwen lists both <|im_end|> and <|endoftext|>)."""
-    path = Path(model_dir) / "generation_config.json"
-    try:
-        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
-    except (OSError, ValueError):
-        return []
-    if isinstance(eos, int):
-        return [eos]
-    return [int(e) for e in eos] if isinstance(eos, list) else []
-
-
 class InputPreparer:
     """Validates and processes prompts on the host for one checkpoint."""
 
     def __init__(
-        self, args: LlmArgs, tokenizer: Any, input_processor: Any, max_seq_len: int
+        self,
+        args: LlmArgs,
+        tokenizer: Any,
+        input_processor: Any,
+        max_seq_len: int,
+        generation_defaults: GenerationDefaults | None = None,
     ) -> None:
         self.args = args
         self._tokenizer = tokenizer
@@ -67,7 +59,14 @@ class InputPreparer:
         # Computed once: a prompt with more text bytes than max_seq_len tokens of this size can
         # hold is rejected before it is tokenized (tokenizing 10 MB takes seconds).
         self._max_prompt_bytes = max_prompt_bytes(max_seq_len, longest_token_bytes(tokenizer))
-        self._extra_eos_ids = generation_eos_ids(args.model)
+        # The checkpoint's generation_config.json (args.generation_config); LLM reads it once
+        # and logs it, preprocess workers read their own copy.
+        if generation_defaults is None:
+            generation_defaults = GenerationDefaults.from_checkpoint(
+                args.model, args.generation_config
+            )
+        self.generation_defaults = generation_defaults
+        self._extra_eos_ids = list(generation_defaults.eos_token_ids)
 
     def prepare(self, inputs: Any, sampling_params: SamplingParams | None) -> PreparedRequest:
         if sampling_params is None:
@@ -76,7 +75,8 @@ class InputPreparer:
             raise ValueError(
                 f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}"
             )
-        sampling_params = self.with_end_ids(sampling_params)
+        # The checkpoint's defaults fill what the request left unset, before the end ids.
+        sampling_params = self.with_end_ids(self.generation_defaults.apply(sampling_params))
         prompt = as_prompt_dict(inputs)
         self._check_prompt_fields(prompt)
         self._check_mm_limits(prompt)

@@ -28,6 +28,7 @@ from .._torch.pyexecutor.llm_request import LlmRequest
 from ..inputs.registry import create_input_processor, load_tokenizer
 from ..sampling_params import SamplingParams
 from .errors import PromptTooLongError
+from .generation_defaults import GenerationDefaults
 from .input_preparer import InputPreparer, PreparedRequest
 from .llm_args import LlmArgs
 from .result import GenerationResult
@@ -81,6 +82,12 @@ class LLM:
         self.args = LlmArgs.from_kwargs(model=model, tokenizer=tokenizer, **kwargs)
         if self.args.seed is not None:
             torch.manual_seed(self.args.seed)
+        # Read (and checked) before the engine starts: a bad file fails in seconds, not after
+        # the model loads; logged once here (preprocess workers read theirs silently).
+        self.generation_defaults = GenerationDefaults.from_checkpoint(
+            self.args.model, self.args.generation_config
+        )
+        self.generation_defaults.log_startup()
         self._tokenizer = load_tokenizer(
             self.args.tokenizer or self.args.model, self.args.trust_remote_code
         )
@@ -100,9 +107,14 @@ class LLM:
             from .._torch.pyexecutor.py_executor_creator import create_py_executor
 
             self._executor = create_py_executor(self.args.to_engine_config(), self.input_processor)
+        # The engine's final value (its default is capped by the KV cache at startup).
         self._max_seq_len: int = self._executor.max_seq_len
         self._preparer = InputPreparer(
-            self.args, self._tokenizer, self.input_processor, self._max_seq_len
+            self.args,
+            self._tokenizer,
+            self.input_processor,
+            self._max_seq_len,
+            self.generation_defaults,
         )
         self._ids = itertools.count()
         self._ids_lock = threading.Lock()

@@ -20,10 +20,18 @@ import torch
 from .._torch.attention_backend import ATTENTION_BACKENDS
 from .._torch.attention_backend.interface import FLASH_ATTN_PAGE_MULTIPLE
 from .._torch.pyexecutor.capacity import batch_size_cap
-from .._torch.pyexecutor.engine_config import CudaGraphConfig, EngineConfig
+from .._torch.pyexecutor.engine_config import (
+    MAX_SEQ_LEN_CONFIG,
+    MAX_SEQ_LEN_CPU_CAP,
+    MAX_SEQ_LEN_FALLBACK,
+    MAX_SEQ_LEN_USER,
+    CudaGraphConfig,
+    EngineConfig,
+)
 from .._torch.pyexecutor.engine_config import check_int as _check_int
 from .._torch.quantization import QUANTIZATION_MODES, resolve_quant_config
 from ..inputs.validation import check_mm_processor_kwargs
+from .generation_defaults import GENERATION_CONFIG_MODES
 
 DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,
@@ -45,8 +53,10 @@ _BOOL_FIELDS = (
     "disable_overlap_scheduler",
     "trust_remote_code",
 )
-# NOTE: when max_seq_len is not given, the config's max_position_embeddings (often 128k+) is capped
-# here so that the KV cache of a default LLM(...) stays a sane size.
+# NOTE: when max_seq_len is not given, the config's max_position_embeddings (often 128k+) is
+# taken in full on CUDA, where the sized KV cache caps it at startup; elsewhere (the CPU, whose
+# cache is a full batch at max_seq_len, not sized from memory) it is capped here so that the KV
+# cache of a default LLM(...) stays a sane size.
 DEFAULT_MAX_SEQ_LEN_CAP = 8192
 # Used when neither the user nor the config gives a context length.
 FALLBACK_MAX_SEQ_LEN = 4096
@@ -68,7 +78,8 @@ class LlmArgs:
     # None: sized at startup from the KV cache and per-slot state (8 on the CPU, <= 512 on CUDA).
     max_batch_size: int | None = None
     max_num_tokens: int = 4096
-    # None: take max_position_embeddings from the config, capped at DEFAULT_MAX_SEQ_LEN_CAP.
+    # None: max_position_embeddings of the checkpoint's (text) config, capped by what the KV
+    # cache holds for one sequence (CUDA) or at DEFAULT_MAX_SEQ_LEN_CAP (CPU).
     max_seq_len: int | None = None
     kv_cache_free_gpu_memory_fraction: float = 0.9
     # Hard cap on KV-cache tokens (None: size from the memory fraction only).
@@ -101,6 +112,9 @@ class LlmArgs:
     # its own process. "inproc": in this process, for debugging and for tests that look inside
     # the engine (its model, KV cache, executor class).
     executor_mode: str = "process"
+    # "auto": the checkpoint's generation_config.json gives the defaults of fields a request
+    # leaves unset (temperature, top_p, top_k, do_sample=false greedy, eos ids); "ignore": not.
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         self._validate_paths()
@@ -111,6 +125,7 @@ class LlmArgs:
         _check_choice("quantization", self.quantization, QUANTIZATION_MODES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, list(KV_CACHE_DTYPES))
         _check_choice("executor_mode", self.executor_mode, EXECUTOR_MODES)
+        _check_choice("generation_config", self.generation_config, GENERATION_CONFIG_MODES)
         _check_int("max_batch_size", self.max_batch_size, 1, allow_none=True)
         _check_int("max_num_tokens", self.max_num_tokens, 1)
         self._normalize_cuda_graph_config()
@@ -246,13 +261,21 @@ class LlmArgs:
         """The KV cache's element type: the model dtype under 'auto'."""
         return KV_CACHE_DTYPES[self.kv_cache_dtype] or model_dtype
 
-    def resolve_max_seq_len(self, config_max_position_embeddings: int | None) -> int:
-        """The user's max_seq_len, else the config's context length capped at the default cap."""
+    def resolve_max_seq_len(
+        self, config_max_position_embeddings: int | None, kv_bounded: bool = False
+    ) -> int:
+        """The user's max_seq_len, else the config's context length: in full when the KV cache
+        bounds it at startup (`kv_bounded`: CUDA), else capped at DEFAULT_MAX_SEQ_LEN_CAP."""
+        return self._max_seq_len_and_source(config_max_position_embeddings, kv_bounded)[0]
+
+    def _max_seq_len_and_source(self, mpe: int | None, kv_bounded: bool) -> tuple[int, str]:
         if self.max_seq_len is not None:
-            return self.max_seq_len
-        if not config_max_position_embeddings:
-            return FALLBACK_MAX_SEQ_LEN
-        return min(int(config_max_position_embeddings), DEFAULT_MAX_SEQ_LEN_CAP)
+            return self.max_seq_len, MAX_SEQ_LEN_USER
+        if not mpe:
+            return FALLBACK_MAX_SEQ_LEN, MAX_SEQ_LEN_FALLBACK
+        if kv_bounded or int(mpe) <= DEFAULT_MAX_SEQ_LEN_CAP:
+            return int(mpe), MAX_SEQ_LEN_CONFIG
+        return DEFAULT_MAX_SEQ_LEN_CAP, MAX_SEQ_LEN_CPU_CAP
 
     def resolve_attn_backend(self, device: torch.device) -> str:
         """'auto' is the Triton backend on CUDA and the torch reference on the CPU."""
@@ -295,6 +318,10 @@ class LlmArgs:
             and graphs.max_batch_size is None
         ):
             sizes = tuple(graph_batch_sizes(graphs, cap))
+        # CUDA sizes the KV cache from memory, which then caps a default max_seq_len.
+        max_seq_len, max_seq_len_source = self._max_seq_len_and_source(
+            getattr(text_config, "max_position_embeddings", None), device.type == "cuda"
+        )
         return EngineConfig(
             checkpoint_dir=self.model,
             architecture=resolve_architecture(config),
@@ -302,9 +329,7 @@ class LlmArgs:
             device=device,
             dtype=dtype,
             kv_cache_dtype=self.resolve_kv_cache_dtype(dtype),
-            max_seq_len=self.resolve_max_seq_len(
-                getattr(text_config, "max_position_embeddings", None)
-            ),
+            max_seq_len=max_seq_len,
             max_num_tokens=self.max_num_tokens,
             tokens_per_block=self.tokens_per_block,
             max_batch_size=self.max_batch_size,
@@ -322,6 +347,7 @@ class LlmArgs:
             cuda_graph_batch_sizes=sizes,
             cuda_graph_padding_enabled=graphs.enable_padding if graphs is not None else False,
             piecewise_max_tokens=graphs.piecewise_max_tokens if graphs is not None else 0,
+            max_seq_len_source=max_seq_len_source,
         )
 
 

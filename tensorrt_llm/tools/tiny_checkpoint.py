@@ -399,6 +399,7 @@ def write_tiny_checkpoint(
     seed: int = 0,
     quantization: str | None = None,
     reference_dir: str | Path | None = None,
+    generation_config: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> Path:
     """Write a complete tiny HF checkpoint folder for `family` into `out_dir` and return it.
@@ -409,6 +410,8 @@ def write_tiny_checkpoint(
     `mtp_num_hidden_layers=N` adds N MTP layers' `mtp.*` weights (Qwen3.5 families).
     `quantization="fp8_block"`: the weights as the -FP8 releases store them
     (tiny_checkpoint_fp8.py); `reference_dir` then also gets their dequantized 16-bit copy.
+    generation_config: keys merged over the default generation_config.json (eos ids,
+    do_sample=false); a key given as None is removed.
     """
     if quantization not in (None, "fp8_block"):
         raise ValueError(f"quantization must be None or 'fp8_block', got {quantization!r}")
@@ -421,11 +424,19 @@ def write_tiny_checkpoint(
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     _dump_json(out / "config.json", cfg)
     write_processing_files(out, cfg)
+    if generation_config is not None:
+        _write_generation_config(out, generation_config)
     if quantization is not None:
         from .tiny_checkpoint_fp8 import convert_checkpoint_fp8_block
 
         convert_checkpoint_fp8_block(out, out, reference_dir)
     return out
+
+
+def _write_generation_config(out: Path, changes: dict[str, Any]) -> None:
+    path = out / "generation_config.json"
+    merged = {**json.loads(path.read_text(encoding="utf-8")), **changes}
+    _dump_json(path, {k: v for k, v in merged.items() if v is not None})
 
 
 def _is_complete(folder: Path) -> bool:

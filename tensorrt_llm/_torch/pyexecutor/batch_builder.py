@@ -71,6 +71,13 @@ class InputBatchBuilder:
         view.copy_(maybe_pin_memory(torch.from_numpy(host)), non_blocking=True)
         return view
 
+    def _h2d_columns(self, dst: torch.Tensor, host: np.ndarray) -> torch.Tensor:
+        """Copy a host table into the leading rows and columns of a persistent buffer; returns
+        the leading rows at full width (a static shape for graphs and kernels)."""
+        view = dst[: host.shape[0]]
+        view[:, : host.shape[1]].copy_(maybe_pin_memory(torch.from_numpy(host)), non_blocking=True)
+        return view
+
     def _block_ids(self, req: LlmRequest) -> np.ndarray:
         if self.kv_cache_manager is None:
             raise RuntimeError("the engine has no KV cache manager")
@@ -168,9 +175,13 @@ class InputBatchBuilder:
             raise RuntimeError(f"batch of {len(requests)} exceeds max_batch_size")
         tpb = self.tokens_per_block
         num_ctx, num_gen = len(ctx), len(gen)
-        block_table = np.full((len(requests), self.max_blocks_per_seq), -1, dtype=np.int32)
-        for i, req in enumerate(requests):
-            blocks = self._block_ids(req)
+        # NOTE: only as wide as this step's longest block list, not max_blocks_per_seq (8192
+        # columns at a 262144-token max_seq_len: megabytes to fill and copy every step).
+        # Entries past a row's blocks keep older values; kernels read only what kv_len covers.
+        row_blocks = [self._block_ids(req) for req in requests]
+        width = max((b.shape[0] for b in row_blocks), default=0) or 1
+        block_table = np.full((len(requests), width), -1, dtype=np.int32)
+        for i, blocks in enumerate(row_blocks):
             block_table[i, : blocks.shape[0]] = blocks
         # Context chunks: a short loop (few requests, many tokens each).
         ids_parts: list[np.ndarray] = []
@@ -256,7 +267,7 @@ class InputBatchBuilder:
             seq_lens=self._h2d(buf.seq_lens, seq_lens),
             num_cached_tokens=self._h2d(buf.num_cached_tokens, cached),
             cu_seqlens_q=self._h2d(buf.cu_seqlens_q, cu),
-            block_tables=self._h2d(buf.block_tables, block_table),
+            block_tables=self._h2d_columns(buf.block_tables, block_table),
             slot_mapping=slot_mapping,
             seq_slots=seq_slots,
             seq_slots_cpu=torch.from_numpy(slots_host),

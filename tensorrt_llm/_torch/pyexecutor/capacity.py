@@ -20,6 +20,13 @@ from typing import Any
 
 import torch
 
+from .engine_config import (
+    MAX_SEQ_LEN_CONFIG,
+    MAX_SEQ_LEN_CPU_CAP,
+    MAX_SEQ_LEN_FALLBACK,
+    MAX_SEQ_LEN_USER,
+)
+
 logger = logging.getLogger(__name__)
 
 MAX_AUTO_BATCH_SIZE_CUDA = 512
@@ -117,3 +124,50 @@ def size_from_kv(
     if fits >= cap:
         return BatchSizing(cap, "cap", detail)
     return BatchSizing(fits, "kv cache", detail)
+
+
+@dataclass(frozen=True)
+class SeqLenSizing:
+    """The final max_seq_len, the bound that set it, and how to change it."""
+
+    max_seq_len: int
+    bound: str  # "max_seq_len" (the user's), "max_position_embeddings", "kv cache", ...
+    detail: str
+
+    def describe(self) -> str:
+        return f"max_seq_len {self.max_seq_len} (bound: {self.bound}); {self.detail}"
+
+
+def cap_max_seq_len(
+    configured: int,
+    source: str,
+    kv_tokens: int,
+    memory_fraction: float,
+    config_max_position_embeddings: int | None,
+) -> SeqLenSizing:
+    """The final max_seq_len: a default (`source` is not MAX_SEQ_LEN_USER) capped by the
+    tokens the sized KV cache holds; the user's value as given (startup checked it fits).
+
+    NOTE: a request of the capped length takes the whole cache: the scheduler admits it alone
+    (it reserves prompt + max_tokens), so the limit is reachable, just not concurrently.
+    """
+    mpe = config_max_position_embeddings
+    if source == MAX_SEQ_LEN_USER:
+        return SeqLenSizing(configured, "max_seq_len", f"given (max_position_embeddings {mpe})")
+    if kv_tokens < configured:
+        return SeqLenSizing(
+            kv_tokens,
+            "kv cache",
+            f"the KV cache holds {kv_tokens} tokens, fewer than the checkpoint's {configured} "
+            f"({source}); for more raise kv_cache_free_gpu_memory_fraction (now "
+            f"{memory_fraction}) or kv_cache_max_tokens; set max_seq_len= for a fixed value",
+        )
+    reasons = {
+        MAX_SEQ_LEN_CONFIG: f"the checkpoint's context length (the KV cache holds {kv_tokens} "
+        "tokens)",
+        MAX_SEQ_LEN_CPU_CAP: f"max_position_embeddings {mpe} capped on the CPU, whose KV cache "
+        "is a full batch at max_seq_len",
+        MAX_SEQ_LEN_FALLBACK: "the checkpoint's config gives no max_position_embeddings",
+    }
+    detail = f"{reasons.get(source, source)}; set max_seq_len= to change it"
+    return SeqLenSizing(configured, source, detail)

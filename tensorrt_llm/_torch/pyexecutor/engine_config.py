@@ -22,6 +22,13 @@ import torch
 
 from ..quantization import QuantConfig
 
+# Where EngineConfig.max_seq_len came from. Every source but the user's is a default that the
+# KV cache caps at startup (create_py_executor) to what it holds for one sequence.
+MAX_SEQ_LEN_USER = "max_seq_len"
+MAX_SEQ_LEN_CONFIG = "max_position_embeddings"
+MAX_SEQ_LEN_CPU_CAP = "cpu cap"  # the config's, capped: the CPU cache is a full batch at it
+MAX_SEQ_LEN_FALLBACK = "fallback"  # the config gives no context length
+
 
 def check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
     """ValueError naming `name` unless `value` is an int >= minimum (or None when allowed)."""
@@ -99,7 +106,8 @@ class EngineConfig:
     dtype: torch.dtype
     # The KV-cache element type (the model dtype, or e4m3 for kv_cache_dtype="fp8").
     kv_cache_dtype: torch.dtype
-    # Longest request (prompt + generated): the user's, else the config's capped context.
+    # Longest request (prompt + generated): the user's, else the config's context length (on
+    # the CPU capped at a default); a default is capped again by the KV cache at startup.
     max_seq_len: int
     # Most tokens one step schedules (also the text-only dummy of the capacity probe).
     max_num_tokens: int
@@ -142,6 +150,9 @@ class EngineConfig:
     # Block-FP8 linears (`_torch/quantization.py`): the checkpoint's quantization_config, or
     # the releases' layout for quantization="fp8_block" on 16-bit / random weights; None: none.
     quant_config: QuantConfig | None = None
+    # Where max_seq_len came from (MAX_SEQ_LEN_*); anything but MAX_SEQ_LEN_USER is capped by
+    # what the sized KV cache holds for one sequence.
+    max_seq_len_source: str = MAX_SEQ_LEN_USER
 
     @property
     def text_config(self) -> Any:

@@ -135,6 +135,7 @@ def choose_num_blocks(
     free_memory_fraction: float,
     max_tokens: int | None,
     activation_peak_bytes: int = 0,
+    seq_len_capped_after: bool = False,
 ) -> int:
     """Blocks to allocate; `max_tokens` (kv_cache_max_tokens) caps the result either way.
 
@@ -142,6 +143,8 @@ def choose_num_blocks(
     peak (`activation_peak_bytes` above the steady allocation), as upstream does; the default
     batch size then follows from it (capacity.py). CPU: a full batch at max_seq_len (there is
     no separate device pool to size).
+    `seq_len_capped_after`: max_seq_len is a default that the caller caps to the blocks chosen
+    here (`capacity.cap_max_seq_len`), so fewer than `max_blocks_per_seq` blocks is no error.
     """
     cap = None if max_tokens is None else max(1, -(-max_tokens // tokens_per_block))
     if device.type != "cuda":
@@ -157,9 +160,30 @@ def choose_num_blocks(
     free, _total = torch.cuda.mem_get_info(device)
     left = max(0, free - activation_peak_bytes)
     budget = int(left * free_memory_fraction) // per_block
-    if budget < max_blocks_per_seq:
+    if budget < (1 if seq_len_capped_after else max_blocks_per_seq):
         raise RuntimeError(
             f"not enough GPU memory for one max_seq_len sequence: {budget} KV blocks fit, "
             f"{max_blocks_per_seq} needed; lower max_seq_len or raise the memory fraction"
         )
     return budget if cap is None else min(budget, cap)
+
+
+def kv_tokens_upper_bound(
+    spec: KVCacheSpec,
+    device: torch.device,
+    free_memory_fraction: float,
+    max_tokens: int | None,
+) -> int | None:
+    """Most tokens the KV cache could get from the memory free now (None off CUDA): a bound
+    of what `choose_num_blocks` gives later, since the probe only takes memory away.
+
+    Bounds the block-table width of an engine whose max_seq_len is a default still to be
+    capped, so a huge max_position_embeddings never sizes tables for tokens that cannot fit.
+    """
+    if device.type != "cuda":
+        return None
+    gc.collect()  # as choose_num_blocks does: the bound must not be below its figure
+    torch.cuda.empty_cache()
+    free, _total = torch.cuda.mem_get_info(device)
+    tokens = int(free * free_memory_fraction) // max(1, kv_bytes_per_token(spec))
+    return tokens if max_tokens is None else min(tokens, max_tokens)

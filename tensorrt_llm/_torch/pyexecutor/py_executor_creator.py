@@ -27,6 +27,8 @@ from ..quantization import QuantConfig
 from ..weight_loading import build_model_on_meta, load_model
 from .capacity import (
     BatchSizing,
+    SeqLenSizing,
+    cap_max_seq_len,
     estimate_weight_bytes,
     recurrent_state_bytes_per_slot,
     size_from_kv,
@@ -34,8 +36,14 @@ from .capacity import (
     typical_request_tokens,
 )
 from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
-from .engine_config import CudaGraphConfig, EngineConfig
-from .kv_cache_creator import KVCacheSpec, choose_num_blocks, kv_bytes_per_token, run_capacity_probe
+from .engine_config import MAX_SEQ_LEN_USER, CudaGraphConfig, EngineConfig
+from .kv_cache_creator import (
+    KVCacheSpec,
+    choose_num_blocks,
+    kv_bytes_per_token,
+    kv_tokens_upper_bound,
+    run_capacity_probe,
+)
 from .model_engine import PyTorchModelEngine
 from .piecewise_graph_runner import (
     DEFAULT_PIECEWISE_MAX_TOKENS,
@@ -175,6 +183,42 @@ def _final_sizing(
     return size_from_kv(num_slots, num_blocks, config.tokens_per_block, typical)
 
 
+def _engine_max_seq_len(config: EngineConfig, spec: KVCacheSpec) -> int:
+    """The max_seq_len the engine's block tables are sized for: a default one bounded by the
+    most tokens the KV cache could hold (a 262144-token max_position_embeddings must not size
+    tables for tokens that cannot fit); the user's as given."""
+    if config.max_seq_len_source == MAX_SEQ_LEN_USER:
+        return config.max_seq_len
+    bound = kv_tokens_upper_bound(
+        spec, config.device, config.kv_cache_free_gpu_memory_fraction, config.kv_cache_max_tokens
+    )
+    if bound is None:
+        return config.max_seq_len
+    return max(config.tokens_per_block, min(config.max_seq_len, bound))
+
+
+def _final_max_seq_len(
+    config: EngineConfig, engine: PyTorchModelEngine, num_blocks: int, longest_dummy: int
+) -> SeqLenSizing:
+    """max_seq_len after KV sizing (a default capped by the cache), checked to still hold the
+    capacity probe's requests (one decode step and the overlap's spare token included)."""
+    kv_tokens = min(num_blocks, engine.max_blocks_per_seq) * config.tokens_per_block
+    sizing = cap_max_seq_len(
+        config.max_seq_len,
+        config.max_seq_len_source,
+        kv_tokens,
+        config.kv_cache_free_gpu_memory_fraction,
+        getattr(config.text_config, "max_position_embeddings", None),
+    )
+    if sizing.max_seq_len < longest_dummy + 2:
+        raise RuntimeError(
+            f"the KV cache holds {kv_tokens} tokens, too few for the capacity probe's "
+            f"{longest_dummy}-token request plus a generated token; raise "
+            "kv_cache_free_gpu_memory_fraction or kv_cache_max_tokens, or lower max_num_tokens"
+        )
+    return sizing
+
+
 def _capture_piecewise(
     config: EngineConfig, engine: PyTorchModelEngine
 ) -> PiecewiseCUDAGraphRunner | None:
@@ -241,17 +285,18 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     if config.quantization == "fp8":
         converted = quantize_model_fp8_(model)
         logger.info("fp8: quantised %d linear layers of the text decoder", converted)
+    engine_max_seq_len = _engine_max_seq_len(config, spec)
     engine = PyTorchModelEngine(
         model,
         device,
         max_num_tokens=config.max_num_tokens,
         max_batch_size=num_slots,
-        max_seq_len=config.max_seq_len,
+        max_seq_len=engine_max_seq_len,
         tokens_per_block=config.tokens_per_block,
     )
     piecewise = _capture_piecewise(config, engine) if config.use_cuda_graph else None
     has_vision = engine.model.has_vision
-    dummies = _dummy_requests(input_processor, engine, config.max_seq_len, has_vision)
+    dummies = _dummy_requests(input_processor, engine, engine_max_seq_len, has_vision)
     peak = run_capacity_probe(engine, spec, dummies, config.tokens_per_block)
     activation = max(0, peak - torch.cuda.memory_allocated(device)) if peak else 0
     num_blocks = choose_num_blocks(
@@ -263,7 +308,12 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         config.kv_cache_free_gpu_memory_fraction,
         config.kv_cache_max_tokens,
         activation_peak_bytes=activation,
+        seq_len_capped_after=config.max_seq_len_source != MAX_SEQ_LEN_USER,
     )
+    seq_len = _final_max_seq_len(config, engine, num_blocks, max(len(d[0]) for d in dummies))
+    logger.info("%s", seq_len.describe())
+    max_seq_len = seq_len.max_seq_len
+    blocks_per_seq = -(-max_seq_len // config.tokens_per_block)
     sizing = _final_sizing(config, presized, num_slots, num_blocks)
     max_batch_size = sizing.max_batch_size
     logger.info(
@@ -276,7 +326,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         config.tokens_per_block,
         sizing.describe(),
     )
-    kv = spec.make_manager(config.tokens_per_block, num_blocks, engine.max_blocks_per_seq, device)
+    kv = spec.make_manager(config.tokens_per_block, num_blocks, blocks_per_seq, device)
     engine.set_kv_cache_manager(kv)
     # NOTE: the engine and the model keep `num_slots` rows (the dummy slot is the last one);
     # the scheduler hands out only the first `max_batch_size` of them.
@@ -294,6 +344,6 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     if device.type == "cuda":
         torch.cuda.empty_cache()
     executor_cls = PyExecutor if config.disable_overlap_scheduler else OverlapPyExecutor
-    executor = executor_cls(engine, scheduler, sampler, kv, slots, config.max_seq_len)
+    executor = executor_cls(engine, scheduler, sampler, kv, slots, max_seq_len)
     executor.start()
     return executor
