@@ -19,6 +19,10 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 accumulation in a different order over K tiles (and split-K partials): relative to
 # the output's largest value. The references multiply the same e4m3 bytes and scales.
 GEMM_RTOL = 1e-5
+# On the GPU: Hopper's FP8 tensor-core MMA accumulates a K block with fewer mantissa bits than
+# fp32 (the block scales are applied in fp32 after each 128-wide block), measured 1.4e-4 of the
+# output's largest value for the qkv projection at 64 rows.
+GPU_GEMM_RTOL = 1e-3
 
 
 def _exact_e4m3_input(rows: int, cols: int, group: int, dtype: torch.dtype) -> torch.Tensor:
@@ -120,6 +124,6 @@ def test_gpu_real_sizes(rows: int, cols: int, depth: int) -> None:
     assert torch.equal(s, ref_s) and torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
     want = fb.block_fp8_gemm_torch(ref_q, ref_s, wq, ws, torch.float32)
     got = fb.block_fp8_gemm(q, s, wq, ws, torch.float32, backend="triton")
-    assert _max_rel(got, want) < GEMM_RTOL
+    assert _max_rel(got, want) < GPU_GEMM_RTOL
     out = fb.fp8_block_linear(x, wq, ws)  # "auto": Triton on CUDA
     assert _max_rel(out, want) < 1e-2
