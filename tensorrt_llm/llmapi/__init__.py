@@ -12,11 +12,13 @@ if TYPE_CHECKING:
     from .llm_args import CudaGraphConfig, LlmArgs, TorchLlmArgs
     from .outputs import CompletionOutput, RequestOutput
     from .result import GenerationResult
+    from .upstream_args import KvCacheConfig
 
 _LAZY: dict[str, str] = {
     "LLM": ".llm",
     "LlmArgs": ".llm_args",
     "CudaGraphConfig": ".llm_args",
+    "KvCacheConfig": ".upstream_args",
     "TorchLlmArgs": ".llm_args",
     "RequestOutput": ".outputs",
     "CompletionOutput": ".outputs",
@@ -29,6 +31,7 @@ __all__ = [
     "LLM",
     "LlmArgs",
     "CudaGraphConfig",
+    "KvCacheConfig",
     "TorchLlmArgs",
     "RequestOutput",
     "CompletionOutput",

@@ -32,6 +32,7 @@ from .._torch.pyexecutor.engine_config import check_int as _check_int
 from .._torch.quantization import QUANTIZATION_MODES, resolve_quant_config
 from ..inputs.validation import check_mm_processor_kwargs
 from .generation_defaults import GENERATION_CONFIG_MODES
+from .upstream_args import KvCacheConfig, apply_upstream_fields
 
 DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,
@@ -115,8 +116,15 @@ class LlmArgs:
     # "auto": the checkpoint's generation_config.json gives the defaults of fields a request
     # leaves unset (temperature, top_p, top_k, do_sample=false greedy, eos ids); "ignore": not.
     generation_config: str = "auto"
+    # TensorRT-LLM's spellings (upstream_args.py): "pytorch" only; one GPU; the KV knobs as a
+    # KvCacheConfig (or a dict of its fields), moved onto the kv_cache_* fields above.
+    backend: str = "pytorch"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    kv_cache_config: KvCacheConfig | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        apply_upstream_fields(self)
         self._validate_paths()
         _check_choice("dtype", self.dtype, list(DTYPES))
         _check_choice("device", self.device, DEVICES)

@@ -1,0 +1,95 @@
+"""TensorRT-LLM's spellings of `LLM` arguments: `KvCacheConfig`, `backend`,
+`tensor_parallel_size`, `pipeline_parallel_size`.
+
+They map onto `LlmArgs`' own fields, so one validation applies; a value this project does not
+implement yet (prefix caching, more than one GPU, another backend) is a clear error, never a
+silent no-op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .llm_args import LlmArgs
+
+BACKENDS = ("pytorch",)
+
+
+@dataclass(frozen=True)
+class KvCacheConfig:
+    """The KV cache knobs under TensorRT-LLM's names (`LLM(kv_cache_config=...)`).
+
+    free_gpu_memory_fraction: -> `kv_cache_free_gpu_memory_fraction` (None: 0.9).
+    max_tokens: -> `kv_cache_max_tokens` (None: sized from memory only).
+    dtype: -> `kv_cache_dtype` ("auto" or "fp8").
+    tokens_per_block: -> `tokens_per_block` (None: 32).
+    enable_block_reuse: prefix caching; not implemented yet, so True is an error (the default
+      here is False, where TensorRT-LLM's is True).
+    """
+
+    free_gpu_memory_fraction: float | None = None
+    max_tokens: int | None = None
+    dtype: str = "auto"
+    tokens_per_block: int | None = None
+    enable_block_reuse: bool = False
+
+
+# KvCacheConfig field -> (LlmArgs field, LlmArgs default)
+_KV_FIELDS = {
+    "free_gpu_memory_fraction": "kv_cache_free_gpu_memory_fraction",
+    "max_tokens": "kv_cache_max_tokens",
+    "dtype": "kv_cache_dtype",
+    "tokens_per_block": "tokens_per_block",
+}
+
+
+def _kv_cache_config(value: Any) -> KvCacheConfig:
+    if isinstance(value, KvCacheConfig):
+        return value
+    if isinstance(value, dict):
+        known = {f.name for f in dataclasses.fields(KvCacheConfig)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown kv_cache_config field(s) {unknown}; supported: {sorted(known)}"
+            )
+        return KvCacheConfig(**value)
+    raise ValueError(f"kv_cache_config must be a KvCacheConfig, a dict or None, got {value!r}")
+
+
+def apply_upstream_fields(args: LlmArgs) -> None:
+    """Check `backend` and the parallel sizes, and move `kv_cache_config`'s values onto the
+    flat fields (called from `LlmArgs.__post_init__`, before those are validated)."""
+    if args.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {args.backend!r}")
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        size = getattr(args, name)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {size!r}")
+        if size > 1:
+            raise ValueError(
+                f"{name}={size}: this build runs on one GPU; more than one is not supported yet"
+            )
+    if args.kv_cache_config is None:
+        return
+    config = _kv_cache_config(args.kv_cache_config)
+    if config.enable_block_reuse:
+        raise ValueError(
+            "kv_cache_config.enable_block_reuse=True: prefix caching (KV block reuse) is not "
+            "supported yet; leave it False"
+        )
+    defaults = {f.name: f.default for f in dataclasses.fields(type(args))}
+    for ours, flat in _KV_FIELDS.items():
+        value = getattr(config, ours)
+        if value is None or value == getattr(KvCacheConfig, ours):
+            continue
+        current = getattr(args, flat)
+        if current != defaults[flat] and current != value:
+            raise ValueError(
+                f"kv_cache_config.{ours}={value!r} and {flat}={current!r} disagree; give one"
+            )
+        object.__setattr__(args, flat, value)
+    object.__setattr__(args, "kv_cache_config", config)
