@@ -177,9 +177,13 @@ def test_bad_inputs_fail_alone(llm: Any, image: Image.Image) -> None:
     truncated = {**image_prompt(llm, image), "multi_modal_data": {"image": [buf.getvalue()[:60]]}}
     with pytest.raises(ValueError, match="corrupt image"):
         llm.generate(truncated, GREEDY)
-    no_placeholder = {"prompt": QUESTION, "multi_modal_data": {"image": [image]}}
+    # No placeholder at all: the chat template places it (issue 18); too few is an error.
+    too_few = {
+        "prompt": "<|vision_start|><|image_pad|><|vision_end|>" + QUESTION,
+        "multi_modal_data": {"image": [image, image]},
+    }
     with pytest.raises(ValueError, match="placeholder"):
-        llm.generate(no_placeholder, GREEDY)
+        llm.generate(too_few, GREEDY)
     with pytest.raises(ValueError, match="limit_mm_per_prompt"):
         llm.generate(image_prompt(llm, image, 3), GREEDY)
     with pytest.raises(PromptTooLongError, match="max_seq_len"):  # a ValueError too
