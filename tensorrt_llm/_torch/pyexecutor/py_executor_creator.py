@@ -345,5 +345,30 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         torch.cuda.empty_cache()
     executor_cls = PyExecutor if config.disable_overlap_scheduler else OverlapPyExecutor
     executor = executor_cls(engine, scheduler, sampler, kv, slots, max_seq_len)
+    logger.info("%s", startup_summary(config, engine, max_seq_len, max_batch_size, num_blocks))
     executor.start()
     return executor
+
+
+def startup_summary(
+    config: EngineConfig,
+    engine: PyTorchModelEngine,
+    max_seq_len: int,
+    max_batch_size: int,
+    num_blocks: int,
+) -> str:
+    """The one line that says what this engine is: model, sizes, cache, graphs, quantization."""
+    graphs = engine.cuda_graph_runner
+    piecewise = engine.piecewise_graph_runner
+    quant = config.quantization or ("fp8_block (checkpoint)" if config.quant_config else "none")
+    return (
+        f"engine ready: model={config.checkpoint_dir} architecture={config.architecture} "
+        f"dtype={str(config.dtype).removeprefix('torch.')} device={config.device} "
+        f"attn_backend={config.attn_backend} max_seq_len={max_seq_len} "
+        f"max_batch_size={max_batch_size} max_num_tokens={config.max_num_tokens} "
+        f"kv_cache={num_blocks}x{config.tokens_per_block} tokens "
+        f"({str(config.kv_cache_dtype).removeprefix('torch.')}) "
+        f"decode_graphs={graphs.batch_sizes if graphs is not None else 'off'} "
+        f"piecewise_graphs={piecewise.buckets[-1] if piecewise is not None else 'off'} "
+        f"quantization={quant} overlap={not config.disable_overlap_scheduler}"
+    )

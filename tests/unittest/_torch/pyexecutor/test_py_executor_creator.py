@@ -61,3 +61,32 @@ def test_probe_then_text_only_generation_cuda(family: str, tmp_path: Path) -> No
     assert torch.cuda.is_available()
     tokens = _start_and_generate(family, tmp_path, "cuda")
     assert len(tokens) == 4
+
+
+def test_startup_logs_one_summary_line(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from tensorrt_llm.inputs.registry import create_input_processor
+    from tensorrt_llm.llmapi.llm_args import LlmArgs
+    from tensorrt_llm.tools.tiny_checkpoint import get_or_build_demo_checkpoint
+
+    ckpt = str(get_or_build_demo_checkpoint())
+    with caplog.at_level(logging.INFO, logger="tensorrt_llm._torch.pyexecutor.py_executor_creator"):
+        executor = create_py_executor(
+            LlmArgs(model=ckpt, device="cpu", max_batch_size=2).to_engine_config(),
+            create_input_processor(ckpt),
+        )
+    executor.shutdown()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine ready:")]
+    assert len(lines) == 1
+    line = lines[0]
+    for part in (
+        "architecture=Qwen2VLForConditionalGeneration",
+        "dtype=float32",
+        "device=cpu",
+        "max_batch_size=2",
+        "kv_cache=",
+        "decode_graphs=off",
+        "quantization=none",
+    ):
+        assert part in line, (part, line)
