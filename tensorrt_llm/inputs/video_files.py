@@ -42,7 +42,7 @@ class VideoDecoderMissing(ValueError):
 
 
 def sniff_video_container(data: bytes) -> str | None:
-    """"MP4" (mp4/mov/m4v) or "WEBM" (webm/mkv) from the magic bytes, else None."""
+    """ "MP4" (mp4/mov/m4v) or "WEBM" (webm/mkv) from the magic bytes, else None."""
     if len(data) >= 8 and data[4:8] in _BMFF_BOXES:
         return "MP4"
     if data[:4] == b"\x1a\x45\xdf\xa3":
@@ -125,9 +125,7 @@ def decode_video_file(
 
     container_kind = sniff_video_container(data)
     if container_kind is None:
-        raise ValueError(
-            f"not a video file{_named(what)}: the bytes are not mp4/mov or webm/mkv"
-        )
+        raise ValueError(f"not a video file{_named(what)}: the bytes are not mp4/mov or webm/mkv")
     if max_frames < 1:
         raise ValueError(f"max_frames must be at least 1, got {max_frames}")
     av = _import_av()
