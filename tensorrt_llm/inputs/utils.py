@@ -233,8 +233,14 @@ def load_video(
         if timestamps is not None:
             raise ValueError("a video file carries its own frame timestamps; do not pass any")
         # The file's own timing is used; `fps` only fills in timing a source lacks.
-        return decode_video_file(data, "file" if isinstance(src, str | os.PathLike) else "")
+        return video_file_data(data, "file" if isinstance(src, str | os.PathLike) else "")
     return VideoData(frames=_video_frames(src), fps=fps, timestamps=_floats(timestamps))
+
+
+def video_file_data(data: bytes, what: str = "", **bounds: int) -> VideoData:
+    """An mp4/mov/webm/mkv file's bytes decoded with PyAV (bounds: see `decode_video_file`)."""
+    frames, fps, timestamps = decode_video_file(data, what, **bounds)
+    return VideoData(frames=frames, fps=fps, timestamps=timestamps)
 
 
 def _floats(values: Sequence[float] | None) -> list[float] | None:

@@ -21,12 +21,11 @@ A corrupt or non-video file raises ValueError.
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from PIL import Image
 
 from .image_formats import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_VIDEO_PIXELS, ImageTooLarge
-
-if TYPE_CHECKING:
-    from .utils import VideoData
 
 # The Qwen-VL video processors' default `max_frames`: more frames would be sampled away anyway.
 DEFAULT_MAX_DECODED_FRAMES = 768
@@ -115,14 +114,15 @@ def decode_video_file(
     max_frames: int = DEFAULT_MAX_DECODED_FRAMES,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     max_video_pixels: int = DEFAULT_MAX_VIDEO_PIXELS,
-) -> VideoData:
-    """The bytes of an mp4/mov/webm/mkv file as `VideoData(frames, fps, timestamps)`.
+) -> tuple[list[Image.Image], float | None, list[float]]:
+    """The bytes of an mp4/mov/webm/mkv file as (RGB frames, fps, timestamps in seconds).
+
+    `utils.load_video` wraps them in a `VideoData` (kept there, so this module imports no
+    other of the package's loaders).
 
     Raises VideoDecoderMissing without PyAV, ImageTooLarge over a pixel bound, and ValueError
     for anything that is not a decodable video.
     """
-    from .utils import VideoData
-
     container_kind = sniff_video_container(data)
     if container_kind is None:
         raise ValueError(f"not a video file{_named(what)}: the bytes are not mp4/mov or webm/mkv")
@@ -141,7 +141,7 @@ def decode_video_file(
         container.close()
     if not frames:
         raise ValueError(f"video{_named(what)} holds no decodable frames")
-    return VideoData(frames=frames, fps=rate, timestamps=times)
+    return frames, rate, times
 
 
 def _decode_stream(

@@ -40,8 +40,8 @@ from ..inputs.image_formats import (
     video_frame_sizes,
 )
 from ..inputs.local_files import LocalFileError, check_path_text, read_regular_file
-from ..inputs.utils import _IMAGE_SUFFIXES, VideoData, load_image
-from ..inputs.video_files import VideoDecoderMissing, decode_video_file, sniff_video_container
+from ..inputs.utils import _IMAGE_SUFFIXES, VideoData, load_image, video_file_data
+from ..inputs.video_files import VideoDecoderMissing, sniff_video_container
 from .media_config import DEFAULT_FETCH_TIMEOUT_S, DEFAULT_MAX_MEDIA_BYTES, MediaConfig, MediaError
 from .media_fetch import fetch_remote, make_media_http_client
 
@@ -312,8 +312,11 @@ def _decode_container(
             param,
             "invalid_media_url",
         )
-    return decode_video_file(
-        blob.data or b"", "", MAX_VIDEO_FRAMES, config.max_image_pixels, config.max_video_pixels
+    return video_file_data(
+        blob.data or b"",
+        max_frames=MAX_VIDEO_FRAMES,
+        max_image_pixels=config.max_image_pixels,
+        max_video_pixels=config.max_video_pixels,
     )
 
 

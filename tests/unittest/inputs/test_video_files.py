@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from tensorrt_llm.inputs.utils import VideoData, is_video_like, load_video
-from tensorrt_llm.inputs.video_files import VideoDecoderMissing, decode_video_file
+from tensorrt_llm.inputs.utils import video_file_data as decode_video_file
+from tensorrt_llm.inputs.video_files import VideoDecoderMissing
 
 av = pytest.importorskip("av")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensorrt_llm.inputs.video_files import decode_video_file
+from tensorrt_llm.inputs.utils import video_file_data as decode_video_file
 from tensorrt_llm.llmapi.llm import LLM
 from tensorrt_llm.sampling_params import SamplingParams
 from tensorrt_llm.tools.tiny_checkpoint import get_or_build_demo_checkpoint
