@@ -52,7 +52,12 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--model_dir", default=None, help="local HF checkpoint (default: demo)")
     parser.add_argument("--model_type", default=None, choices=sorted(DEMO_FAMILIES))
     parser.add_argument("--modality", default="image", choices=MODALITIES)
-    parser.add_argument("--media", nargs="+", default=None, help="image/video paths or URLs")
+    parser.add_argument(
+        "--media",
+        nargs="+",
+        default=None,
+        help="image/video paths or URLs (a video: mp4/webm/mov file or frame folder)",
+    )
     parser.add_argument("--prompt", nargs="+", default=None)
     parser.add_argument("--max_tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -66,7 +71,12 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--enable_chunked_prefill", action="store_true")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--num_frames", type=int, default=4, help="frames of the demo video")
-    parser.add_argument("--video_fps", type=float, default=2.0, help="fps of the given frames")
+    parser.add_argument(
+        "--video_fps",
+        type=float,
+        default=2.0,
+        help="fps of given frames (a video file uses its own timing)",
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     return parser
 

@@ -3,8 +3,9 @@
 Images: PIL images, torch tensors or numpy arrays ([C,H,W], [H,W,C] or [H,W]; uint8, or float
 in [0, 1]), file paths, `data:` URLs, raw base64 strings, bytes, and http(s) URLs.
 Videos: a `VideoData`, a sequence of frames in any image form, a 4-D array/tensor
-([T,C,H,W] or [T,H,W,C]) or a folder of frame images (sorted by name). Video files are not
-decoded here (no decoder dependency); decode them to frames first.
+([T,C,H,W] or [T,H,W,C]), a folder of frame images (sorted by name), or an mp4/mov/webm/mkv
+file given as a path, bytes, a `data:video/...;base64,` URL or an http(s) URL, decoded with
+PyAV (the optional `video` extra; see `video_files.py` for the frame and pixel bounds).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from PIL import Image
 
 from .image_formats import DEFAULT_MAX_IMAGE_PIXELS, decode_image
 from .local_files import read_regular_file
+from .video_files import VIDEO_FILE_SUFFIXES, decode_video_file, sniff_video_container
 
 ImageSource = Image.Image | torch.Tensor | np.ndarray | str | os.PathLike | bytes | bytearray
 
@@ -142,11 +144,11 @@ def _load_image_string(src: str) -> Image.Image:
     return _open_bytes(data, "in base64 string")
 
 
-def _b64decode(payload: str, what: str) -> bytes:
+def _b64decode(payload: str, what: str, kind: str = "image") -> bytes:
     try:
         return base64.b64decode("".join(payload.split()), validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"invalid base64 in image {what}: {exc}") from exc
+        raise ValueError(f"invalid base64 in {kind} {what}: {exc}") from exc
 
 
 def load_image(src: ImageSource) -> Image.Image:
@@ -169,6 +171,26 @@ def load_image(src: ImageSource) -> Image.Image:
     raise ValueError(f"unsupported image type {type(src).__name__}")
 
 
+def _video_file_bytes(src: Any) -> bytes | None:
+    """The bytes of a video file source (path, bytes, data:/http(s) URL), else None."""
+    if isinstance(src, bytes | bytearray):
+        return bytes(src) if sniff_video_container(bytes(src)) else None
+    if isinstance(src, str) and src.startswith("data:video/"):
+        header, _, payload = src.partition(",")
+        if ";base64" not in header:
+            raise ValueError("video data URL must be base64 encoded (data:<mime>;base64,...)")
+        return _b64decode(payload, "data URL", "video")
+    if isinstance(src, str) and src.startswith(("http://", "https://")):
+        with urllib.request.urlopen(src, timeout=_URL_TIMEOUT_S) as response:
+            data = response.read(_MAX_IMAGE_FILE_BYTES + 1)
+        if len(data) > _MAX_IMAGE_FILE_BYTES:
+            raise ValueError(f"video at {src[:64]} is over {_MAX_IMAGE_FILE_BYTES} bytes")
+        return data
+    if isinstance(src, str | os.PathLike) and len(str(src)) < 4096 and Path(src).is_file():
+        return read_regular_file(Path(src), _MAX_IMAGE_FILE_BYTES)
+    return None
+
+
 def _video_frames(src: Any) -> list[Image.Image]:
     if isinstance(src, torch.Tensor | np.ndarray):
         if src.ndim != 4:
@@ -184,9 +206,11 @@ def _video_frames(src: Any) -> list[Image.Image]:
         return [load_image(p) for p in files]
     if isinstance(src, str | os.PathLike):
         raise ValueError(
-            f"cannot decode video {str(src)[:64]!r}: pass decoded frames (a list of images, a "
-            f"4-D array or a folder of frame images) with their fps"
+            f"cannot decode video {str(src)[:64]!r}: it is not an existing video file, a folder "
+            f"of frame images, a data:video URL or an http(s) URL"
         )
+    if isinstance(src, bytes | bytearray):
+        raise ValueError("video bytes are not an mp4/mov or webm/mkv file")
     if isinstance(src, Sequence):
         return [load_image(frame) for frame in src]
     raise ValueError(f"unsupported video type {type(src).__name__}")
@@ -204,7 +228,19 @@ def load_video(
             fps=src.fps if src.fps is not None else fps,
             timestamps=src.timestamps if src.timestamps is not None else _floats(timestamps),
         )
+    data = _video_file_bytes(src)
+    if data is not None:
+        if timestamps is not None:
+            raise ValueError("a video file carries its own frame timestamps; do not pass any")
+        # The file's own timing is used; `fps` only fills in timing a source lacks.
+        return video_file_data(data, "file" if isinstance(src, str | os.PathLike) else "")
     return VideoData(frames=_video_frames(src), fps=fps, timestamps=_floats(timestamps))
+
+
+def video_file_data(data: bytes, what: str = "", **bounds: int) -> VideoData:
+    """An mp4/mov/webm/mkv file's bytes decoded with PyAV (bounds: see `decode_video_file`)."""
+    frames, fps, timestamps = decode_video_file(data, what, **bounds)
+    return VideoData(frames=frames, fps=fps, timestamps=timestamps)
 
 
 def _floats(values: Sequence[float] | None) -> list[float] | None:
@@ -217,8 +253,15 @@ def is_video_like(src: Any) -> bool:
         return True
     if isinstance(src, torch.Tensor | np.ndarray):
         return src.ndim == 4
+    if isinstance(src, bytes | bytearray):
+        return sniff_video_container(bytes(src)) is not None
+    if isinstance(src, str) and src.startswith("data:video/"):
+        return True
     if isinstance(src, str | os.PathLike):
-        return Path(src).is_dir() if len(str(src)) < 4096 else False
+        if len(str(src)) >= 4096:
+            return False
+        path = Path(src)
+        return path.is_dir() or (path.suffix.lower() in VIDEO_FILE_SUFFIXES and path.is_file())
     return isinstance(src, Sequence) and not isinstance(src, str | bytes | bytearray)
 
 

@@ -6,9 +6,10 @@ without blocking) and within the byte cap; http(s) URLs only when remote media i
 under the address and redirect rules of media_fetch, within one total deadline.
 Images decode only as PNG, JPEG, WebP, GIF, BMP or TIFF, chosen from the magic bytes (never
 from the declared MIME type), and only after the declared pixel count passed the bound.
-Videos are animated images (GIF/WebP/APNG/TIFF) or folders of frame images, bounded in frames,
-bytes and pixels before decoding: no video decoder is bundled, so video container formats are
-rejected with a message saying what to send.
+Videos are mp4/mov or webm/mkv files (decoded with PyAV, the optional `video` extra; a server
+without it answers 400 naming the extra), animated images (GIF/WebP/APNG/TIFF) or folders of
+frame images, bounded in bytes, frames and pixels: container files are sampled uniformly by
+time to at most MAX_VIDEO_FRAMES frames while decoding (`inputs/video_files.py`).
 
 Every problem raises `MediaError` (a ValueError carrying the request field it came from), which
 the server answers with HTTP 400.
@@ -39,7 +40,8 @@ from ..inputs.image_formats import (
     video_frame_sizes,
 )
 from ..inputs.local_files import LocalFileError, check_path_text, read_regular_file
-from ..inputs.utils import _IMAGE_SUFFIXES, VideoData, load_image
+from ..inputs.utils import _IMAGE_SUFFIXES, VideoData, load_image, video_file_data
+from ..inputs.video_files import VideoDecoderMissing, sniff_video_container
 from .media_config import DEFAULT_FETCH_TIMEOUT_S, DEFAULT_MAX_MEDIA_BYTES, MediaConfig, MediaError
 from .media_fetch import fetch_remote, make_media_http_client
 
@@ -75,16 +77,11 @@ def _short(url: str) -> str:
 
 
 def _check_mime(mime: str, kind: str, where: str, param: str | None) -> None:
-    """image_url needs image/*; video_url takes image/* (animated) and rejects video/*."""
+    """image_url needs image/*; video_url takes video/* and image/* (animated)."""
     if mime in _GENERIC_MIME or mime.startswith("image/"):
         return
     if kind == "video" and mime.startswith("video/"):
-        raise MediaError(
-            f"unsupported media type {mime!r} for video_url ({where}): this server has no video "
-            f"decoder; send an animated image (GIF/WebP/APNG) or a folder of frames",
-            param,
-            "unsupported_media_type",
-        )
+        return  # the container is judged from the magic bytes when decoding
     raise MediaError(
         f"unsupported media type {mime!r} for {kind}_url ({where})", param, "unsupported_media_type"
     )
@@ -247,6 +244,8 @@ async def _get_blob(
 def _media_error(exc: Exception, kind: str, where: str, param: str | None) -> MediaError:
     if isinstance(exc, MediaError):
         return exc
+    if isinstance(exc, VideoDecoderMissing):
+        return MediaError(f"{exc} ({where})", param, "unsupported_media_type")
     if isinstance(exc, UnsupportedImageFormat):
         return MediaError(f"{exc} ({where})", param, "unsupported_media_type")
     if isinstance(exc, ImageTooLarge):
@@ -292,12 +291,33 @@ def _decode_video(
     try:
         if blob.folder is not None:
             return VideoData(frames=_decode_folder(blob, config, param), fps=fps)
+        if blob.mime.startswith("video/") or sniff_video_container(blob.data or b""):
+            return _decode_container(blob, fps, config, param)
         frames, durations = _decode_animation(blob.data or b"", config)
     except Exception as exc:  # see _decode_image
         raise _media_error(exc, "video", blob.where, param) from None
     if fps is None and durations and all(d > 0 for d in durations):
         fps = 1000.0 * len(durations) / sum(durations)  # the animation's own frame rate
     return VideoData(frames=frames, fps=fps)
+
+
+def _decode_container(
+    blob: _Blob, fps: float | None, config: MediaConfig, param: str | None
+) -> VideoData:
+    if fps is not None:
+        # NOTE: refused, not ignored: a video file carries its own frame times.
+        raise MediaError(
+            "video_url.fps is for animated images and frame folders; a video file carries its "
+            "own frame timing",
+            param,
+            "invalid_media_url",
+        )
+    return video_file_data(
+        blob.data or b"",
+        max_frames=MAX_VIDEO_FRAMES,
+        max_image_pixels=config.max_image_pixels,
+        max_video_pixels=config.max_video_pixels,
+    )
 
 
 @dataclass(frozen=True)

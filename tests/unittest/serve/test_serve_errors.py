@@ -78,8 +78,8 @@ BAD_BODIES = [
                 }
             ),
         ),
-        "unsupported_media_type",
-        "no video decoder",
+        "corrupt_media",
+        "corrupt or unreadable video",
     ),
     (
         "too many images",
