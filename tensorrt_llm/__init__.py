@@ -7,12 +7,18 @@ until `tensorrt_llm.LLM` is first touched).
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .llmapi.llm import LLM
     from .llmapi.outputs import CompletionOutput, RequestOutput
     from .sampling_params import SamplingParams
+
+try:  # TensorRT-LLM's name; trtllm-serve's /version answers it
+    __version__ = importlib.metadata.version("tensorrt-llm-qwenvl")
+except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0.0.0+unknown"
 
 _LAZY: dict[str, str] = {
     "LLM": ".llmapi.llm",

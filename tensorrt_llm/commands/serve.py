@@ -1,24 +1,35 @@
 """`trtllm-serve`: serve a local Qwen(-VL) checkpoint over an OpenAI-compatible HTTP API.
 
-trtllm-serve /path/to/checkpoint --port 8000 --limit_mm_per_prompt '{"image": 2}'
-trtllm-serve --demo          # the tiny random demo checkpoint, built locally on first use
+trtllm-serve serve /path/to/checkpoint --port 8000 --limit_mm_per_prompt '{"image": 2}'
+trtllm-serve serve --demo    # the tiny random demo checkpoint, built locally on first use
+trtllm-serve serve /path/to/checkpoint --extra_llm_api_options config.yaml
+
+`serve` is TensorRT-LLM's subcommand; the older form without it (`trtllm-serve MODEL`) works
+the same. A folder named `serve` is still served by `trtllm-serve serve` alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..inputs.image_formats import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_VIDEO_PIXELS
+from ..llmapi.upstream_args import BACKENDS
 from ..serve.lifecycle import DEFAULT_HEADER_READ_TIMEOUT_S
+from ..serve.log_config import configure_logging
 from ..serve.request_body import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_REQUEST_BODY_BYTES
-from ..serve.server_args import DEFAULT_MAX_PROMPTS, DEFAULT_MAX_SEQUENCES
+from ..serve.server_args import DEFAULT_MAX_PROMPTS, DEFAULT_MAX_SEQUENCES, load_llm_api_options
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# TensorRT-LLM's severities -> the Python logging level they mean.
+UPSTREAM_LOG_LEVELS = {"internal_error": "critical", "verbose": "debug", "trace": "debug"}
+# Backends TensorRT-LLM's trtllm-serve offers; only "pytorch" exists in this build.
+UPSTREAM_BACKENDS = ("pytorch", "tensorrt", "_autodeploy")
 # LLM(...) keyword arguments that map 1:1 to flags (flag left unset -> the LLM's default).
 _LLM_FLAGS = (
     "max_batch_size",
@@ -34,7 +45,10 @@ _LLM_FLAGS = (
     "load_format",
     "executor_mode",
     "generation_config",
+    "backend",
 )
+# Flags spelled as TensorRT-LLM's trtllm-serve spells them -> the LLM argument they set.
+_RENAMED_LLM_FLAGS = {"tp_size": "tensor_parallel_size", "pp_size": "pipeline_parallel_size"}
 
 
 def parse_mm_limits(text: str) -> dict[str, int]:
@@ -117,7 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
         "defaults (temperature, top_p, top_k, do_sample, eos ids) of fields a request omits; "
         "ignore: the built-in defaults",
     )
-    p.add_argument("--log_level", choices=LOG_LEVELS, default="info")
+    p.add_argument(
+        "--log_level",
+        choices=(*LOG_LEVELS, *UPSTREAM_LOG_LEVELS),
+        default="info",
+        help="our loggers' and uvicorn's level (TensorRT-LLM's internal_error/verbose/trace "
+        "mean critical/debug/debug)",
+    )
     p.add_argument("--default_max_tokens", type=int, default=256, help="when a request has none")
     p.add_argument(
         "--timeout_graceful_shutdown",
@@ -125,9 +145,35 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="seconds in-flight requests get to finish on shutdown before they are failed",
     )
+    _add_upstream_flags(p)
     _add_media_flags(p)
     _add_request_bounds(p)
     return p
+
+
+def _add_upstream_flags(p: argparse.ArgumentParser) -> None:
+    """TensorRT-LLM's trtllm-serve flags, checked by LlmArgs like the Python API's names."""
+    g = p.add_argument_group("TensorRT-LLM flags")
+    g.add_argument("--backend", default=None, help="pytorch (the only backend of this build)")
+    g.add_argument(
+        "--tp_size",
+        type=int,
+        default=None,
+        help="tensor-parallel GPUs (LLM's tensor_parallel_size); only 1 is supported yet",
+    )
+    g.add_argument(
+        "--pp_size",
+        type=int,
+        default=None,
+        help="pipeline-parallel GPUs (LLM's pipeline_parallel_size); only 1 is supported yet",
+    )
+    g.add_argument(
+        "--extra_llm_api_options",
+        default=None,
+        metavar="YAML",
+        help="a YAML file of LLM(...) arguments, e.g. 'kv_cache_config: "
+        "{free_gpu_memory_fraction: 0.8}'; a key also given as a flag is an error",
+    )
 
 
 def _add_media_flags(p: argparse.ArgumentParser) -> None:
@@ -215,11 +261,45 @@ def _add_request_bounds(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _strip_subcommand(argv: list[str]) -> list[str]:
+    """Drop TensorRT-LLM's `serve` subcommand. NOTE: `trtllm-serve serve` with nothing else
+    names the model folder `serve` (the old form), so an existing command keeps its meaning."""
+    if argv[:1] != ["serve"]:
+        return argv
+    rest = argv[1:]
+    try:
+        # Quiet: --help or a flag error is printed once, by the real parse.
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            probe, _ = build_parser().parse_known_args(rest)
+    except SystemExit:
+        return rest
+    return rest if probe.model_dir is not None or probe.demo else argv
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
+    argv = _strip_subcommand(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if args.demo == (args.model_dir is not None):
         parser.error("give either a model_dir or --demo (exactly one)")
+    args.log_level = UPSTREAM_LOG_LEVELS.get(args.log_level, args.log_level)
+    if args.backend is not None and args.backend not in BACKENDS:
+        what = (
+            "a TensorRT-LLM backend this build does not have"
+            if args.backend in UPSTREAM_BACKENDS
+            else "no such backend"
+        )
+        parser.error(f"--backend {args.backend}: {what}; choose from {list(BACKENDS)}")
+    for flag in _RENAMED_LLM_FLAGS:
+        value = getattr(args, flag)
+        if value is not None and value > 1:
+            parser.error(
+                f"--{flag} {value}: more than one GPU is not supported yet; use --{flag} 1"
+            )
+    try:
+        args.llm_api_options = load_llm_api_options(args.extra_llm_api_options, _flag_kwargs(args))
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.allowed_local_media_path and not Path(args.allowed_local_media_path).is_dir():
         parser.error(f"--allowed_local_media_path {args.allowed_local_media_path} is not a folder")
     if args.default_max_tokens < 1:
@@ -252,15 +332,22 @@ def resolve_model_dir(args: argparse.Namespace) -> str:
     return str(args.model_dir)
 
 
+def _flag_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The LLM arguments the command line gives (a flag left unset: not there)."""
+    names = {name: name for name in _LLM_FLAGS} | _RENAMED_LLM_FLAGS
+    kwargs = {arg: getattr(args, flag, None) for flag, arg in names.items()}
+    return {arg: value for arg, value in kwargs.items() if value is not None}
+
+
 def llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {name: getattr(args, name) for name in _LLM_FLAGS if getattr(args, name) is not None}
+    """LLM(...) keyword arguments: the flags given plus the --extra_llm_api_options file (a key
+    in both was refused by parse_args)."""
+    return {**getattr(args, "llm_api_options", {}), **_flag_kwargs(args)}
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     from ..llmapi.llm import LLM
     from ..serve.lifecycle import make_server
     from ..serve.openai_server import build_app
@@ -278,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        log_config=None,  # uvicorn's loggers propagate to configure_logging's handler
         timeout_graceful_shutdown=args.timeout_graceful_shutdown,
         engine_alive=app.state.server.client.engine_alive,
     )

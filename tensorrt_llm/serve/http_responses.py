@@ -20,7 +20,18 @@ from .openai_protocol import APIError
 logger = logging.getLogger(__name__)
 
 # Paths the http metric names; anything else is counted as "other".
-KNOWN_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+KNOWN_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/version",
+)
+# /v1/models/{id} is counted under one label: the ids come from clients.
+MODEL_PATH_PREFIX = "/v1/models/"
+# A logged error message is cut here, so a message echoing a request stays one short line.
+_MAX_LOGGED_MESSAGE = 300
 
 
 def abort_unfinished(results: list[Any]) -> None:
@@ -62,14 +73,27 @@ def error_response(exc: APIError) -> JSONBody:
     return JSONBody(exc.to_response().model_dump(), status_code=exc.status)
 
 
+def log_error_reason(request: Request, exc: APIError) -> None:
+    """One line per error answer: a client error (4xx) at INFO, so an operator sees why a
+    request was refused; a server-side one (5xx) at WARNING. The body is never logged."""
+    message = exc.message.replace("\r", "\\r").replace("\n", "\\n")
+    if len(message) > _MAX_LOGGED_MESSAGE:
+        message = message[:_MAX_LOGGED_MESSAGE] + "..."
+    level = logging.INFO if exc.status < 500 else logging.WARNING
+    logger.log(level, "%s %s %d: %s", request.method, request.url.path, exc.status, message)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONBody:
+    async def _api_error(request: Request, exc: APIError) -> JSONBody:
+        log_error_reason(request, exc)
         return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONBody:
-        return error_response(APIError(exc.status_code, str(exc.detail), code=exc.status_code))
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONBody:
+        error = APIError(exc.status_code, str(exc.detail), code=exc.status_code)
+        log_error_reason(request, error)
+        return error_response(error)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONBody:
@@ -102,4 +126,8 @@ class HttpMetrics:
             await self.app(scope, receive, send_and_record)
         finally:
             path = scope.get("path", "")
-            self.metrics.on_http(path if path in KNOWN_PATHS else "other", status)
+            if path.startswith(MODEL_PATH_PREFIX):
+                label = MODEL_PATH_PREFIX + "{id}"
+            else:
+                label = path if path in KNOWN_PATHS else "other"
+            self.metrics.on_http(label, status)

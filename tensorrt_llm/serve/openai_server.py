@@ -19,6 +19,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
+from .. import __version__
 from ..llmapi.engine_client import EngineClient
 from .chat_utils import check_mm_limits, resolve_messages, to_sampling_params
 from .http_responses import (
@@ -320,10 +321,22 @@ class OpenAIServer:
             await stream.aclose()  # type: ignore[attr-defined]
             self.metrics.on_request_end()
 
+    def model_card(self) -> ModelCard:
+        return ModelCard(id=self.model_name, max_model_len=self.client.max_seq_len)
+
     def models(self) -> ModelList:
-        return ModelList(
-            data=[ModelCard(id=self.model_name, max_model_len=self.client.max_seq_len)]
-        )
+        return ModelList(data=[self.model_card()])
+
+    def model(self, model_id: str) -> ModelCard:
+        """GET /v1/models/{id}: this server's card, or OpenAI's 404 for any other id."""
+        if model_id != self.model_name:
+            raise APIError(
+                404,
+                f"the model {model_id!r} does not exist; this server serves {self.model_name!r}",
+                code="model_not_found",
+                param="model",
+            )
+        return self.model_card()
 
 
 def _make_pool(
@@ -379,6 +392,15 @@ def build_app(llm: Any, args: argparse.Namespace | Any) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> JSONBody:
         return JSONBody(server.models().model_dump())
+
+    # NOTE: ids may contain "/" (e.g. Qwen/Qwen3-VL-8B-Instruct), hence the path converter.
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> JSONBody:
+        return JSONBody(server.model(model_id).model_dump())
+
+    @app.get("/version")
+    async def version() -> JSONBody:
+        return JSONBody({"version": __version__})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

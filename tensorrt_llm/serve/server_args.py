@@ -1,4 +1,5 @@
-"""Defaults of the server's per-request bounds, and the media settings built from its flags.
+"""Defaults of the server's per-request bounds, the media settings built from its flags, and
+the `--extra_llm_api_options` YAML file of LLM arguments.
 
 Kept apart from `commands/serve.py` so the app (and tests building it from a namespace) use
 the same defaults as the command line.
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from .media import MediaConfig
 
@@ -46,3 +49,43 @@ def media_config_from_args(args: Any) -> MediaConfig:
     if domains:
         kwargs["allowed_media_domains"] = tuple(domains)
     return MediaConfig(**kwargs)
+
+
+def load_llm_api_options(path: str | None, flag_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The LLM(...) arguments of the YAML file at `path` ({} without one).
+
+    Keys must be LLM argument names (nested dicts such as `kv_cache_config` are passed as they
+    are; LlmArgs builds its configs from them); their values are checked when the LLM is built.
+    NOTE: a key that `flag_kwargs` (the flags given) also sets is an error, not a silent
+    override either way: TensorRT-LLM lets the file win, most tools let the flag win.
+    """
+    if path is None:
+        return {}
+    from ..llmapi.llm_args import LlmArgs
+
+    where = f"--extra_llm_api_options {path}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            options = yaml.safe_load(f)
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{where}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ValueError(
+            f"{where}: expected a mapping of LLM arguments, got {type(options).__name__}"
+        )
+    bad = sorted(str(k) for k in options if not isinstance(k, str))
+    valid = [name for name in LlmArgs.field_names() if name != "model"]
+    unknown = bad or sorted(set(options) - set(valid))
+    if unknown:
+        model = " (the model is the command's positional argument)" if "model" in unknown else ""
+        raise ValueError(
+            f"{where}: unknown LLM argument(s) {unknown}{model}; valid arguments: {valid}"
+        )
+    both = sorted(set(options) & set(flag_kwargs))
+    if both:
+        raise ValueError(f"{where}: {both} also given on the command line; give each in one place")
+    return dict(options)
