@@ -70,3 +70,22 @@ def test_help_lists_examples_on_their_own_lines() -> None:
         line.strip().startswith("python examples/llm-api/quickstart_multimodal.py --media")
         for line in lines
     )
+
+
+def test_a_video_file(tmp_path: Path) -> None:
+    av = pytest.importorskip("av")
+    import numpy as np
+
+    clip = tmp_path / "clip.mp4"
+    with av.open(str(clip), "w") as container:
+        stream = container.add_stream("libx264", rate=4)
+        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
+        for i in range(8):
+            frame = av.VideoFrame.from_ndarray(np.full((64, 64, 3), 30 * i, np.uint8), "rgb24")
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    done = _run("--modality", "video", "--media", str(clip))
+    assert done.returncode == 0, done.stderr
+    assert "[0] Prompt: 'Tell me what you see in the video briefly.'" in done.stdout
