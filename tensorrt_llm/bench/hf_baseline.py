@@ -7,6 +7,7 @@ random weights at the same size. Its decode is slow, so it generates `osl` token
 
 from __future__ import annotations
 
+import gc
 import inspect
 import time
 from typing import Any
@@ -78,3 +79,16 @@ def run_hf_baseline(
         "itl_ms": decode_step * 1e3,
         "output_tok_s": concurrency / decode_step,
     }
+
+
+def hf_device(device: str) -> str:
+    """The HF baseline's device: `--device`, with "auto" meaning CUDA when there is one."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def free_accelerator() -> None:
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
