@@ -185,3 +185,46 @@ def test_plot_file_from_rows(tmp_path: Path) -> None:
     hf = [{"concurrency": 1, "output_tok_s": 2.0, "ttft_ms": 9.0, "itl_ms": 3.0}]
     path = plot_results(tmp_path / "p.png", {"ours": ours}, hf)
     assert path.stat().st_size > 1000
+
+
+def test_hf_baseline_stamps_every_token(ckpt: Path) -> None:
+    """One generate call, one stamp per token: the decode step is positive by construction."""
+    import torch
+
+    from tensorrt_llm.bench.hf_baseline import _generate_stamps, build_hf_model
+
+    config = load_pretrained_config(ckpt)
+    model = build_hf_model(config, torch.float32, "cpu")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    start, stamps = _generate_stamps(model, {"input_ids": ids}, 5)
+    assert len(stamps) == 5
+    assert start < stamps[0] and stamps == sorted(stamps)
+
+
+def test_wave_progress_bar_counts_every_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_requests ticks its bar once per finished request and keeps per-request params."""
+    import io
+    from types import SimpleNamespace
+
+    from tqdm import tqdm
+
+    import tensorrt_llm.bench.runner as runner
+    from tensorrt_llm.sampling_params import SamplingParams
+
+    class FakeLLM:
+        async def generate_async(self, prompt: Any, params: SamplingParams, streaming: bool):
+            for n in range(1, params.max_tokens + 1):
+                yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(n)))])
+
+    bars: list[Any] = []
+    assert runner.wave_bar(3, 2).disable  # off where stderr is no terminal (as under pytest)
+
+    def recording_bar(total: int, concurrency: int) -> Any:
+        bars.append(tqdm(total=total, file=io.StringIO(), disable=False))
+        return bars[-1]
+
+    monkeypatch.setattr(runner, "wave_bar", recording_bar)
+    params = [SamplingParams(max_tokens=n, detokenize=False) for n in (2, 3, 5)]
+    row = runner.run_requests(FakeLLM(), [{}, {}, {}], params, concurrency=2)
+    assert row["output_tokens"] == 10 and row["requests"] == 3
+    assert bars[0].n == 3 and bars[0].total == 3
