@@ -228,3 +228,20 @@ def test_wave_progress_bar_counts_every_request(monkeypatch: pytest.MonkeyPatch)
     row = runner.run_requests(FakeLLM(), [{}, {}, {}], params, concurrency=2)
     assert row["output_tokens"] == 10 and row["requests"] == 3
     assert bars[0].n == 3 and bars[0].total == 3
+
+
+def test_throughput_text_prompts_with_data_url_images(ckpt: Path, tmp_path: Path) -> None:
+    """Text prompts without placeholders are chat-templated with their images in front."""
+    images = tmp_path / "img.jsonl"
+    _prepare(ckpt, images, "--image-format", "data_url")
+    url = json.loads(images.read_text().splitlines()[0])["media_paths"][0]
+    dataset = tmp_path / "text.jsonl"
+    lines = [{"prompt": f"Describe picture {i}.", "output_tokens": 3, "media_paths": [url]}
+             for i in range(2)]  # fmt: skip
+    dataset.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "result.json"
+    argv = ["--model", str(ckpt), "throughput", "--dataset", str(dataset), "--dtype", "float32",
+            "--device", "cpu", "--report_json", str(out), "--warmup", "0"]  # fmt: skip
+    assert main(argv) == 0
+    (row,) = json.loads(out.read_text())["ours"]
+    assert row["concurrency"] == 2 and row["requests"] == 2 and row["output_tokens"] == 6
