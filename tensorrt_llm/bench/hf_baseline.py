@@ -2,11 +2,13 @@
 
 HF `generate` runs the batch of `concurrency` requests (equal prompt lengths, so no padding) with
 random weights at the same size. Its decode is slow, so it generates `osl` tokens only up to
-`max_osl` and the throughput is taken from the decode rate: tokens / (time of N tokens - time of 1).
+`max_osl` and the throughput is taken from the decode rate: a stopping criterion stamps the
+time of every token, TTFT is the first stamp and the decode step the mean gap after it.
 """
 
 from __future__ import annotations
 
+import gc
 import inspect
 import time
 from typing import Any
@@ -46,16 +48,38 @@ def _hf_inputs(
     return kwargs
 
 
+class _StepClock(transformers.StoppingCriteria):
+    """Stamps the time after every generated token; never stops generation itself."""
+
+    def __init__(self, on_cuda: bool) -> None:
+        self.on_cuda = on_cuda
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        if self.on_cuda:
+            torch.cuda.synchronize()
+        self.stamps.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 @torch.inference_mode()
-def _generate_time(model: torch.nn.Module, kwargs: dict[str, Any], new_tokens: int) -> float:
+def _generate_stamps(
+    model: torch.nn.Module, kwargs: dict[str, Any], new_tokens: int
+) -> tuple[float, list[float]]:
+    """The start time and the time of every token of one generate call."""
     on_cuda = next(model.parameters()).device.type == "cuda"
+    clock = _StepClock(on_cuda)
     if on_cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
-    model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    if on_cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+    model.generate(
+        **kwargs,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        stopping_criteria=transformers.StoppingCriteriaList([clock]),
+    )
+    return start, clock.stamps
 
 
 def run_hf_baseline(
@@ -68,13 +92,29 @@ def run_hf_baseline(
 ) -> dict[str, float]:
     processor = create_input_processor(model_dir)
     kwargs = _hf_inputs(model, processor, prompts[:concurrency], device)
-    _generate_time(model, kwargs, 2)  # warm-up
-    ttft = _generate_time(model, kwargs, 1)
-    total = _generate_time(model, kwargs, max_osl)
-    decode_step = (total - ttft) / max(max_osl - 1, 1)
+    _generate_stamps(model, kwargs, 2)  # warm-up
+    # One call with a stamp per token: TTFT and the decode step come from the same run, so
+    # the decode step cannot go negative the way "time of N tokens - time of 1 token" from two
+    # runs did on a busy CPU.
+    start, stamps = _generate_stamps(model, kwargs, max(max_osl, 2))
+    ttft = stamps[0] - start
+    decode_step = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
     return {
         "concurrency": concurrency,
         "ttft_ms": ttft * 1e3,
         "itl_ms": decode_step * 1e3,
         "output_tok_s": concurrency / decode_step,
     }
+
+
+def hf_device(device: str) -> str:
+    """The HF baseline's device: `--device`, with "auto" meaning CUDA when there is one."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def free_accelerator() -> None:
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

@@ -6,6 +6,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# The columns of trtllm-bench's in-process result table.
+RESULT_COLUMNS = (
+    "concurrency",
+    "output_tok_s",
+    "per_user_tok_s",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "itl_ms_p50",
+    "itl_ms_p99",
+    "latency_ms_p50",
+    "latency_ms_p99",
+)
+
 
 @dataclass
 class RequestTiming:
@@ -54,3 +67,10 @@ def summarize(timings: list[RequestTiming], wall: float, concurrency: int) -> di
         for p in (50, 90, 99):
             out[f"{name}_p{p}"] = float(np.percentile(arr, p))
     return out
+
+
+def format_table(rows: list[dict[str, float]], columns: tuple[str, ...]) -> str:
+    lines = [" | ".join(columns)]
+    for row in rows:
+        lines.append(" | ".join(f"{row.get(c, float('nan')):.1f}" for c in columns))
+    return "\n".join(lines)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
+
+from tqdm import tqdm
 
 from ..sampling_params import SamplingParams
 from .metrics import RequestTiming, summarize
@@ -33,27 +36,67 @@ async def _one(llm: Any, prompt: dict[str, Any], params: SamplingParams) -> Requ
 
 
 async def _run_all(
-    llm: Any, prompts: list[dict[str, Any]], params: SamplingParams, concurrency: int
+    llm: Any,
+    prompts: list[dict[str, Any]],
+    params: SamplingParams | Sequence[SamplingParams],
+    concurrency: int,
+    bar: tqdm | None = None,
 ) -> list[RequestTiming]:
+    """Every prompt, at most `concurrency` in flight; `params` is one for all or one per prompt
+    (a dataset's output lengths differ per request)."""
+    per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    if len(per_prompt) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(per_prompt)} sampling params")
     gate = asyncio.Semaphore(concurrency)
 
-    async def guarded(prompt: dict[str, Any]) -> RequestTiming:
+    async def guarded(prompt: dict[str, Any], p: SamplingParams) -> RequestTiming:
         async with gate:
-            return await _one(llm, prompt, params)
+            timing = await _one(llm, prompt, p)
+        if bar is not None:
+            bar.update(1)
+        return timing
 
-    return list(await asyncio.gather(*(guarded(p) for p in prompts)))
+    return list(
+        await asyncio.gather(*(guarded(q, p) for q, p in zip(prompts, per_prompt, strict=True)))
+    )
+
+
+def wave_bar(total: int, concurrency: int) -> tqdm:
+    """The progress bar of one wave, on stderr; tqdm turns it off where stderr is no terminal
+    (logs, CI), so the result tables stay clean there."""
+    return tqdm(total=total, desc=f"concurrency {concurrency}", unit="req", disable=None)
+
+
+def run_requests(
+    llm: Any, prompts: list[dict[str, Any]], params: Sequence[SamplingParams], concurrency: int
+) -> dict[str, float]:
+    """One timed wave of `prompts` with per-prompt `params`, under a progress bar."""
+    with wave_bar(len(prompts), concurrency) as bar:
+        start = time.perf_counter()
+        timings = asyncio.run(_run_all(llm, prompts, params, concurrency, bar))
+        wall = time.perf_counter() - start
+    return summarize(timings, wall, concurrency)
 
 
 def run_concurrency(
     llm: Any, prompts: list[dict[str, Any]], workload: Workload, concurrency: int
 ) -> dict[str, float]:
     params = sampling_params(workload)
-    start = time.perf_counter()
-    timings = asyncio.run(_run_all(llm, prompts, params, concurrency))
-    return summarize(timings, time.perf_counter() - start, concurrency)
+    with wave_bar(len(prompts), concurrency) as bar:
+        start = time.perf_counter()
+        timings = asyncio.run(_run_all(llm, prompts, params, concurrency, bar))
+        wall = time.perf_counter() - start
+    return summarize(timings, wall, concurrency)
 
 
 def warm_up(llm: Any, prompts: list[dict[str, Any]], workload: Workload) -> None:
     """A few short requests first, so autotuning and graph capture stay out of the timings."""
     params = sampling_params(workload, osl=8)
     asyncio.run(_run_all(llm, prompts[:4], params, 4))
+
+
+def warm_up_requests(llm: Any, prompts: list[dict[str, Any]], count: int) -> None:
+    """`count` short requests of a dataset's prompts (upstream's --warmup), untimed."""
+    if count > 0:
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, detokenize=False)
+        asyncio.run(_run_all(llm, prompts[:count], params, count))

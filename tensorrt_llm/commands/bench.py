@@ -12,13 +12,19 @@ transformers' figures on the same GPU and the ratio. --output writes everything 
 --served measures the served path instead: a `trtllm-serve` child on the same random-weight
 folder (or the server at --served_url), driven with streaming OpenAI chat requests (images as
 PNG data URLs). --inprocess_too runs the in-process figures first and prints the served /
-in-process ratio per concurrency.
+in-process ratio per concurrency. --plot out.png draws throughput, TTFT and ITL against
+concurrency (the `plot` extra: matplotlib).
+
+    trtllm-bench --model DIR prepare-dataset --output data.jsonl token-norm-dist ...
+    trtllm-bench --model DIR throughput --dataset data.jsonl --concurrency 1 8 [--plot out.png]
+
+Upstream TensorRT-LLM's shape (bench/upstream_cli.py): a real checkpoint folder (or random
+weights with --load_format dummy) and a JSON-lines dataset of image+text requests.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import shlex
 import sys
@@ -28,6 +34,11 @@ from typing import Any
 
 import torch
 
+from ..bench.hf_baseline import free_accelerator as _free_accelerator
+from ..bench.hf_baseline import hf_device as _hf_device
+from ..bench.metrics import RESULT_COLUMNS as _COLUMNS
+from ..bench.metrics import format_table as _table
+from ..bench.plot import plot_results, require_matplotlib
 from ..bench.runner import run_concurrency, warm_up
 from ..bench.served import (
     STAGE_COLUMNS,
@@ -38,19 +49,9 @@ from ..bench.served import (
     text_tokens_for_isl,
     warm_up_served,
 )
+from ..bench.upstream_cli import is_upstream_form, run_upstream
 from ..bench.workload import Workload, make_requests, prepare_model_folder
 
-_COLUMNS = (
-    "concurrency",
-    "output_tok_s",
-    "per_user_tok_s",
-    "ttft_ms_p50",
-    "ttft_ms_p99",
-    "itl_ms_p50",
-    "itl_ms_p99",
-    "latency_ms_p50",
-    "latency_ms_p99",
-)
 _SERVED_COLUMNS = (*_COLUMNS, "isl_mean", *STAGE_COLUMNS)
 # In-process defaults of knobs that the served mode leaves to trtllm-serve unless given.
 _INPROCESS_MAX_NUM_TOKENS = 8192
@@ -125,6 +126,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="where the engine runs (both modes; default: the LLM's / the server's default)",
     )
     p.add_argument("--output", default=None, help="write results as JSON here")
+    p.add_argument(
+        "--plot", default=None, help="throughput/TTFT/ITL vs concurrency as a PNG (matplotlib)"
+    )
     _add_served_flags(p)
     args = p.parse_args(argv)
     if args.served_url:
@@ -166,13 +170,6 @@ def _add_served_flags(p: argparse.ArgumentParser) -> None:
         default=1800.0,
         help="seconds the trtllm-serve child gets to answer /health",
     )
-
-
-def _table(rows: list[dict[str, float]], columns: tuple[str, ...]) -> str:
-    lines = [" | ".join(columns)]
-    for row in rows:
-        lines.append(" | ".join(f"{row.get(c, float('nan')):.1f}" for c in columns))
-    return "\n".join(lines)
 
 
 def _graph_config(args: argparse.Namespace) -> dict[str, int | None] | None:
@@ -287,12 +284,6 @@ def _ratios(num: list[dict[str, float]], den: list[dict[str, float]]) -> list[di
     return out
 
 
-def _free_accelerator() -> None:
-    gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-
-
 def _run_hf(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[str, float]]:
     from ..bench.hf_baseline import build_hf_model, run_hf_baseline
 
@@ -308,13 +299,6 @@ def _run_hf(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[st
     del model
     _free_accelerator()
     return rows
-
-
-def _hf_device(device: str) -> str:
-    """The HF baseline's device: `--device`, with "auto" meaning CUDA when there is one."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 def _report(args: argparse.Namespace, result: dict[str, Any], hf: list[dict[str, float]]) -> None:
@@ -345,7 +329,12 @@ def _report(args: argparse.Namespace, result: dict[str, Any], hf: list[dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if is_upstream_form(argv):
+        return run_upstream(argv)
     args = parse_args(argv)
+    if args.plot:
+        require_matplotlib()  # fail now, not after the waves
     # The model folder (config, tokenizer, processor files) lives only as long as the run.
     with tempfile.TemporaryDirectory(prefix="trtllm-bench-") as scratch:
         return _main(args, Path(scratch))
@@ -367,6 +356,9 @@ def _main(args: argparse.Namespace, scratch: Path) -> int:
     _report(args, result, hf)
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=2), encoding="utf-8")
+    if args.plot:
+        series = {"ours": result.get("ours", []), "served": result.get("served", [])}
+        print(f"plot: {plot_results(args.plot, series, hf)}")
     return 0
 
 
