@@ -59,6 +59,9 @@ from .protocol import (
 )
 
 logger = logging.getLogger(__name__)
+# How the engine child learns the front end's logging (worker.py reads them).
+LOG_LEVEL_ENV = "TRTLLM_ENGINE_LOG_LEVEL"
+LOG_FORMAT_ENV = "TRTLLM_ENGINE_LOG_FORMAT"
 
 ResponseCallback = Callable[[LlmResponse], None]
 _POLL_MS = 50
@@ -123,7 +126,20 @@ def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     # '' is the cwd of `python -c` or a REPL; the child shares the cwd but not that meaning.
     env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+    env.update(_log_settings())
     return env
+
+
+def _log_settings() -> dict[str, str]:
+    """This process's root log level and format, for the engine child to log as it does
+    (trtllm-serve's --log_level and format reach the engine's startup lines too)."""
+    root = logging.getLogger()
+    settings = {LOG_LEVEL_ENV: logging.getLevelName(root.getEffectiveLevel())}
+    formatter = next((h.formatter for h in root.handlers if h.formatter is not None), None)
+    fmt = getattr(formatter, "_fmt", None)
+    if isinstance(fmt, str):
+        settings[LOG_FORMAT_ENV] = fmt
+    return settings
 
 
 def _start_child(payload: bytes) -> subprocess.Popen[bytes]:

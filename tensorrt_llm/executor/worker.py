@@ -169,6 +169,7 @@ def worker_main(
     """Build the engine and serve it; `parent_fd` (a pipe) hits EOF when the front end dies."""
     # Ctrl-C reaches the whole process group; the front end decides when the engine stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _configure_logging()
     if parent_fd is not None:
         threading.Thread(
             target=_watch_parent, args=(parent_fd,), name="parent-watch", daemon=True
@@ -195,6 +196,15 @@ def worker_main(
         context.term()
         if code:
             os._exit(code)
+
+
+def _configure_logging() -> None:
+    """Log at the front end's level and in its format (proxy._log_settings), to stderr."""
+    level = os.environ.get("TRTLLM_ENGINE_LOG_LEVEL")
+    if level is None:
+        return
+    fmt = os.environ.get("TRTLLM_ENGINE_LOG_FORMAT", logging.BASIC_FORMAT)
+    logging.basicConfig(level=level, format=fmt)
 
 
 def main() -> None:
