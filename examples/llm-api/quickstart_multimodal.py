@@ -60,9 +60,10 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument("--prompt", nargs="+", default=None)
     parser.add_argument("--max_tokens", type=int, default=32)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top_k", type=int, default=0)
-    parser.add_argument("--top_p", type=float, default=1.0)
+    # None: the checkpoint's generation_config.json decides (greedy when it says do_sample=false).
+    parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument("--top_k", type=int, default=None)
+    parser.add_argument("--top_p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--max_batch_size", type=int, default=4)
     parser.add_argument("--max_num_tokens", type=int, default=4096)
