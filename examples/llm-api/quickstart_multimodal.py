@@ -28,6 +28,7 @@ from typing import Any
 from PIL import Image, ImageChops, ImageOps
 
 from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm.inputs.multimodal_loader import media_per_prompt
 from tensorrt_llm.inputs.utils import VideoData, load_image, load_video
 
 MODALITIES = ("image", "video", "multiple_image", "mixture_text_image")
@@ -133,18 +134,11 @@ def load_media(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
 
 
 def _media_of_prompts(prompts: list[str], items: list[Any], given: bool) -> list[list[Any]]:
-    """Each prompt's media: one item each (N prompts, N media), or every item for a single
-    prompt; the demo's own media is reused for every prompt."""
+    """Each prompt's media: TensorRT-LLM's pairing for given media (one each, or all for a
+    single prompt); the demo's own media is reused for every prompt."""
     if not given:
         return [[items[i % len(items)]] for i in range(len(prompts))]
-    if len(prompts) == 1:
-        return [items]
-    if len(items) != len(prompts):
-        raise ValueError(
-            f"{len(prompts)} prompts but {len(items)} media: give one medium per prompt, or one "
-            f"prompt for all of them"
-        )
-    return [[item] for item in items]
+    return media_per_prompt(prompts, items)
 
 
 def build_inputs(args: argparse.Namespace, images: list[Any], videos: list[Any]) -> list[Any]:

@@ -38,8 +38,8 @@ def media_message(text: str, num_images: int = 0, num_videos: int = 0) -> list[C
     return [{"role": "user", "content": content}]
 
 
-def _per_prompt_media(
-    prompts: Sequence[str], media: Sequence[Any] | None, modality: str
+def media_per_prompt(
+    prompts: Sequence[str], media: Sequence[Any] | None, modality: str = "image"
 ) -> list[list[Any]]:
     """The media items of each prompt: one item (or list) per prompt, or every item for a
     single prompt (TensorRT-LLM's "1 prompt, N media" mode)."""
@@ -96,7 +96,7 @@ def default_multimodal_input_loader(
         tokenizer = load_tokenizer(model_dir)
     kind = "video" if modality == "video" else "image"
     out: list[dict[str, Any]] = []
-    for text, items in zip(prompts, _per_prompt_media(prompts, media, modality), strict=True):
+    for text, items in zip(prompts, media_per_prompt(prompts, media, modality), strict=True):
         counts = {"num_videos": len(items)} if kind == "video" else {"num_images": len(items)}
         entry: dict[str, Any] = {"prompt": render_chat(tokenizer, media_message(text, **counts))}
         if items:
