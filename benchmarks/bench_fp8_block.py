@@ -7,7 +7,7 @@ activation quantization (`fp8_block_linear`), the GEMM alone (`block_fp8_gemm`),
 `F.linear` and the per-channel FP8 path as served (`fp8_linear`); then Qwen3.6-35B-A3B's
 block-FP8 routed experts (`MoEExperts`, H 2048, I 512, E 256, top-8) against the same experts
 in bf16. Each figure is the mean GPU time of a graph replay (`bench/gpu_timing.py`). Prints a
-table and writes the figures as JSON. The tile table it measures is `fp8_block._GEMM_TILES`.
+table and writes the figures as JSON. The tile table it measures is `fp8_block_gemm._GEMM_TILES`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tensorrt_llm._torch.modules.fp8_linear import fp8_linear, quantize_fp8_rows
 from tensorrt_llm._torch.modules.fused_moe import MoEExperts, softmax_topk
 from tensorrt_llm._torch.modules.triton_kernels import fp8_block as fb
+from tensorrt_llm._torch.modules.triton_kernels import fp8_block_gemm as fbg
 from tensorrt_llm.bench.gpu_timing import graph_time_us
 
 _SHAPES = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288))
@@ -47,8 +48,8 @@ def _gemm_rows(rows: tuple[int, ...]) -> list[dict[str, object]]:
                 "bf16": graph_time_us(partial(F.linear, x, w)),
                 "fp8 per-channel": graph_time_us(partial(fp8_linear, x, cq, cs, None)),
             }
-            tiles = fb.gemm_tiles(m)
-            splits, _ = fb.split_k_plan(tiles, n, -(-k // 128), fb._num_sms(x.device))
+            tiles = fbg.gemm_tiles(m)
+            splits, _ = fbg.split_k_plan(tiles, n, -(-k // 128), fbg.num_sms(x.device))
             row = {"shape": name, "n": n, "k": k, "m": m, "splits": splits, "us": t}
             print(f"{name:8s} M {m:5d} split {splits:2d} "
                   + "  ".join(f"{key} {v:8.1f}" for key, v in t.items()), flush=True)  # fmt: skip
@@ -89,7 +90,7 @@ def main() -> None:
         raise SystemExit("bench_fp8_block.py needs a GPU")
     result = {
         "device": torch.cuda.get_device_name(),
-        "tiles": [t.__dict__ for t in fb._GEMM_TILES],
+        "tiles": [t.__dict__ for t in fbg._GEMM_TILES],
         "gemm": _gemm_rows(tuple(args.rows)),
         "moe": _moe_rows(tuple(args.moe_tokens)),
     }

@@ -15,10 +15,12 @@ from collections.abc import Sequence
 
 import torch
 
+from .fp8_block_cublas import choose_block_gemm, cublas_block_fp8_gemm
 from .triton_kernels.fp8_block import (
     FP8_DTYPE,
     check_block_scales,
     fp8_block_linear,
+    per_token_group_quant_fp8,
     quantize_weight_fp8_block,
 )
 
@@ -30,8 +32,15 @@ def fp8_block_forward(
     bias: torch.Tensor | None,
     block: tuple[int, int],
 ) -> torch.Tensor:
-    """`x @ dequant(weight)^T + bias` in `x.dtype`: the one call of the block GEMM (Triton on
-    CUDA, the torch reference elsewhere)."""
+    """`x @ dequant(weight)^T + bias` in `x.dtype`: the one call of the block GEMM (on CUDA
+    Triton or cuBLASLt, `choose_block_gemm`; the torch reference elsewhere)."""
+    if x.is_cuda:
+        rows = x.reshape(-1, x.shape[-1])
+        n, k = weight.shape
+        if choose_block_gemm(x.device, rows.shape[0], n, k, block) == "cublas":
+            xq, x_scale = per_token_group_quant_fp8(rows, block[1], m_major=True)
+            out = cublas_block_fp8_gemm(xq, x_scale, weight, scale_inv, x.dtype, bias)
+            return out.reshape(*x.shape[:-1], n)
     return fp8_block_linear(x, weight, scale_inv, bias, block, backend="auto")
 
 

@@ -25,6 +25,7 @@ from tensorrt_llm._torch.attention_backend.triton_kernels import decode, kv_stor
 from tensorrt_llm._torch.modules.triton_kernels import (
     activation,
     fp8_block,
+    fp8_block_gemm,
     fp8_quant,
     fp8_scale,
     fused_moe,
@@ -179,22 +180,22 @@ def _fp8_block_variants() -> Iterator[
         a_ptr="*fp8e4nv", a_scale_ptr="*fp32", b_ptr="*fp8e4nv", b_scale_ptr="*fp32",
         bias_ptr="*bf16",
     )  # fmt: skip
-    for tiles in fp8_block._GEMM_TILES:
+    for tiles in fp8_block_gemm._GEMM_TILES:
         for out, bn, has_bias in (("bf16", 128, False), ("fp32", 128, False), ("bf16", 1, True)):
             if out == "fp32" and not tiles.split_k:
                 continue
             cx = dict(
-                W_BLOCK_N=bn, HAS_BIAS=has_bias, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-                BLOCK_K=128,
+                W_BLOCK_N=bn, HAS_BIAS=has_bias, GROUP_M=tiles.group_m, BLOCK_M=tiles.block_m,
+                BLOCK_N=tiles.block_n, BLOCK_K=128,
             )  # fmt: skip
             opts = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages, divisible=True)
             name = f"fp8_block gemm m<={tiles.max_rows} out={out} bn={bn} bias={has_bias}"
             types = {**gemm_types, "c_ptr": f"*{out}"}
-            yield name, fp8_block._block_fp8_gemm_kernel, types, cx, opts
+            yield name, fp8_block_gemm._block_fp8_gemm_kernel, types, cx, opts
     sum_types = dict(part_ptr="*fp32", out_ptr="*bf16", bias_ptr="*bf16")
     yield (
         "fp8_block split-k sum",
-        fp8_block._split_k_sum_kernel,
+        fp8_block_gemm._split_k_sum_kernel,
         sum_types,
         dict(HAS_BIAS=True, BLOCK=1024),
         {},

@@ -13,6 +13,7 @@ import torch
 
 from tensorrt_llm._torch.modules.triton_kernels import HAS_TRITON
 from tensorrt_llm._torch.modules.triton_kernels import fp8_block as fb
+from tensorrt_llm._torch.modules.triton_kernels import fp8_block_gemm as fbg
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -81,12 +82,47 @@ def test_block_gemm_matches_reference(rows: int, cols: int, depth: int, block) -
 
 def test_split_k_plan_fills_the_sms_at_decode_sizes() -> None:
     # Qwen3-VL-8B's down projection (N 4096, K 12288) at batch 1: 64 output tiles on 132 SMs.
-    tiles = fb.gemm_tiles(1)
-    splits, per_split = fb.split_k_plan(tiles, 4096, 96, 132)
+    tiles = fbg.gemm_tiles(1)
+    splits, per_split = fbg.split_k_plan(tiles, 4096, 96, 132)
     assert splits * 64 >= 132 and splits * per_split >= 96 > (splits - 1) * per_split
     # Prefill buckets never split; every M of a bucket gets the same plan (one variant).
-    assert fb.split_k_plan(fb.gemm_tiles(4096), 4096, 96, 132) == (1, 96)
-    assert {fb.split_k_plan(fb.gemm_tiles(m), 200, 3, 132) for m in range(65, 129)} == {(3, 1)}
+    assert fbg.split_k_plan(fbg.gemm_tiles(4096), 4096, 96, 132) == (1, 96)
+    assert {fbg.split_k_plan(fbg.gemm_tiles(m), 200, 3, 132) for m in range(65, 129)} == {(3, 1)}
+
+
+def test_group_quant_m_major_scales() -> None:
+    x = (torch.randn(5, 333) * 3).to(torch.bfloat16).to(DEV)
+    _, s = fb.per_token_group_quant_fp8(x, 128, backend="triton", m_major=True)
+    _, ref = fb.per_token_group_quant_fp8(x, 128, backend="torch", m_major=True)
+    assert s.shape == ref.shape == (5, 3) and s.stride() == ref.stride() == (1, 5)
+    assert torch.equal(s, fb.per_token_group_quant_fp8_torch(x, 128)[1]) and torch.equal(s, ref)
+
+
+@pytest.mark.parametrize("m_major", [False, True])
+def test_explicit_tiles_grouped_rows_and_splits(m_major: bool) -> None:
+    # 3 row tiles of 16 walked in groups of 2 (a partial last group), 7 column tiles, K split
+    # in 2 (3 K tiles: 2 + 1), and the scales in either layout.
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(40, 300, generator=gen).to(torch.bfloat16)
+    wq, ws = fb.quantize_weight_fp8_block(torch.randn(200, 300, generator=gen) * 0.05)
+    xq, xs = fb.per_token_group_quant_fp8_torch(x, 128)
+    want = fb.block_fp8_gemm_torch(xq, xs, wq, ws, torch.float32)
+    if m_major:
+        xs = xs.t().contiguous().t()
+    xq, xs, wq, ws = (t.to(DEV) for t in (xq, xs, wq, ws))
+    tiles = fbg.GemmTiles(64, 16, 32, 4, 2, True, group_m=2)
+    for splits in (1, 2):
+        got = fbg.triton_block_fp8_gemm(
+            xq, xs, wq, ws, torch.float32, (128, 128), None, tiles, splits
+        )
+        assert _max_rel(got, want.to(DEV)) < GEMM_RTOL
+
+
+def test_fixed_split_leaves_no_split_empty() -> None:
+    assert fbg.fixed_split(3, 2) == (2, 2)
+    assert fbg.fixed_split(96, 16) == (16, 6)
+    assert fbg.fixed_split(5, 4) == (3, 2)  # 4 splits of 2 would leave the last one empty
+    assert fbg.fixed_split(2, 8) == (2, 1)
 
 
 def test_linear_matches_torch_path_and_checks_shapes() -> None:
@@ -127,3 +163,18 @@ def test_gpu_real_sizes(rows: int, cols: int, depth: int) -> None:
     assert _max_rel(got, want) < GPU_GEMM_RTOL
     out = fb.fp8_block_linear(x, wq, ws)  # "auto": Triton on CUDA
     assert _max_rel(out, want) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 64, 1024])
+@pytest.mark.parametrize("cols,depth", _QWEN3_VL_8B)
+def test_gpu_cublas_block_gemm(rows: int, cols: int, depth: int) -> None:
+    from tensorrt_llm._torch.modules.fp8_block_cublas import cublas_block_fp8_gemm
+
+    torch.manual_seed(0)
+    x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
+    wq, ws = fb.quantize_weight_fp8_block(torch.randn(cols, depth, device="cuda") * 0.02)
+    q, s = fb.per_token_group_quant_fp8(x, 128, m_major=True)
+    want = fb.block_fp8_gemm_torch(q, s, wq, ws, torch.float32)
+    got = cublas_block_fp8_gemm(q, s, wq, ws, torch.bfloat16)
+    assert got.shape == (rows, cols) and _max_rel(got, want) < 1e-2  # one bf16 rounding
