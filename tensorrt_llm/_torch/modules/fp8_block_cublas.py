@@ -73,8 +73,10 @@ def cublas_block_fp8_gemm(
 # measured choice below), "triton" (our kernel everywhere) or "cublas" (an error where it
 # cannot run, never a silent switch).
 GEMM_CHOICES = ("auto", "triton", "cublas")
-# "auto" takes cuBLASLt from this many rows up (see benchmarks/results/fp8_block_gemm_h200.md).
-CUBLAS_MIN_ROWS = 1 << 62
+# "auto" takes cuBLASLt from this many rows up: at 64 rows and fewer (decode) the Triton
+# kernel with split-K streams the weights faster, from 128 rows cuBLASLt's Hopper kernels win,
+# twice as fast at prefill sizes (benchmarks/results/fp8_block_gemm_h200.md).
+CUBLAS_MIN_ROWS = 65
 
 
 def requested_gemm() -> str:

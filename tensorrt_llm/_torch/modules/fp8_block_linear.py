@@ -16,8 +16,10 @@ from collections.abc import Sequence
 import torch
 
 from .fp8_block_cublas import choose_block_gemm, cublas_block_fp8_gemm
+from .fp8_linear import Fp8Activation, padded_rows
 from .triton_kernels.fp8_block import (
     FP8_DTYPE,
+    block_fp8_gemm,
     check_block_scales,
     fp8_block_linear,
     per_token_group_quant_fp8,
@@ -26,21 +28,31 @@ from .triton_kernels.fp8_block import (
 
 
 def fp8_block_forward(
-    x: torch.Tensor,
+    x: torch.Tensor | Fp8Activation,
     weight: torch.Tensor,
     scale_inv: torch.Tensor,
     bias: torch.Tensor | None,
     block: tuple[int, int],
 ) -> torch.Tensor:
     """`x @ dequant(weight)^T + bias` in `x.dtype`: the one call of the block GEMM (on CUDA
-    Triton or cuBLASLt, `choose_block_gemm`; the torch reference elsewhere)."""
+    Triton or cuBLASLt, `choose_block_gemm`; the torch reference elsewhere). `x` may come
+    quantised per 1 x bk group by its producer (`Fp8Activation`, rows padded to 16)."""
+    n, k = weight.shape
+    if isinstance(x, Fp8Activation):
+        if x.q.is_cuda and choose_block_gemm(x.q.device, x.rows, n, k, block) == "cublas":
+            out = cublas_block_fp8_gemm(x.q, x.scale, weight, scale_inv, x.dtype, bias)
+            return out[: x.rows]
+        xq, x_scale = x.q[: x.rows], x.scale[: x.rows]
+        return block_fp8_gemm(xq, x_scale, weight, scale_inv, x.dtype, block, bias=bias)
     if x.is_cuda:
         rows = x.reshape(-1, x.shape[-1])
-        n, k = weight.shape
         if choose_block_gemm(x.device, rows.shape[0], n, k, block) == "cublas":
-            xq, x_scale = per_token_group_quant_fp8(rows, block[1], m_major=True)
+            # cuBLASLt wants a multiple of 16 rows: the padding rows quantise to zeros.
+            xq, x_scale = per_token_group_quant_fp8(
+                rows, block[1], m_major=True, rows_out=padded_rows(rows.shape[0])
+            )
             out = cublas_block_fp8_gemm(xq, x_scale, weight, scale_inv, x.dtype, bias)
-            return out.reshape(*x.shape[:-1], n)
+            return out[: rows.shape[0]].reshape(*x.shape[:-1], n)
     return fp8_block_linear(x, weight, scale_inv, bias, block, backend="auto")
 
 

@@ -50,14 +50,19 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class Fp8Activation:
-    """Activations already quantised per row for an FP8 linear (`rms_norm_quant_fp8` writes
-    them in the norm's own launch): e4m3 rows padded to a multiple of 16 and their fp32
-    scales; the first `rows` are real. `dtype` is what the linear returns."""
+    """Activations already quantised for an FP8 linear by their producer, in its own launch
+    (`rms_norm_quant_fp8`, `silu_and_mul_group_quant`): e4m3 rows padded to a multiple of 16
+    and their fp32 scales; the first `rows` are real. `dtype` is what the linear returns.
+
+    `group == 0`: per-row scales `[rows_out, 1]` for a per-channel FP8 linear. `group > 0`:
+    per 1 x `group` column scales `[rows_out, ceil(K / group)]`, M-major, for a block-FP8
+    linear with that `bk`."""
 
     q: torch.Tensor
     scale: torch.Tensor
     rows: int
     dtype: torch.dtype
+    group: int = 0
 
     @property
     def shape(self) -> tuple[int, int]:

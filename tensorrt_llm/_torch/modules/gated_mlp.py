@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .fp8_linear import Fp8Activation, UnscaledOutput
+from .fp8_linear import Fp8Activation, UnscaledOutput, padded_rows
 from .linear import Linear
-from .triton_kernels.activation import silu_and_mul
+from .triton_kernels.activation import silu_and_mul, silu_and_mul_group_quant
 
 if TYPE_CHECKING:
     from .rms_norm import RMSNorm
@@ -48,8 +48,17 @@ class GatedMLP(nn.Module):
         """With `defer_output_scale`, an FP8 down_proj may return its output unscaled
         (`Linear.forward_deferred`) for the next norm to scale on load."""
         unscaled = self.gate_up_proj.forward_unscaled(x)  # FP8 at decode sizes only
+        act: torch.Tensor | Fp8Activation
         if unscaled is None:
-            act = silu_and_mul(self.gate_up_proj(x))
+            gate_up = self.gate_up_proj(x)
+            block = self.down_proj.fp8_block
+            if block is not None and self.down_proj.takes_fp8_groups(gate_up):
+                # Block-FP8 down_proj: the activation comes quantised from the same launch.
+                rows = gate_up.shape[0]
+                q, scale = silu_and_mul_group_quant(gate_up, block[1], padded_rows(rows))
+                act = Fp8Activation(q, scale, rows, gate_up.dtype, block[1])
+            else:
+                act = silu_and_mul(gate_up)
         else:
             gate_up, row_scale, col_scale = unscaled
             act = silu_and_mul(gate_up, row_scale=row_scale, col_scale=col_scale)

@@ -64,11 +64,16 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
         if self.fp8_block is not None:
-            if isinstance(x, Fp8Activation):
-                raise TypeError("per-row FP8 activations given to a block-FP8 Linear")
+            if isinstance(x, Fp8Activation) and x.group != self.fp8_block[1]:
+                raise TypeError(
+                    f"FP8 activations in groups of {x.group or 'a row'} given to a block-FP8 "
+                    f"Linear with {self.fp8_block[1]}-column scale blocks"
+                )
             return fp8_block_forward(
                 x, self.weight, self.weight_scale_inv, self.bias, self.fp8_block
             )
+        if isinstance(x, Fp8Activation) and x.group:
+            raise TypeError("block-FP8 activation groups given to a Linear that is not block-FP8")
         if self.per_channel_fp8:
             return fp8_linear(x, self.weight, self.weight_scale, self.bias)
         if isinstance(x, Fp8Activation):
@@ -124,6 +129,16 @@ class Linear(nn.Module):
         """Whether a producer should hand this layer `x` as e4m3 rows (`Fp8Activation`):
         a per-channel FP8 layer at the sizes where it runs the tensor-wise GEMM on them."""
         return self.per_channel_fp8 and x.dim() == 2 and uses_tensorwise_gemm(x)
+
+    def takes_fp8_groups(self, x: torch.Tensor) -> bool:
+        """Whether a producer should hand this layer `x` already quantised per 1 x bk group
+        (`Fp8Activation` with `group = bk`): a block-FP8 layer, on CUDA, 16-bit rows."""
+        return (
+            self.fp8_block is not None
+            and x.is_cuda
+            and x.dim() == 2
+            and x.dtype in (torch.bfloat16, torch.float16)
+        )
 
     def forward_unscaled(
         self, x: torch.Tensor | Fp8Activation

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 import torch
 from torch import nn
@@ -64,6 +64,14 @@ class RMSNorm(nn.Module):
                 x = x.scaled()
             else:
                 x, x_scales = x.value, (x.row_scale, x.col_scale)
+        if reader is not None and reader.takes_fp8_groups(x):
+            rows, group = x.shape[0], cast(tuple[int, int], reader.fp8_block)[1]
+            q, scale, new_res = rms_norm_quant_fp8(
+                x, self.weight, self.eps, residual, self.zero_centered, padded_rows(rows),
+                x_scales=x_scales, group=group,
+            )  # fmt: skip
+            act = Fp8Activation(q, scale, rows, x.dtype, group)
+            return act, x if new_res is None else new_res
         if reader is not None and reader.takes_fp8_rows(x):
             rows = x.shape[0]
             q, scale, new_res = rms_norm_quant_fp8(

@@ -83,9 +83,14 @@ def _variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict
         cx = dict(HAS_BIAS=has_bias, BLOCK_N=1024)
         yield f"fp8 scale_outer bias={has_bias}", fp8_scale._scale_outer_kernel, scale_types, cx, {}
     act_types = dict(x_ptr="*bf16", out_ptr="*bf16", row_scale_ptr="*fp32", col_scale_ptr="*fp32")
-    for scaled in (False, True):
-        cx = dict(SCALED=scaled, BLOCK=1024)
-        yield f"silu_and_mul scaled={scaled}", activation._silu_and_mul_kernel, act_types, cx, {}
+    act_types.update(scale_ptr="*fp32")
+    # (gate_up scaled on load, block-FP8 group of the e4m3 output, columns per program)
+    for scaled, group, block in ((False, 0, 1024), (True, 0, 1024), (False, 128, 1024),
+                                 (False, 128, 512)):  # fmt: skip
+        types = dict(act_types, out_ptr="*fp8e4nv") if group else act_types
+        cx = dict(SCALED=scaled, QUANT_GROUP=group, BLOCK=block)
+        name = f"silu_and_mul scaled={scaled} group={group} block={block}"
+        yield name, activation._silu_and_mul_kernel, types, cx, {}
 
     dec_types = dict(
         q_ptr="*bf16", out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32",
@@ -125,20 +130,25 @@ def _more_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any],
     norm_types.update(x_row_scale_ptr="*fp32", x_col_scale_ptr="*fp32")
     # (residual, zero-centered, rows per program, width, e4m3 output for an FP8 linear,
     #  input scaled on load)
-    for has_res, zero_centered, block_rows, width, quant, scaled in (
-        (True, False, 1, 4096, False, False),
-        (False, True, 16, 256, False, False),
-        (True, False, 1, 4096, True, False),
-        (False, False, 1, 4096, True, False),
-        (True, False, 1, 4096, True, True),
-        (True, False, 1, 4096, False, True),
+    #  input scaled on load, block-FP8 group of the e4m3 output)
+    for has_res, zero_centered, block_rows, width, quant, scaled, group in (
+        (True, False, 1, 4096, False, False, 0),
+        (False, True, 16, 256, False, False, 0),
+        (True, False, 1, 4096, True, False, 0),
+        (False, False, 1, 4096, True, False, 0),
+        (True, False, 1, 4096, True, True, 0),
+        (True, False, 1, 4096, False, True, 0),
+        (True, False, 1, 4096, True, False, 128),
+        (True, True, 2, 2048, True, False, 128),
+        (True, False, 1, 8192, True, False, 128),
     ):
         cx = dict(
             BLOCK_ROWS=block_rows, BLOCK_D=width, HAS_RES=has_res, ZERO_CENTERED=zero_centered,
-            QUANT=quant, X_SCALED=scaled,
+            QUANT=quant, QUANT_GROUP=group, X_SCALED=scaled,
         )  # fmt: skip
         yield (
-            f"rms_norm res={has_res} zc={zero_centered} quant={quant} scaled={scaled}",
+            f"rms_norm res={has_res} zc={zero_centered} quant={quant} scaled={scaled} "
+            f"group={group} d={width}",
             rms_norm._rms_norm_kernel,
             norm_types,
             cx,

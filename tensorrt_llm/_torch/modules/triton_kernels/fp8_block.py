@@ -142,22 +142,31 @@ def _group_quant_kernel(
     USE_PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_sync(USE_PDL)
-    # grid: (rows, cdiv(num_groups, GROUPS_PER_PROG)): a [groups, GROUP_P] tile of one row.
+    # grid: (rows_out, cdiv(num_groups, GROUPS_PER_PROG)): a [groups, GROUP_P] tile of one
+    # row. Rows past `rows` are padding: zeros with scale 1.
     row = tl.program_id(0).to(tl.int64)
+    valid = row < rows
     groups = tl.program_id(1) * GROUPS_PER_PROG + tl.arange(0, GROUPS_PER_PROG)
     inner = tl.arange(0, GROUP_P)
     offs = groups[:, None] * GROUP + inner[None, :]
     mask = (groups[:, None] < num_groups) & (inner[None, :] < GROUP) & (offs < cols)
-    x = tl.load(x_ptr + row * x_stride + offs, mask=mask, other=0.0).to(tl.float32)
-    # The same scale and saturation as the per-row kernel, so the bytes equal the reference.
-    # NOTE: an IEEE-rounded division, as torch's: Triton's `/` on fp32 is the approximate
-    # `div.full` (2 ulp), which put about one e4m3 byte in a million on the other side of a
-    # rounding boundary on the H200 (4M-element inputs differed, 1M-element ones did not).
-    scale = e4m3_row_scale(tl.max(tl.abs(x), axis=1), True)
-    q = e4m3_saturate(tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape)))
+    x = tl.load(x_ptr + row * x_stride + offs, mask=mask & valid, other=0.0).to(tl.float32)
+    scale = e4m3_row_scale(tl.max(tl.abs(x), axis=1), valid)
+    q = group_quant_values(x, scale)
     tl.store(q_ptr + row * q_stride + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
     scale_ptrs = scale_ptr + row * scale_stride + groups * scale_gstride
     tl.store(scale_ptrs, scale, mask=groups < num_groups)
+
+
+@triton_jit
+def group_quant_values(x, scale):
+    # `x [..., groups, GROUP]` over its group scales `[..., groups]`, saturated to e4m3's
+    # range: the one rounding every group-quantising kernel shares, so fused and separate
+    # quantisation give the reference's bytes.
+    # NOTE: an IEEE-rounded division, as torch's: Triton's `/` on fp32 is the approximate
+    # `div.full` (2 ulp), which put about one e4m3 byte in a million on the other side of a
+    # rounding boundary on the H200 (4M-element inputs differed, 1M-element ones did not).
+    return e4m3_saturate(tl.math.div_rn(x, tl.broadcast_to(tl.expand_dims(scale, -1), x.shape)))
 
 
 def _check_gemm_args(
@@ -191,33 +200,58 @@ def _triton_block_k(bk: int) -> int:
     return bk
 
 
+def group_scales(rows: int, groups: int, device: torch.device, m_major: bool) -> torch.Tensor:
+    """An empty fp32 `[rows, groups]` scale tensor, M-major (stride `(1, rows)`) or not."""
+    if m_major:
+        return torch.empty(groups, rows, dtype=torch.float32, device=device).t()
+    return torch.empty(rows, groups, dtype=torch.float32, device=device)
+
+
+def pad_group_quant(
+    xq: torch.Tensor, scale: torch.Tensor, rows_out: int, m_major: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch-path padding to `rows_out` rows (zeros, scale 1) in the layout asked for."""
+    rows, groups = scale.shape
+    if rows_out > rows:
+        xq = torch.cat([xq, xq.new_zeros(rows_out - rows, xq.shape[1])])
+        scale = torch.cat([scale, scale.new_ones(rows_out - rows, groups)])
+    if m_major:
+        out = group_scales(rows_out, groups, scale.device, True)
+        scale = out.copy_(scale)
+    return xq, scale
+
+
 def per_token_group_quant_fp8(
-    x: torch.Tensor, group: int = BLOCK_SIZE[1], backend: str = "auto", m_major: bool = False
+    x: torch.Tensor,
+    group: int = BLOCK_SIZE[1],
+    backend: str = "auto",
+    m_major: bool = False,
+    rows_out: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 `[M, K]`, fp32 scales `[M, ceil(K/group)]`) of `x: [M, K]` (16-bit or fp32):
     the bytes of `per_token_group_quant_fp8_torch`, from one kernel on the Triton path.
-    `m_major` stores the scales M-major (stride `(1, M)`), the layout cuBLASLt reads."""
+    `m_major` stores the scales M-major (stride `(1, M)`), the layout cuBLASLt reads;
+    `rows_out` pads to that many rows (zeros, scale 1), as cuBLASLt wants multiples of 16."""
     if x.dim() != 2:
         raise ValueError(f"per_token_group_quant_fp8: x must be [M, K], got {tuple(x.shape)}")
     if group <= 0:
         raise ValueError(f"per_token_group_quant_fp8: group must be positive, got {group}")
-    if not use_triton("fp8_group_quant", x.device, backend):
-        xq, scale = per_token_group_quant_fp8_torch(x, group)
-        return xq, (scale.t().contiguous().t() if m_major else scale)
     rows, cols = x.shape
+    total = rows if rows_out is None else rows_out
+    if total < rows:
+        raise ValueError(f"per_token_group_quant_fp8: rows_out {total} < rows {rows}")
+    if not use_triton("fp8_group_quant", x.device, backend):
+        return pad_group_quant(*per_token_group_quant_fp8_torch(x, group), total, m_major)
     if x.stride(1) != 1:
         x = x.contiguous()
     num_groups = _blocks(cols, group)
-    xq = torch.empty(rows, cols, dtype=FP8_DTYPE, device=x.device)
-    if m_major:
-        scale = torch.empty(num_groups, rows, dtype=torch.float32, device=x.device).t()
-    else:
-        scale = torch.empty(rows, num_groups, dtype=torch.float32, device=x.device)
-    if rows == 0:
+    xq = torch.empty(total, cols, dtype=FP8_DTYPE, device=x.device)
+    scale = group_scales(total, num_groups, x.device, m_major)
+    if total == 0:
         return xq, scale
     group_p = triton.next_power_of_2(group)
     per_prog = min(triton.next_power_of_2(num_groups), max(1, 2048 // group_p))
-    grid = (rows, triton.cdiv(num_groups, per_prog))
+    grid = (total, triton.cdiv(num_groups, per_prog))
     _group_quant_kernel[grid](
         x, xq, scale, rows, cols, x.stride(0), xq.stride(0), scale.stride(0), scale.stride(1),
         num_groups, GROUP=group, GROUP_P=group_p, GROUPS_PER_PROG=per_prog,

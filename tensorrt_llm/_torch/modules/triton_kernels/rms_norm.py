@@ -18,6 +18,12 @@ from __future__ import annotations
 import torch
 
 from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
+from .fp8_block import (
+    group_quant_values,
+    group_scales,
+    pad_group_quant,
+    per_token_group_quant_fp8_torch,
+)
 from .fp8_quant import e4m3_row_scale, e4m3_saturate, quantize_rows
 from .fp8_scale import scale_outer_torch
 
@@ -41,6 +47,9 @@ def _rms_norm_kernel(
     x_col_scale_ptr,
     n_rows,
     rows_out,
+    num_groups,
+    scale_stride,
+    scale_gstride,
     heads,
     x_stride_t,
     x_stride_h,
@@ -53,6 +62,7 @@ def _rms_norm_kernel(
     HAS_RES: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
     QUANT: tl.constexpr,
+    QUANT_GROUP: tl.constexpr,
     X_SCALED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -89,18 +99,28 @@ def _rms_norm_kernel(
         y = normed.to(x_ptr.dtype.element_ty).to(tl.float32) * w[None, :]
     if QUANT:
         # e4m3 rows for an FP8 linear instead of the 16-bit output: the rounded output
-        # quantised as `quantize_rows` would quantise it, padding rows (up to rows_out)
+        # quantised as `quantize_rows` would quantise it (per 1 x QUANT_GROUP group as
+        # `per_token_group_quant_fp8` when QUANT_GROUP > 0), padding rows (up to rows_out)
         # written as zeros with scale 1.
         y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
         valid = rows < n_rows
-        amax = tl.max(tl.abs(y), axis=1)
-        scale = e4m3_row_scale(amax, valid)
+        q_mask = (rows < rows_out)[:, None] & col_mask[None, :]
+        if QUANT_GROUP > 0:
+            y3 = tl.reshape(y, [BLOCK_ROWS, BLOCK_D // QUANT_GROUP, QUANT_GROUP])
+            g_scale = e4m3_row_scale(tl.max(tl.abs(y3), axis=2), valid[:, None])
+            q = tl.reshape(group_quant_values(y3, g_scale), [BLOCK_ROWS, BLOCK_D])
+            groups = tl.arange(0, BLOCK_D // QUANT_GROUP)
+            g_offs = rows[:, None] * scale_stride + groups[None, :] * scale_gstride
+            g_mask = (rows < rows_out)[:, None] & (groups < num_groups)[None, :]
+            tl.store(scale_ptr + g_offs, g_scale, mask=g_mask)
+        else:
+            scale = e4m3_row_scale(tl.max(tl.abs(y), axis=1), valid)
+            q = e4m3_saturate(y / scale[:, None])
+            tl.store(scale_ptr + rows, scale, mask=rows < rows_out)
         # Padding rows hold 0 * w, which is -0 where w < 0; write +0 so the bytes match
         # `quantize_rows` (the GEMM ignores them either way).
-        q = tl.where(valid[:, None], e4m3_saturate(y / scale[:, None]), 0.0)
-        q_mask = (rows < rows_out)[:, None] & col_mask[None, :]
+        q = tl.where(valid[:, None], q, 0.0)
         tl.store(q_ptr + out_offs, q.to(q_ptr.dtype.element_ty), mask=q_mask)
-        tl.store(scale_ptr + rows, scale, mask=rows < rows_out)
     else:
         tl.store(out_ptr + out_offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -229,9 +249,11 @@ def _launch(
     q: torch.Tensor | None,
     scale: torch.Tensor | None,
     x_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    group: int = 0,
 ) -> None:
     """One kernel launch over the `[T, heads, D]` view `x3`: the 16-bit output into `out`, or
-    with `q`/`scale` the e4m3 rows (`q.shape[0]` rows, padding included) and their scales.
+    with `q`/`scale` the e4m3 rows (`q.shape[0]` rows, padding included) and their scales
+    (per row, or per 1 x `group` columns into a `[rows, groups]` tensor of any strides).
     `x_scales` (row, column) scale an unscaled FP8 GEMM output on load."""
     res3 = None if residual is None else _as_rows(residual)
     num_tokens, heads, dim = x3.shape
@@ -240,7 +262,7 @@ def _launch(
     if rows_out == 0:
         return
     w = weight if weight.stride(0) == 1 else weight.contiguous()
-    block_d = triton.next_power_of_2(dim)
+    block_d = triton_block_d(dim)
     # Depends on the row width only, never the row count: one compiled variant serves every
     # batch (masked rows of a short batch cost next to nothing).
     block_rows = max(1, _ROW_PACK_ELEMS // block_d)
@@ -251,11 +273,14 @@ def _launch(
         x3, dummy if res3 is None else res3, w, out, out if new_res is None else new_res,
         dummy if q is None else q, dummy if scale is None else scale,
         dummy if x_scales is None else x_scales[0], dummy if x_scales is None else x_scales[1],
-        n_rows, rows_out, heads, x3.stride(0), x3.stride(1),
+        n_rows, rows_out, 0 if scale is None else scale.shape[-1],
+        0 if scale is None else scale.stride(0), 0 if scale is None else scale.stride(-1),
+        heads, x3.stride(0), x3.stride(1),
         0 if res3 is None else res3.stride(0), 0 if res3 is None else res3.stride(1),
         dim, float(eps),
         BLOCK_ROWS=block_rows, BLOCK_D=block_d, HAS_RES=res3 is not None,
-        ZERO_CENTERED=zero_centered, QUANT=q is not None, X_SCALED=x_scales is not None,
+        ZERO_CENTERED=zero_centered, QUANT=q is not None, QUANT_GROUP=group,
+        X_SCALED=x_scales is not None,
         num_warps=num_warps,
         **pdl_launch_kwargs(x3.device, programs),
     )  # fmt: skip
@@ -270,8 +295,13 @@ def rms_norm_quant_fp8(
     rows_out: int | None = None,
     backend: str = "auto",
     x_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    group: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """RMSNorm of `x: [M, D]` straight into per-row e4m3 for an FP8 linear, in one launch.
+
+    With `group` (a power of two dividing the kernel's row block), per 1 x `group` column
+    groups for a block-FP8 linear instead: the scales are `[rows_out or M, ceil(D/group)]`,
+    M-major, with `per_token_group_quant_fp8`'s bytes.
 
     Returns (e4m3 `[rows_out or M, D]`, fp32 scales `[rows_out or M, 1]`, the new residual
     `x + residual` or None): the numbers of `quantize_rows(rms_norm(x, ...), rows_out)`
@@ -291,13 +321,29 @@ def rms_norm_quant_fp8(
         if reason and backend == "triton":
             raise ValueError(f"rms_norm_quant_fp8: backend='triton' cannot run this: {reason}")
         use_kernel = not reason
+    if group and (group & (group - 1) or group > triton_block_d(x.shape[1])):
+        raise ValueError(f"rms_norm_quant_fp8: group {group} must be a power of two <= the "
+                         f"row block {triton_block_d(x.shape[1])}")  # fmt: skip
     if not use_kernel:
         normed = rms_norm_torch(_scaled(x, x_scales), weight, eps, residual, zero_centered)
         out, new_res = normed if residual is not None else (normed, None)
+        if group:
+            q, scale = per_token_group_quant_fp8_torch(out, group)
+            return (*pad_group_quant(q, scale, rows, True), new_res)
         q, scale = quantize_rows(out, rows_out=rows, backend="torch")
         return q, scale, new_res
     new_res = None if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     q = torch.empty(rows, x.shape[1], dtype=torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
-    _launch(_as_rows(x), residual, weight, eps, zero_centered, x, new_res, q, scale, x_scales)
+    if group:
+        scale = group_scales(rows, -(-x.shape[1] // group), x.device, True)
+    else:
+        scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    _launch(
+        _as_rows(x), residual, weight, eps, zero_centered, x, new_res, q, scale, x_scales, group
+    )
     return q, scale, new_res
+
+
+def triton_block_d(dim: int) -> int:
+    """The kernel's row block for rows of `dim` elements."""
+    return 1 << max(0, dim - 1).bit_length()
