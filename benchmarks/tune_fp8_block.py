@@ -46,6 +46,14 @@ def _candidates(rows: int) -> list[tuple[fbg.GemmTiles, int | None]]:
         for bm, bn, stages in itertools.product(block_ms, (32, 64, 128), (3, 4, 5)):
             for splits in (None, 1, 2, 4, 8):
                 out.append((fbg.GemmTiles(rows, bm, bn, 4, stages, True), splits))
+        # Swapped operands: BLOCK_N weight rows on the MMA's long side, the tokens on its short.
+        tokens = max(16, 1 << (rows - 1).bit_length())
+        for bn, warps, stages in itertools.product((64, 128), (4, 8), (3, 4, 5, 6)):
+            if warps == 8 and bn == 64:
+                continue
+            for splits in (None, 1, 2, 4, 8):
+                tiles = fbg.GemmTiles(rows, tokens, bn, warps, stages, True, swap_ab=True)
+                out.append((tiles, splits))
     elif rows <= 256:
         grid = itertools.product((32, 64, 128), (64, 128, 256), (4, 8), (3, 4))
         for bm, bn, warps, stages in grid:
@@ -64,8 +72,9 @@ def _candidates(rows: int) -> list[tuple[fbg.GemmTiles, int | None]]:
 
 def _label(tiles: fbg.GemmTiles, splits: int | None) -> str:
     s = "plan" if splits is None else str(splits)
+    swap = " swap" if tiles.swap_ab else ""
     return (f"m{tiles.block_m} n{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages} "
-            f"g{tiles.group_m} k{s}")  # fmt: skip
+            f"g{tiles.group_m} k{s}{swap}")  # fmt: skip
 
 
 def _rotating(fn: Callable[..., object], per_copy: list[tuple], *args: object) -> float | None:
@@ -140,28 +149,69 @@ def _summary(results: list[dict[str, object]]) -> dict[int, dict[str, object]]:
     return summary
 
 
+def _producer_rows(rows: tuple[int, ...]) -> list[dict[str, object]]:
+    """The activation hand-offs of a block-FP8 layer (Qwen3-VL-8B sizes): RMSNorm (+ residual)
+    then group quantisation vs the fused kernel, and SwiGLU then quantisation vs fused."""
+    from tensorrt_llm._torch.modules.triton_kernels.activation import (
+        silu_and_mul,
+        silu_and_mul_group_quant,
+    )
+    from tensorrt_llm._torch.modules.triton_kernels.rms_norm import rms_norm, rms_norm_quant_fp8
+
+    out: list[dict[str, object]] = []
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    for m in rows:
+        x, res = (torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        gate_up = torch.randn(m, 24576, device="cuda", dtype=torch.bfloat16)
+        pad = m + (-m) % 16
+
+        def norm_then_quant(x=x, res=res, pad=pad) -> None:  # type: ignore[no-untyped-def]
+            normed, _ = rms_norm(x, w, 1e-6, res)
+            fb.per_token_group_quant_fp8(normed, m_major=True, rows_out=pad)
+
+        def silu_then_quant(gate_up=gate_up, pad=pad) -> None:  # type: ignore[no-untyped-def]
+            fb.per_token_group_quant_fp8(silu_and_mul(gate_up), m_major=True, rows_out=pad)
+
+        t = {
+            "norm + quant": graph_time_us(norm_then_quant),
+            "norm fused": graph_time_us(
+                partial(rms_norm_quant_fp8, x, w, 1e-6, res, False, pad, group=128)
+            ),
+            "norm alone": graph_time_us(partial(rms_norm, x, w, 1e-6, res)),
+            "silu + quant": graph_time_us(silu_then_quant),
+            "silu fused": graph_time_us(partial(silu_and_mul_group_quant, gate_up, 128, pad)),
+            "silu alone": graph_time_us(partial(silu_and_mul, gate_up)),
+        }
+        print(f"producers M {m:5d} " + "  ".join(f"{k} {v:.1f}" for k, v in t.items()), flush=True)
+        out.append({"m": m, "us": t})
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, nargs="+", default=list(_ROWS))
     p.add_argument("--shapes", nargs="+", default=[s[0] for s in _SHAPES])
     p.add_argument("--output", help="write the figures as JSON here")
+    p.add_argument("--producers", action="store_true", help="time the fused hand-offs first")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("tune_fp8_block.py needs a GPU")
     start = time.time()
     results: list[dict[str, object]] = []
+    producers = _producer_rows(tuple(args.rows)) if args.producers else []
     for name, n, k in _SHAPES:
         if name in args.shapes:
             results += _shape_rows(name, n, k, tuple(args.rows))
             print(f"-- {name} done at {time.time() - start:.0f} s", flush=True)
             if args.output:
                 with open(args.output, "w") as f:
-                    json.dump({"device": torch.cuda.get_device_name(), "gemm": results}, f)
+                    out = {"device": torch.cuda.get_device_name(), "gemm": results}
+                    json.dump({**out, "producers": producers}, f)
     summary = _summary(results)
     if args.output:
         with open(args.output, "w") as f:
             out = {"device": torch.cuda.get_device_name(), "gemm": results, "summary": summary}
-            json.dump(out, f, indent=1)
+            json.dump({**out, "producers": producers}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,10 @@ def cublas_block_fp8_gemm(
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`(xq * x_scale) @ (wq * w_scale_inv)^T (+ bias)` on cuBLASLt; `x_scale` M-major."""
+    """`(xq * x_scale) @ (wq * w_scale_inv)^T (+ bias)` on cuBLASLt; `x_scale` M-major and
+    the rows a multiple of 16 (`per_token_group_quant_fp8(rows_out=)` pads them)."""
+    if xq.shape[0] % 16:
+        raise ValueError(f"cublas_block_fp8_gemm: {xq.shape[0]} rows, pad to a multiple of 16")
     if not is_m_major(x_scale):
         raise ValueError("cublas_block_fp8_gemm: x_scale must be M-major (m_major=True)")
     return torch._scaled_mm(

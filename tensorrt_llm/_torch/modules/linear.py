@@ -132,9 +132,11 @@ class Linear(nn.Module):
 
     def takes_fp8_groups(self, x: torch.Tensor) -> bool:
         """Whether a producer should hand this layer `x` already quantised per 1 x bk group
-        (`Fp8Activation` with `group = bk`): a block-FP8 layer, on CUDA, 16-bit rows."""
+        (`Fp8Activation` with `group = bk`): a block-FP8 layer, on CUDA, 16-bit rows at least
+        one group wide (the producers' kernels hold a whole group in one row block)."""
         return (
             self.fp8_block is not None
+            and self.in_features >= self.fp8_block[1]
             and x.is_cuda
             and x.dim() == 2
             and x.dtype in (torch.bfloat16, torch.float16)

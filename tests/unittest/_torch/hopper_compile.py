@@ -190,18 +190,27 @@ def _fp8_block_variants() -> Iterator[
         a_ptr="*fp8e4nv", a_scale_ptr="*fp32", b_ptr="*fp8e4nv", b_scale_ptr="*fp32",
         bias_ptr="*bf16",
     )  # fmt: skip
-    for tiles in fp8_block_gemm._GEMM_TILES:
+    swapped = [
+        fp8_block_gemm.GemmTiles(m, m, n, w, st, True, swap_ab=True)
+        for m, n, w, st in ((16, 64, 4, 4), (16, 128, 4, 5), (32, 128, 8, 4), (64, 128, 4, 3))
+    ]
+    for tiles in (*fp8_block_gemm._GEMM_TILES, *swapped):
         for out, bn, has_bias in (("bf16", 128, False), ("fp32", 128, False), ("bf16", 1, True)):
             if out == "fp32" and not tiles.split_k:
                 continue
             cx = dict(
-                W_BLOCK_N=bn, HAS_BIAS=has_bias, GROUP_M=tiles.group_m, BLOCK_M=tiles.block_m,
-                BLOCK_N=tiles.block_n, BLOCK_K=128,
+                W_BLOCK_N=bn, HAS_BIAS=has_bias, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+                BLOCK_K=128,
             )  # fmt: skip
+            if tiles.swap_ab:
+                kernel = fp8_block_gemm._block_fp8_gemm_swap_kernel
+            else:
+                kernel, cx = fp8_block_gemm._block_fp8_gemm_kernel, {**cx, "GROUP_M": tiles.group_m}
             opts = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages, divisible=True)
-            name = f"fp8_block gemm m<={tiles.max_rows} out={out} bn={bn} bias={has_bias}"
+            name = (f"fp8_block gemm m<={tiles.max_rows} bm={tiles.block_m} bn={tiles.block_n} "
+                    f"swap={tiles.swap_ab} out={out} wbn={bn} bias={has_bias}")  # fmt: skip
             types = {**gemm_types, "c_ptr": f"*{out}"}
-            yield name, fp8_block_gemm._block_fp8_gemm_kernel, types, cx, opts
+            yield name, kernel, types, cx, opts
     sum_types = dict(part_ptr="*fp32", out_ptr="*bf16", bias_ptr="*bf16")
     yield (
         "fp8_block split-k sum",

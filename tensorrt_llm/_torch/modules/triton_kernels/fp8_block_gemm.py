@@ -69,6 +69,47 @@ def _block_fp8_gemm_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+@triton_jit(do_not_specialize=("rows", "tiles_per_split"))
+def _block_fp8_gemm_swap_kernel(
+    a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, bias_ptr,
+    rows, cols, depth, tiles_per_split,
+    stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_cm, stride_cs,
+    W_BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
+    pdl_sync(USE_PDL)
+    # `_block_fp8_gemm_kernel` with the operands swapped, for decode row counts: the tile is
+    # C^T = W_tile [BLOCK_N, BK] @ X_tile^T [BK, BLOCK_M], so the weight rows fill the MMA's
+    # long side (64+ rows on Hopper) and the few tokens its short one, instead of padding a
+    # handful of tokens up to the MMA height. grid: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M),
+    # splits); split-K partials as in the other kernel.
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    split = tl.program_id(2)
+    mask_m = offs_m < rows
+    mask_n = offs_n < cols
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = b_ptr + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :]
+    x_ptrs = a_ptr + offs_m[None, :] * stride_am + offs_k[:, None]
+    x_scale_ptrs = a_scale_ptr + offs_m * stride_asm
+    w_scale_ptrs = b_scale_ptr + (offs_n // W_BLOCK_N) * stride_bsn
+    first = split * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, tl.cdiv(depth, BLOCK_K))
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for tile in range(first, last):
+        k0 = tile * BLOCK_K
+        mask_k = offs_k < depth - k0
+        w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+        x = tl.load(x_ptrs + k0, mask=mask_k[:, None] & mask_m[None, :], other=0.0)
+        x_scale = tl.load(x_scale_ptrs + tile * stride_ask, mask=mask_m, other=0.0)
+        w_scale = tl.load(w_scale_ptrs + tile * stride_bsk, mask=mask_n, other=0.0)
+        acc += tl.dot(w, x) * w_scale[:, None] * x_scale[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+    c_ptrs = c_ptr + split * stride_cs + offs_m[None, :] * stride_cm + offs_n[:, None]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
+
+
 @triton_jit(do_not_specialize=("rows", "splits"))
 def _split_k_sum_kernel(
     part_ptr, out_ptr, bias_ptr, rows, cols, splits, stride_ps, stride_om,
@@ -98,6 +139,7 @@ class GemmTiles:
     num_stages: int
     split_k: bool  # whether K may be split when the output tiles leave SMs idle
     group_m: int = 1  # row tiles walked down before moving right (L2 reuse of weight tiles)
+    swap_ab: bool = False  # `_block_fp8_gemm_swap_kernel` (weights on the MMA's long side)
 
 
 # Keyed on M. Decode buckets (M <= 256) are bound by the weight read, so their tiles are short
@@ -180,19 +222,28 @@ def triton_block_fp8_gemm(
     else:
         splits, per_split = fixed_split(k_tiles, splits)
     target = out if splits == 1 else torch.empty(splits, rows, cols, device=xq.device)
-    programs = triton.cdiv(cols, tiles.block_n) * triton.cdiv(rows, tiles.block_m)
-    grid = (programs, splits)
-    _block_fp8_gemm_kernel[grid](
-        xq, x_scale, wq, w_scale_inv, target, bias if bias is not None else w_scale_inv,
-        rows, cols, depth, per_split,
+    n_tiles, m_tiles = triton.cdiv(cols, tiles.block_n), triton.cdiv(rows, tiles.block_m)
+    strides = (
         xq.stride(0), x_scale.stride(0), x_scale.stride(1), wq.stride(0),
         w_scale_inv.stride(0), w_scale_inv.stride(1),
         target.stride(-2), target.stride(0) if splits > 1 else 0,
-        W_BLOCK_N=bn, HAS_BIAS=bias is not None and splits == 1, GROUP_M=tiles.group_m,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **pdl_launch_kwargs(xq.device, programs * splits),
     )  # fmt: skip
+    bias_arg = bias if bias is not None else w_scale_inv
+    launch = dict(
+        W_BLOCK_N=bn, HAS_BIAS=bias is not None and splits == 1, BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n, BLOCK_K=block_k, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages, **pdl_launch_kwargs(xq.device, n_tiles * m_tiles * splits),
+    )  # fmt: skip
+    if tiles.swap_ab:
+        _block_fp8_gemm_swap_kernel[(n_tiles, m_tiles, splits)](
+            xq, x_scale, wq, w_scale_inv, target, bias_arg, rows, cols, depth, per_split,
+            *strides, **launch,
+        )  # fmt: skip
+    else:
+        _block_fp8_gemm_kernel[(n_tiles * m_tiles, splits)](
+            xq, x_scale, wq, w_scale_inv, target, bias_arg, rows, cols, depth, per_split,
+            *strides, GROUP_M=tiles.group_m, **launch,
+        )  # fmt: skip
     if splits > 1:
         width = min(1024, triton.next_power_of_2(cols))
         sum_grid = (rows, triton.cdiv(cols, width))

@@ -8,6 +8,8 @@ whose e4m3 values are exact, and the GEMM is fed the torch quantizer's bytes."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -110,8 +112,9 @@ def test_explicit_tiles_grouped_rows_and_splits(m_major: bool) -> None:
     if m_major:
         xs = xs.t().contiguous().t()
     xq, xs, wq, ws = (t.to(DEV) for t in (xq, xs, wq, ws))
-    tiles = fbg.GemmTiles(64, 16, 32, 4, 2, True, group_m=2)
-    for splits in (1, 2):
+    grouped = fbg.GemmTiles(64, 16, 32, 4, 2, True, group_m=2)
+    swapped = fbg.GemmTiles(64, 16, 64, 4, 2, True, swap_ab=True)  # 3 token tiles of 16
+    for tiles, splits in itertools.product((grouped, swapped), (1, 2)):
         got = fbg.triton_block_fp8_gemm(
             xq, xs, wq, ws, torch.float32, (128, 128), None, tiles, splits
         )
@@ -174,7 +177,8 @@ def test_gpu_cublas_block_gemm(rows: int, cols: int, depth: int) -> None:
     torch.manual_seed(0)
     x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
     wq, ws = fb.quantize_weight_fp8_block(torch.randn(cols, depth, device="cuda") * 0.02)
-    q, s = fb.per_token_group_quant_fp8(x, 128, m_major=True)
-    want = fb.block_fp8_gemm_torch(q, s, wq, ws, torch.float32)
-    got = cublas_block_fp8_gemm(q, s, wq, ws, torch.bfloat16)
+    pad = rows + (-rows) % 16  # cuBLASLt takes multiples of 16 rows
+    q, s = fb.per_token_group_quant_fp8(x, 128, m_major=True, rows_out=pad)
+    want = fb.block_fp8_gemm_torch(q[:rows], s[:rows], wq, ws, torch.float32)
+    got = cublas_block_fp8_gemm(q, s, wq, ws, torch.bfloat16)[:rows]
     assert got.shape == (rows, cols) and _max_rel(got, want) < 1e-2  # one bf16 rounding

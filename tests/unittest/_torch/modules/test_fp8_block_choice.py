@@ -40,7 +40,12 @@ def test_m_major_layout_check() -> None:
     s = torch.zeros(5, 3)
     assert not fc.is_m_major(s) and fc.is_m_major(s.t().contiguous().t())
     assert fc.is_m_major(torch.zeros(1, 3)) and fc.is_m_major(torch.zeros(5, 1))
+    wide = torch.zeros(16, 3)
     with pytest.raises(ValueError, match="M-major"):
+        fc.cublas_block_fp8_gemm(
+            torch.zeros(16, 256), wide, torch.zeros(128, 256), s, torch.float32
+        )
+    with pytest.raises(ValueError, match="multiple of 16"):
         fc.cublas_block_fp8_gemm(torch.zeros(5, 256), s, torch.zeros(128, 256), s, torch.float32)
 
 
