@@ -39,11 +39,16 @@ class _Piece:
     from_request: bool  # True: request text (tokenized with special tokens split if tainted)
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
-    """Chat messages -> prompt text through the tokenizer's chat template."""
+def render_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+) -> str:
+    """Chat messages -> prompt text through the tokenizer's chat template; `template_kwargs`
+    become template variables (`chat_template_kwargs`, e.g. enable_thinking)."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("prompt is a list of chat messages but the tokenizer has no chat template")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+    )
 
 
 def _masked_messages(
@@ -73,12 +78,14 @@ def _masked_messages(
     return masked, texts
 
 
-def render_chat_pieces(tokenizer: Any, messages: list[dict[str, Any]]) -> list[_Piece]:
+def render_chat_pieces(
+    tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+) -> list[_Piece]:
     """The rendered prompt as template pieces and request-text pieces, in order."""
     check_chat_messages(messages)
     nonce = secrets.token_hex(8)
     masked, texts = _masked_messages(list(messages), nonce)
-    rendered = render_chat(tokenizer, masked)
+    rendered = render_chat(tokenizer, masked, template_kwargs)
     pieces: list[_Piece] = []
     start = 0
     for match in re.finditer(rf"\[\[{nonce}:(\d+)\]\]", rendered):
@@ -163,12 +170,15 @@ def _encode_with_taint(
     return ids, tainted
 
 
-def tokenize_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+def tokenize_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+) -> list[int]:
     """Token ids of a conversation (generation prompt added) with request text kept plain.
 
     Validates the messages first (roles, content), raising ValueError/TypeError.
+    `template_kwargs`: extra chat-template variables (the prompt's `chat_template_kwargs`).
     """
-    pieces = render_chat_pieces(tokenizer, messages)
+    pieces = render_chat_pieces(tokenizer, messages, template_kwargs)
     specials = special_token_ids(tokenizer)
     isolated: set[int] = set()
     if not getattr(tokenizer, "is_fast", False):

@@ -20,10 +20,13 @@ class TextPrompt(_TextPromptRequired, total=False):
     multi_modal_data: {"image": item | [items], "video": video | [videos]}; see
       `tensorrt_llm.inputs.utils.load_image` / `load_video` for the accepted item forms.
     mm_processor_kwargs: per-request processor overrides (min_pixels, max_pixels, fps, ...).
+    chat_template_kwargs: extra variables for the chat template of a message-list prompt
+      (e.g. {"enable_thinking": False} for Qwen3 / Qwen3.5 / Qwen3.6).
     """
 
     multi_modal_data: dict[str, Any] | None
     mm_processor_kwargs: dict[str, Any] | None
+    chat_template_kwargs: dict[str, Any] | None
 
 
 class _TokensPromptRequired(TypedDict):
@@ -58,11 +61,48 @@ def as_prompt_dict(inputs: PromptInputs | list[ChatMessage]) -> dict[str, Any]:
     if "prompt" in inputs and not isinstance(inputs["prompt"], str | list):
         kind = type(inputs["prompt"]).__name__
         raise TypeError(f"prompt must be a str or a list of chat messages, got {kind}")
-    for key in ("multi_modal_data", "mm_processor_kwargs"):
+    for key in ("multi_modal_data", "mm_processor_kwargs", "chat_template_kwargs"):
         value = inputs.get(key)
         if value is not None and not isinstance(value, dict):
             raise TypeError(f"{key} must be a dict, got {type(value).__name__}")
+    check_chat_template_kwargs(inputs.get("chat_template_kwargs"), inputs.get("prompt"))
     return dict(inputs)
 
 
-_PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "multi_modal_data", "mm_processor_kwargs"})
+_PROMPT_KEYS = frozenset(
+    {
+        "prompt",
+        "prompt_token_ids",
+        "multi_modal_data",
+        "mm_processor_kwargs",
+        "chat_template_kwargs",
+    }
+)
+# Arguments of `apply_chat_template` itself, which the kwargs must not override.
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tokenize",
+        "add_generation_prompt",
+        "return_dict",
+        "chat_template",
+    }
+)
+
+
+def check_chat_template_kwargs(kwargs: dict[str, Any] | None, prompt: Any) -> None:
+    """A ValueError unless `kwargs` are template variables for a chat-message prompt (a text
+    or token-id prompt has no template to give them to: they would be ignored)."""
+    if not kwargs:
+        return
+    if not isinstance(prompt, list):
+        raise ValueError(
+            "chat_template_kwargs apply to a prompt given as chat messages; this prompt is "
+            "text or token ids and is not rendered by the chat template"
+        )
+    bad = sorted(str(k) for k in kwargs if not isinstance(k, str) or k in _RESERVED_TEMPLATE_KWARGS)
+    if bad:
+        raise ValueError(
+            f"chat_template_kwargs may not set {bad}: they are arguments of the template call"
+        )

@@ -124,7 +124,7 @@ class TextInputProcessor:
             return check_prompt_token_ids(prompt["prompt_token_ids"]), {}
         text = prompt["prompt"]
         if isinstance(text, list):  # request text never becomes control tokens
-            return tokenize_chat(self.tokenizer, text), {}
+            return tokenize_chat(self.tokenizer, text, prompt.get("chat_template_kwargs")), {}
         return list(self.tokenizer(text)["input_ids"]), {}
 
     def get_dummy_prompt(self, num_tokens: int) -> list[int]:

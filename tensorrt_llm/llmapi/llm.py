@@ -166,6 +166,23 @@ class LLM:
             _wait_all(results, bar.update)
         return results if is_batch else results[0]
 
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> GenerationResult | list[GenerationResult]:
+        """The assistant's reply to a conversation (a list of {role, content} dicts), or to
+        each of a list of conversations, through the chat template; `chat_template_kwargs`
+        are template variables (e.g. {"enable_thinking": False} for Qwen3 / Qwen3.5 / 3.6).
+        """
+        batch = isinstance(messages, list) and bool(messages) and isinstance(messages[0], list)
+        conversations = messages if batch else [messages]
+        extra = {"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {}
+        prompts = [{"prompt": conversation, **extra} for conversation in conversations]
+        return self.generate(prompts if batch else prompts[0], sampling_params, use_tqdm)
+
     def generate_async(
         self,
         inputs: Any,

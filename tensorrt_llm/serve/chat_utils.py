@@ -132,6 +132,7 @@ def to_sampling_params(
     if request.stop_token_ids:
         kwargs["stop_token_ids"] = list(request.stop_token_ids)
     kwargs["ignore_eos"] = bool(request.ignore_eos)
+    kwargs["include_stop_str_in_output"] = bool(request.include_stop_str_in_output)
     try:
         return SamplingParams(**kwargs)
     except ValueError as exc:

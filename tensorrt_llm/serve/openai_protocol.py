@@ -1,8 +1,10 @@
 """Pydantic models of the OpenAI-compatible API: requests, responses, stream chunks, errors.
 
-Requests are validated here (types and ranges); anything a model cannot express (unsupported
-features, server limits) is checked in `openai_server`. Unknown request fields are ignored, as
-OpenAI clients send optional fields this server has no use for.
+Requests are validated here (types and ranges); server limits are checked in `openai_server`.
+Nothing a request asks for is dropped silently: a top-level field this server does not know,
+or one it knows but does not implement set to a value that would change the output, is a 400
+naming it (`check_request_fields`). Only `IGNORED_REQUEST_FIELDS` (bookkeeping that never
+changes what is generated) are accepted and ignored; nested objects reject unknown keys.
 """
 
 from __future__ import annotations
@@ -28,6 +30,88 @@ _MAX_SEED = 2**64 - 1
 class OpenAIBaseModel(BaseModel):
     # NOTE: allow_inf_nan=False so that a NaN/inf sampling knob is a 400, never a crash later.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StrictRequestModel(OpenAIBaseModel):
+    """Request objects: an unknown key is a validation error (a 400 naming it)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# Accepted and ignored: they never change what is generated (listed in the README).
+IGNORED_REQUEST_FIELDS = frozenset(
+    {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+)
+
+
+def _off(*values: Any) -> Any:
+    return lambda v: v in values
+
+
+def _empty(v: Any) -> bool:
+    return v is None or v == [] or v == {}
+
+
+# OpenAI / vLLM request fields this server does not implement yet, each with the values that
+# ask for nothing (accepted: clients send some of them with their defaults).
+NOT_IMPLEMENTED_FIELDS: dict[str, Any] = {
+    "logprobs": _off(None, False, 0),
+    "top_logprobs": _off(None, 0),
+    "prompt_logprobs": _off(None, 0),
+    "logit_bias": _empty,
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "tools": _empty,
+    "tool_choice": _off(None, "none", "auto"),
+    "parallel_tool_calls": _off(None, True, False),
+    "functions": _empty,
+    "function_call": _off(None, "none", "auto"),
+    "guided_json": _empty,
+    "guided_regex": _empty,
+    "guided_choice": _empty,
+    "guided_grammar": _empty,
+    "guided_decoding_backend": _off(None),
+    "structured_outputs": _empty,
+    "min_p": _off(None, 0, 0.0),
+    "repetition_penalty": _off(None, 1, 1.0),
+    "min_tokens": _off(None, 0),
+    "bad_words": _empty,
+    "use_beam_search": _off(None, False),
+    "length_penalty": _off(None, 1, 1.0),
+    "reasoning_effort": _off(None),
+    "chat_template": _off(None),
+    "add_generation_prompt": _off(None, True),
+    "continue_final_message": _off(None, False),
+    "documents": _empty,
+    "audio": _off(None),
+    "modalities": lambda v: v is None or v == ["text"],
+    "prediction": _off(None),
+    "verbosity": _off(None),
+    "web_search_options": _off(None),
+    "skip_special_tokens": _off(None, True),
+    "spaces_between_special_tokens": _off(None, True),
+}
+
+
+def check_request_fields(data: dict[str, Any], known: frozenset[str]) -> dict[str, Any]:
+    """`data` without the ignored fields, or APIError(400) naming a field this server does not
+    know (`known`: the request model's own fields) or does not implement with that value."""
+    unknown = [k for k in data if k not in known and k not in NOT_IMPLEMENTED_FIELDS]
+    unknown = [k for k in unknown if k not in IGNORED_REQUEST_FIELDS]
+    if unknown:
+        raise APIError(
+            400,
+            f"unknown request field(s) {sorted(unknown)[:8]}: not part of the API this server "
+            "implements (see the README's supported parameters)",
+            code="unsupported_field",
+            param=sorted(unknown)[0],
+        )
+    for name, is_off in NOT_IMPLEMENTED_FIELDS.items():
+        if name in data and name not in known and not is_off(data[name]):
+            raise APIError(
+                400, f"{name} is not supported by this server yet", code="unsupported_feature",
+                param=name,
+            )  # fmt: skip
+    return {k: v for k, v in data.items() if k in known}
 
 
 # ---------------------------------------------------------------- errors
@@ -101,7 +185,7 @@ def validation_error_message(exc: ValidationError, max_errors: int = 3) -> tuple
 # ---------------------------------------------------------------- shared request knobs
 
 
-class StreamOptions(OpenAIBaseModel):
+class StreamOptions(StrictRequestModel):
     include_usage: bool = False
 
 
@@ -111,7 +195,7 @@ StopField = Annotated[
 ]
 
 
-class SamplingRequestFields(OpenAIBaseModel):
+class SamplingRequestFields(StrictRequestModel):
     """Decoding knobs shared by chat and text completions."""
 
     model: str
@@ -127,11 +211,10 @@ class SamplingRequestFields(OpenAIBaseModel):
     stream_options: StreamOptions | None = None
     presence_penalty: Annotated[float | None, Field(ge=-2.0, le=2.0)] = None
     frequency_penalty: Annotated[float | None, Field(ge=-2.0, le=2.0)] = None
-    logprobs: Any = None
-    user: str | None = None
     # Extensions (vLLM names).
     ignore_eos: bool = False
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    include_stop_str_in_output: bool = False
 
     @field_validator("stop")
     @classmethod
@@ -147,25 +230,23 @@ class SamplingRequestFields(OpenAIBaseModel):
         """Name a feature the request asks for that this server cannot honour, if any."""
         if self.presence_penalty or self.frequency_penalty:
             return "presence_penalty / frequency_penalty are not supported"
-        if self.logprobs not in (None, False, 0):
-            return "logprobs are not supported"
         return None
 
 
 # ---------------------------------------------------------------- chat completions
 
 
-class TextPart(OpenAIBaseModel):
+class TextPart(StrictRequestModel):
     type: Literal["text"]
     text: str
 
 
-class ImageURL(OpenAIBaseModel):
+class ImageURL(StrictRequestModel):
     url: str
     detail: Literal["auto", "low", "high"] | None = None
 
 
-class ImageURLPart(OpenAIBaseModel):
+class ImageURLPart(StrictRequestModel):
     type: Literal["image_url"]
     image_url: ImageURL | str
 
@@ -174,13 +255,13 @@ class ImageURLPart(OpenAIBaseModel):
         return self.image_url if isinstance(self.image_url, str) else self.image_url.url
 
 
-class VideoURL(OpenAIBaseModel):
+class VideoURL(StrictRequestModel):
     url: str
     # Extension: the frame rate of the given frames, for sources that do not carry one.
     fps: Annotated[float | None, Field(gt=0.0, le=240.0)] = None
 
 
-class VideoURLPart(OpenAIBaseModel):
+class VideoURLPart(StrictRequestModel):
     type: Literal["video_url"]
     video_url: VideoURL | str
 
@@ -196,7 +277,8 @@ class VideoURLPart(OpenAIBaseModel):
 ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
 
 
-class ChatMessage(OpenAIBaseModel):
+class ChatMessage(StrictRequestModel):
+    # NOTE: "tool" messages and assistant `tool_calls` arrive with tool calling.
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -213,6 +295,8 @@ class ChatCompletionRequest(SamplingRequestFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     # The newer OpenAI name of max_tokens; wins when both are given.
     max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
+    # Extension (vLLM): variables for the chat template, e.g. {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @property
     def effective_max_tokens(self) -> int | None:

@@ -165,7 +165,10 @@ class OpenAIServer:
         decode = self.pool is None
         messages = await resolve_messages(body.messages, self.media_config, self.http, decode)
         self.metrics.on_stage("media", time.perf_counter() - parsed)
-        return await self._generate(request, body, "chat", [{"prompt": messages}], start)
+        prompt: dict[str, Any] = {"prompt": messages}
+        if body.chat_template_kwargs:
+            prompt["chat_template_kwargs"] = body.chat_template_kwargs
+        return await self._generate(request, body, "chat", [prompt], start)
 
     async def _completions(self, request: Request) -> Response:
         start = time.perf_counter()

@@ -16,7 +16,13 @@ from fastapi import Request
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
-from .openai_protocol import APIError, OpenAIBaseModel, validation_error_message
+from .openai_protocol import (
+    APIError,
+    OpenAIBaseModel,
+    SamplingRequestFields,
+    check_request_fields,
+    validation_error_message,
+)
 
 Req = TypeVar("Req", bound=OpenAIBaseModel)
 
@@ -100,6 +106,8 @@ async def parse_body(request: Request, model_cls: type[Req], limits: BodyLimits)
     if not isinstance(data, dict):
         kind = type(data).__name__
         raise APIError(400, f"request body must be a JSON object, got {kind}", code="invalid_json")
+    if issubclass(model_cls, SamplingRequestFields):  # a 400 for anything it would ignore
+        data = check_request_fields(data, frozenset(model_cls.model_fields))
     try:
         return model_cls.model_validate(data)
     except ValidationError as exc:

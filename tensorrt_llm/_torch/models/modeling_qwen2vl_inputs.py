@@ -140,7 +140,7 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
                 # A plain prompt with media and no placeholder: the chat template places one
                 # per item (multimodal_loader.py).
                 message = media_message(prompt["prompt"], len(images), len(videos))
-                ids = tokenize_chat(self.tokenizer, message)
+                ids = tokenize_chat(self.tokenizer, message, prompt.get("chat_template_kwargs"))
         self._check_placeholders(ids, len(images), len(videos))
         if not images and not videos:  # fast path: no image processor, plain positions
             return ids, {"multimodal_data": {"mrope_config": text_only_mrope_config(len(ids))}}
@@ -196,7 +196,7 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
             return check_prompt_token_ids(prompt["prompt_token_ids"])
         text = prompt["prompt"]
         if isinstance(text, list):  # request text never becomes control tokens (role injection)
-            return tokenize_chat(self.tokenizer, text)
+            return tokenize_chat(self.tokenizer, text, prompt.get("chat_template_kwargs"))
         return list(self.tokenizer(text)["input_ids"])
 
     def _num_placeholders(self, ids: list[int]) -> int:

@@ -129,6 +129,18 @@ BAD_BODIES = [
         "unsupported_feature",
         "presence_penalty",
     ),
+    (
+        "json mode not implemented",
+        lambda s: _body(s, user("hi"), response_format={"type": "json_object"}),
+        "unsupported_feature",
+        "response_format",
+    ),
+    (
+        "unknown field",
+        lambda s: _body(s, user("hi"), temprature=0.1),
+        "unsupported_field",
+        "temprature",
+    ),
 ]
 
 

@@ -229,3 +229,18 @@ def test_default_max_tokens_fits_context(served: ServeHandle) -> None:
     response = served.client().completions.create(model=served.model, prompt=prompt, temperature=0)
     assert response.usage.total_tokens <= MAX_SEQ_LEN
     assert response.choices[0].finish_reason in ("stop", "length")
+
+
+def test_chat_template_kwargs_reach_the_engine(served: ServeHandle) -> None:
+    # The demo template has no variables, so the prompt is the same; the field is accepted
+    # and travels with the prompt (a plain-text completions prompt has no such field).
+    messages = user("Hello")
+    plain = _chat(served, messages, max_tokens=2)
+    kw = _chat(served, messages, max_tokens=2, extra_body={"chat_template_kwargs": {"x": 1}})
+    assert kw.usage.prompt_tokens == plain.usage.prompt_tokens
+    bad = httpx.post(
+        served.base_url + "/v1/chat/completions",
+        json={"model": served.model, "messages": messages, "chat_template_kwargs": {"tokenize": 1}},
+        timeout=30,
+    )
+    assert bad.status_code == 400 and "may not set" in bad.json()["error"]["message"]

@@ -144,11 +144,11 @@ class GemmTiles:
 
 # Keyed on M. Decode buckets (M <= 256) are bound by the weight read, so their tiles are short
 # in M and, when N / BLOCK_N x M / BLOCK_M output tiles cannot fill the SMs, K is split so that
-# every SM streams part of the weight. Up to 32 rows the swapped-operand kernel is faster
-# (20% at 32 rows over Qwen3-VL-8B's projections); at 64 the plain one. Chosen with `benchmarks/tune_fp8_block.py` on the H200
-# (the least total time over Qwen3-VL-8B's and Qwen3.6-27B's projections per bucket; results
-# in benchmarks/results/fp8_block_gemm_h200.md). From 65 rows on, cuBLASLt runs instead where
-# it can (`fp8_block_cublas.CUBLAS_MIN_ROWS`); the larger buckets serve the other shapes.
+# every SM streams part of the weight. Up to 32 rows the swapped-operand kernel is faster (20%
+# at 32 rows over Qwen3-VL-8B's projections); at 64 the plain one. Chosen with
+# `benchmarks/tune_fp8_block.py` on the H200 (the least total time over the projections per
+# bucket; benchmarks/results/fp8_block_gemm_h200.md). From 65 rows on, cuBLASLt runs instead
+# where it can (`fp8_block_cublas.CUBLAS_MIN_ROWS`); the larger buckets serve the other shapes.
 _GEMM_TILES = (
     GemmTiles(16, 16, 64, 4, 5, True, swap_ab=True),
     GemmTiles(32, 32, 64, 4, 4, True, swap_ab=True),

@@ -1,0 +1,114 @@
+"""Nothing a request asks for is dropped silently (`openai_protocol.check_request_fields`):
+unknown fields and implemented-later fields with a value that would change the output get a
+400 naming them; bookkeeping fields and "off" values are accepted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from tensorrt_llm.serve.chat_utils import to_sampling_params
+from tensorrt_llm.serve.openai_protocol import (
+    IGNORED_REQUEST_FIELDS,
+    NOT_IMPLEMENTED_FIELDS,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    check_request_fields,
+)
+
+CHAT_FIELDS = frozenset(ChatCompletionRequest.model_fields)
+
+
+def _chat(**kw: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}
+
+
+def _checked(body: dict[str, Any]) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(check_request_fields(body, CHAT_FIELDS))
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("response_format", {"type": "json_object"}),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("tool_choice", "required"),
+        ("logit_bias", {"5": 10}),
+        ("logprobs", True),
+        ("top_logprobs", 3),
+        ("min_p", 0.1),
+        ("repetition_penalty", 1.2),
+        ("min_tokens", 4),
+        ("guided_json", {"type": "object"}),
+        ("guided_choice", ["a", "b"]),
+        ("use_beam_search", True),
+        ("skip_special_tokens", False),
+    ],
+)
+def test_not_implemented_values_are_400_naming_the_field(field: str, value: Any) -> None:
+    with pytest.raises(APIError) as info:
+        _checked(_chat(**{field: value}))
+    assert info.value.status == 400 and info.value.param == field
+    assert field in info.value.message and info.value.code == "unsupported_feature"
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("logprobs", False),
+        ("top_logprobs", 0),
+        ("response_format", {"type": "text"}),
+        ("tools", []),
+        ("tool_choice", "none"),
+        ("parallel_tool_calls", True),
+        ("logit_bias", {}),
+        ("repetition_penalty", 1.0),
+        ("skip_special_tokens", True),
+    ],
+)
+def test_off_values_are_accepted(field: str, value: Any) -> None:
+    assert _checked(_chat(**{field: value})).model == "m"
+
+
+def test_bookkeeping_fields_are_accepted_and_dropped() -> None:
+    body = _chat(user="u1", metadata={"k": "v"}, store=False, service_tier="auto")
+    kept = check_request_fields(body, CHAT_FIELDS)
+    assert set(kept) == {"model", "messages"}
+    assert {"user", "metadata", "store", "service_tier"} <= IGNORED_REQUEST_FIELDS
+
+
+def test_unknown_fields_are_400() -> None:
+    with pytest.raises(APIError) as info:
+        _checked(_chat(temprature=0.5))  # a typo must not run with the default temperature
+    assert info.value.status == 400 and info.value.param == "temprature"
+    assert "unknown request field" in info.value.message
+    completion = frozenset(CompletionRequest.model_fields)
+    with pytest.raises(APIError, match="best_of"):
+        check_request_fields(_chat(best_of=2), CHAT_FIELDS)  # a completions-only field
+    assert check_request_fields({"model": "m", "prompt": "x", "best_of": 1}, completion)
+
+
+def test_nested_unknown_keys_are_validation_errors() -> None:
+    bad_message = _chat(messages=[{"role": "user", "content": "hi", "tool_call_id": "c1"}])
+    bad_part = _chat(
+        messages=[{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]
+    )
+    bad_options = _chat(stream=True, stream_options={"include_usage": True, "continuous": 1})
+    for body in (bad_message, bad_part, bad_options):
+        with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+            _checked(body)
+
+
+def test_every_not_implemented_field_has_an_off_value_or_none() -> None:
+    # Each predicate accepts "absent" (None): a client library sending null is fine.
+    assert all(is_off(None) for is_off in NOT_IMPLEMENTED_FIELDS.values())
+    assert not set(NOT_IMPLEMENTED_FIELDS) & CHAT_FIELDS  # implemented fields leave the list
+
+
+def test_include_stop_str_in_output_reaches_sampling_params() -> None:
+    body = _checked(_chat(include_stop_str_in_output=True, stop=["x"]))
+    assert to_sampling_params(body, 8).include_stop_str_in_output is True
