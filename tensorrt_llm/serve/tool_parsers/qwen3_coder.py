@@ -17,7 +17,8 @@ Choices, against vLLM's Qwen3CoderToolParser:
   name with a newline or `<` in it. Once `<function=NAME>` is read it is a call: the rest is
   read leniently, as vLLM does: text between tags is ignored, a value also ends at the next
   `<parameter=`, `</function>` or `</tool_call>`, and an output cut off inside a call still
-  yields the call with the parameters read so far (a cut-off parameter name is dropped);
+  yields the call with the parameters read so far (a cut-off parameter name is dropped, a
+  cut-off end tag is no part of the value);
 - one `\\n` after `<parameter=ARG>` and one before `</parameter>` are template layout and
   removed (vLLM too); the rest of a string value is kept exactly;
 - several `<function=...>` in one `<tool_call>` are several calls (vLLM too);
@@ -141,7 +142,9 @@ class Qwen3CoderToolParser(ToolParser):
         found = find_first(self._buf, _VALUE_TAGS, self._scanned)
         if found is None:
             if final:
-                self._emit_param(self._buf)
+                # Cut off inside `</parameter>`: the fragment is the tag, not the value.
+                cut = held_back_len(self._buf, _VALUE_TAGS)
+                self._emit_param(self._buf[: len(self._buf) - cut])
                 self._truncated()
             else:
                 self._scanned = scan_start(len(self._buf), _VALUE_TAGS)
