@@ -13,6 +13,10 @@ Behaviour of the `qwen3` parser (checked against vLLM's Qwen3ReasoningParser):
   we would rather not lose what the model wrote).
 - No `</think>` ever: everything after the start of reasoning is reasoning, as in vLLM (a
   response cut by max_tokens mid-thought stays out of `content`).
+- A `<tool_call>` followed (after whitespace) by `<function=` inside reasoning ends it too,
+  without `</think>`: Qwen3.5/3.6 do open XML calls so, and vLLM's parser treats it the same
+  way. The call, tags included, goes to content for the tool parser; any other `<tool_call>`
+  is reasoning text. `tool_call_ends_reasoning=False` turns this off.
 - After `</think>` everything is content; a later `<think>` / `</think>` is plain text.
 - Newlines: vLLM keeps the template's newlines (`\\n` after `<think>`, before `</think>`, the
   `\\n\\n` after it) in the text it returns, and so do we by default. `strip_newlines=True`
@@ -23,12 +27,16 @@ Behaviour of the `qwen3` parser (checked against vLLM's Qwen3ReasoningParser):
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
-from .stream_text import held_back_len
+from .stream_text import find_first, held_back_len
 
 THINK_START = "<think>"
 THINK_END = "</think>"
+# Qwen3.5/3.6 may open an XML tool call without closing their thought first.
+TOOL_CALL_START = "<tool_call>"
+FUNCTION_START = "<function="
 
 _BEFORE, _REASONING, _AFTER = "before", "reasoning", "after"
 
@@ -48,9 +56,23 @@ class Qwen3ReasoningParser:
 
     name: ClassVar[str] = "qwen3"
 
-    def __init__(self, starts_in_reasoning: bool = False, strip_newlines: bool = False) -> None:
+    def __init__(
+        self,
+        starts_in_reasoning: bool = False,
+        strip_newlines: bool = False,
+        tool_call_ends_reasoning: bool = True,
+    ) -> None:
         self.starts_in_reasoning = starts_in_reasoning
         self.strip_newlines = strip_newlines
+        self.tool_call_ends_reasoning = tool_call_ends_reasoning
+        self._end_tags = (THINK_END, TOOL_CALL_START) if tool_call_ends_reasoning else (THINK_END,)
+        # With strip_newlines a trailing `\n` may be the one just before the end of reasoning.
+        newline_tags = tuple("\n" + tag for tag in self._end_tags) if strip_newlines else ()
+        self._held_tags = self._end_tags + newline_tags
+        ends = [re.escape(THINK_END)]
+        if tool_call_ends_reasoning:
+            ends.append(re.escape(TOOL_CALL_START) + r"\s*" + re.escape(FUNCTION_START))
+        self._end_re = re.compile("|".join(ends))
         self._state = _REASONING if starts_in_reasoning else _BEFORE
         self._held = ""  # a suffix that may still become a tag (or a newline to strip)
         # Nothing consumed yet: a leading `<think>` of a starts_in_reasoning output is a tag.
@@ -73,12 +95,16 @@ class Qwen3ReasoningParser:
             before, tag, rest = text.partition(THINK_START)
             if not tag:
                 return None, text or None
-        reasoning, end, after = rest.partition(THINK_END)
+        end = self._end_re.search(rest)
+        reasoning = rest if end is None else rest[: end.start()]
+        after = "" if end is None else rest[end.start() :]
+        if after.startswith(THINK_END):
+            after = after[len(THINK_END) :]
+            after = after.lstrip("\n") if self.strip_newlines else after
         if self.strip_newlines:
             reasoning = reasoning[1:] if reasoning.startswith("\n") else reasoning
-            if end and reasoning.endswith("\n"):
+            if end is not None and reasoning.endswith("\n"):
                 reasoning = reasoning[:-1]
-            after = after.lstrip("\n")
         return reasoning or None, (before + after) or None
 
     def feed(self, delta: str) -> tuple[str | None, str | None]:
@@ -133,20 +159,33 @@ class Qwen3ReasoningParser:
         return "".join(reasoning), "".join(content)
 
     def _reasoning_step(self, text: str, reasoning: list[str]) -> str:
-        """Emit reasoning up to `</think>` (or up to a possible partial tag); return the rest."""
-        pos = text.find(THINK_END)
-        if pos < 0:
-            # With strip_newlines a trailing `\n` may be the one just before `</think>`.
-            tags = ("\n" + THINK_END, THINK_END) if self.strip_newlines else (THINK_END,)
-            keep = held_back_len(text, tags)
+        """Emit reasoning up to its end (or up to a possible partial tag); return the rest."""
+        found = find_first(text, self._end_tags)
+        if found is None:
+            keep = held_back_len(text, self._held_tags)
             reasoning.append(text[: len(text) - keep])
             self._held = text[len(text) - keep :]
             return ""
+        pos, tag = found
+        if tag == TOOL_CALL_START:
+            after = text[pos + len(tag) :]
+            rest = after.lstrip()
+            if not rest.startswith(FUNCTION_START):
+                if FUNCTION_START.startswith(rest):  # whitespace or `<func` so far
+                    # The newline before the tag too: it goes if the tag is an end.
+                    hold = pos - 1 if self.strip_newlines and text[:pos].endswith("\n") else pos
+                    reasoning.append(text[:hold])
+                    self._held = text[hold:]
+                    return ""
+                reasoning.append(text[: pos + len(tag)])  # a `<tool_call>` mentioned in thought
+                return after
         part = text[:pos]
         if self.strip_newlines and part.endswith("\n"):
             part = part[:-1]
         reasoning.append(part)
         self._state = _AFTER
+        if tag == TOOL_CALL_START:
+            return text[pos:]  # the call is content: the tool parser must see its tags
         self._content_fresh = True
         return text[pos + len(THINK_END) :]
 

@@ -24,12 +24,13 @@ from typing import Any
 
 from ..stream_text import scan_start
 from .base import TOOL_CALL_END, ToolParser
+from .param_types import strict_json_loads
 
 
 def parse_hermes_body(body: str) -> tuple[str, str] | None:
     """(name, arguments JSON) of a call body, or None when it is no call."""
     try:
-        obj = json.loads(body)
+        obj = strict_json_loads(body)
     except ValueError:
         return None
     if not isinstance(obj, dict):
@@ -40,7 +41,7 @@ def parse_hermes_body(body: str) -> tuple[str, str] | None:
     args: Any = obj["arguments"] if "arguments" in obj else obj.get("parameters", {})
     if isinstance(args, str):
         try:
-            args = json.loads(args)
+            args = strict_json_loads(args)
         except ValueError:
             return None
     if not isinstance(args, dict):

@@ -89,14 +89,22 @@ def _convert(text: str, kind: str) -> Any:
 
 
 def _no_constants(name: str) -> Any:
-    # NaN / Infinity parse in Python but are no JSON: the arguments string must stay valid.
-    raise ValueError(name)
+    raise ValueError(f"{name} is no JSON")
+
+
+def strict_json_loads(text: str) -> Any:
+    """json.loads without NaN / Infinity (Python reads them, JSON has none: the arguments
+    string must stay valid for any client); too deep a nesting is a ValueError too."""
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def _loads(text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_no_constants)
-    except (ValueError, RecursionError):
+        return strict_json_loads(text)
+    except ValueError:
         return _FAILED
 
 

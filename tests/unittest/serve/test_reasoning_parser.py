@@ -49,6 +49,57 @@ CASES = [
     ("newline-before-tag-kept", "a\n\n</think>b", True, True, "a\n", "b"),
     ("unicode", "思考中…🙂\n</think>\n\n答案：42 ✓", True, False, "思考中…🙂\n", "\n\n答案：42 ✓"),
     ("unicode-strip", "<think>\nΔ≈π 🙂\n</think>\n\nΩ", False, True, "Δ≈π 🙂", "Ω"),
+    (
+        "tool-call-ends-reasoning",
+        "Need data.\n<tool_call>\n<function=f>\n</function>\n</tool_call>",
+        True,
+        False,
+        "Need data.\n",
+        "<tool_call>\n<function=f>\n</function>\n</tool_call>",
+    ),
+    (
+        "tool-call-ends-reasoning-strip",
+        "\nNeed data.\n<tool_call><function=f>",
+        True,
+        True,
+        "Need data.",
+        "<tool_call><function=f>",
+    ),
+    (
+        "tool-call-then-end-tag-is-content",
+        "a<tool_call> \t<function=f></tool_call></think>b",
+        True,
+        False,
+        "a",
+        "<tool_call> \t<function=f></tool_call></think>b",
+    ),
+    (
+        "tool-call-mentioned",
+        "use <tool_call> or <tool_call>{json}\n</think>\n\nOK",
+        True,
+        False,
+        "use <tool_call> or <tool_call>{json}\n",
+        "\n\nOK",
+    ),
+    (
+        "tool-call-mention-then-real",
+        "x<tool_call><tool_call>\n<function=g>",
+        True,
+        False,
+        "x<tool_call>",
+        "<tool_call>\n<function=g>",
+    ),
+    ("tool-call-denied-strip", "a\n<tool_call>x", True, True, "a\n<tool_call>x", None),
+    ("tool-call-unconfirmed", "think <tool_call>\n", True, False, "think <tool_call>\n", None),
+    ("tool-call-cut", "think <tool_call>\n<func", True, False, "think <tool_call>\n<func", None),
+    (
+        "tool-call-after-end",
+        "r</think>\n<tool_call>\n<function=f>",
+        True,
+        False,
+        "r",
+        "\n<tool_call>\n<function=f>",
+    ),
     ("empty", "", False, False, None, None),
     ("empty-in-reasoning", "", True, True, None, None),
 ]
@@ -84,6 +135,14 @@ def test_stream_equals_parse(case: tuple, how: str) -> None:
     _, text, starts, strip, reasoning, content = case
     parser = Qwen3ReasoningParser(starts_in_reasoning=starts, strip_newlines=strip)
     assert _stream(parser, chunks(text, how)) == (reasoning, content)
+
+
+@pytest.mark.parametrize("how", CHUNKINGS)
+def test_tool_call_ends_reasoning_off(how: str) -> None:
+    text = "a\n<tool_call>\n<function=f>\n</function>\n</tool_call>"
+    parser = Qwen3ReasoningParser(starts_in_reasoning=True, tool_call_ends_reasoning=False)
+    assert parser.parse(text) == (text, None)
+    assert _stream(parser, chunks(text, how)) == (text, None)
 
 
 def test_partial_end_tag_is_held_back() -> None:
