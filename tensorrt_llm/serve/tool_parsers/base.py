@@ -121,8 +121,8 @@ class ToolParser(ABC):
     """The streaming machine: the state outside calls here, the states inside in subclasses.
 
     Subclasses implement `_step_call(final)`: consume from `self._buf` while inside a call and
-    return whether anything changed. They report through `_content`, `_start_call`,
-    `_arguments` and `_reject_block`.
+    return whether anything changed. They report through `_start_call` and `_arguments`, and
+    leave the call with `_end_block` (a call) or `_reject_block` (no call after all).
     """
 
     name: ClassVar[str]
