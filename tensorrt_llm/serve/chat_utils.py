@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -85,14 +86,14 @@ async def resolve_messages(
     Raises APIError(400) for a media problem, naming the offending content part.
     """
     jobs: list[Any] = []
-    shapes: list[tuple[str, bool, int]] = []  # (role, content is plain text, number of parts)
+    shapes: list[tuple[dict[str, Any], bool, int]] = []  # (fields, plain text, parts)
     for i, message in enumerate(messages):
-        role = "system" if message.role == "developer" else message.role
+        fields = _message_fields(message)
         if message.content is None or isinstance(message.content, str):
-            shapes.append((role, True, 0))
+            shapes.append((fields, True, 0))
             jobs.append(_constant(message.content or ""))
             continue
-        shapes.append((role, False, len(message.content)))
+        shapes.append((fields, False, len(message.content)))
         for j, part in enumerate(message.content):
             jobs.append(_resolve_part(part, f"messages.{i}.content.{j}", config, client, decode))
     try:
@@ -100,14 +101,46 @@ async def resolve_messages(
     except MediaError as exc:
         raise APIError(400, str(exc), code=exc.code, param=exc.param) from None
     out, cursor = [], 0
-    for role, plain, num_parts in shapes:
+    for fields, plain, num_parts in shapes:
         if plain:
-            out.append({"role": role, "content": resolved[cursor]})
+            out.append({**fields, "content": resolved[cursor]})
             cursor += 1
         else:
-            out.append({"role": role, "content": list(resolved[cursor : cursor + num_parts])})
+            out.append({**fields, "content": list(resolved[cursor : cursor + num_parts])})
             cursor += num_parts
     return out
+
+
+def _message_fields(message: ChatMessage) -> dict[str, Any]:
+    """The template's view of a message besides its content: role, and the tool fields.
+
+    NOTE: a call's arguments arrive as JSON text (OpenAI's form); the Qwen templates read them
+    as a mapping (`tool_call.arguments | items`), so they are parsed here; text that is not a
+    JSON object is a 400 naming the message.
+    """
+    fields: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role}
+    if message.name is not None:
+        fields["name"] = message.name
+    if message.tool_call_id is not None:
+        fields["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        calls = []
+        for call in message.tool_calls:
+            try:
+                arguments = json.loads(call.function.arguments or "{}")
+            except ValueError:
+                arguments = None
+            if not isinstance(arguments, dict):
+                raise APIError(
+                    400,
+                    f"tool call {call.function.name!r}: arguments must be a JSON object",
+                    code="invalid_request",
+                    param="messages.tool_calls",
+                )
+            function = {"name": call.function.name, "arguments": arguments}
+            calls.append({"id": call.id, "type": "function", "function": function})
+        fields["tool_calls"] = calls
+    return fields
 
 
 async def _constant(value: Any) -> Any:

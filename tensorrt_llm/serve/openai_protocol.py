@@ -3,8 +3,9 @@
 Requests are validated here (types and ranges); server limits are checked in `openai_server`.
 Nothing a request asks for is dropped silently: a top-level field this server does not know,
 or one it knows but does not implement set to a value that would change the output, is a 400
-naming it (`check_request_fields`). Only `IGNORED_REQUEST_FIELDS` (bookkeeping that never
-changes what is generated) are accepted and ignored; nested objects reject unknown keys.
+naming it (`request_fields.check_request_fields`). Only `IGNORED_REQUEST_FIELDS` (bookkeeping
+that never changes what is generated) are accepted and ignored; nested objects reject unknown
+keys.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .._torch.pyexecutor.llm_request import (
     ERROR_INVALID_INPUT,
@@ -36,82 +44,6 @@ class StrictRequestModel(OpenAIBaseModel):
     """Request objects: an unknown key is a validation error (a 400 naming it)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-# Accepted and ignored: they never change what is generated (listed in the README).
-IGNORED_REQUEST_FIELDS = frozenset(
-    {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
-)
-
-
-def _off(*values: Any) -> Any:
-    return lambda v: v in values
-
-
-def _empty(v: Any) -> bool:
-    return v is None or v == [] or v == {}
-
-
-# OpenAI / vLLM request fields this server does not implement yet, each with the values that
-# ask for nothing (accepted: clients send some of them with their defaults).
-NOT_IMPLEMENTED_FIELDS: dict[str, Any] = {
-    "logprobs": _off(None, False, 0),
-    "top_logprobs": _off(None, 0),
-    "prompt_logprobs": _off(None, 0),
-    "logit_bias": _empty,
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "tools": _empty,
-    "tool_choice": _off(None, "none", "auto"),
-    "parallel_tool_calls": _off(None, True, False),
-    "functions": _empty,
-    "function_call": _off(None, "none", "auto"),
-    "guided_json": _empty,
-    "guided_regex": _empty,
-    "guided_choice": _empty,
-    "guided_grammar": _empty,
-    "guided_decoding_backend": _off(None),
-    "structured_outputs": _empty,
-    "min_p": _off(None, 0, 0.0),
-    "repetition_penalty": _off(None, 1, 1.0),
-    "min_tokens": _off(None, 0),
-    "bad_words": _empty,
-    "use_beam_search": _off(None, False),
-    "length_penalty": _off(None, 1, 1.0),
-    "reasoning_effort": _off(None),
-    "chat_template": _off(None),
-    "add_generation_prompt": _off(None, True),
-    "continue_final_message": _off(None, False),
-    "documents": _empty,
-    "audio": _off(None),
-    "modalities": lambda v: v is None or v == ["text"],
-    "prediction": _off(None),
-    "verbosity": _off(None),
-    "web_search_options": _off(None),
-    "skip_special_tokens": _off(None, True),
-    "spaces_between_special_tokens": _off(None, True),
-}
-
-
-def check_request_fields(data: dict[str, Any], known: frozenset[str]) -> dict[str, Any]:
-    """`data` without the ignored fields, or APIError(400) naming a field this server does not
-    know (`known`: the request model's own fields) or does not implement with that value."""
-    unknown = [k for k in data if k not in known and k not in NOT_IMPLEMENTED_FIELDS]
-    unknown = [k for k in unknown if k not in IGNORED_REQUEST_FIELDS]
-    if unknown:
-        raise APIError(
-            400,
-            f"unknown request field(s) {sorted(unknown)[:8]}: not part of the API this server "
-            "implements (see the README's supported parameters)",
-            code="unsupported_field",
-            param=sorted(unknown)[0],
-        )
-    for name, is_off in NOT_IMPLEMENTED_FIELDS.items():
-        if name in data and name not in known and not is_off(data[name]):
-            raise APIError(
-                400, f"{name} is not supported by this server yet", code="unsupported_feature",
-                param=name,
-            )  # fmt: skip
-    return {k: v for k, v in data.items() if k in known}
 
 
 # ---------------------------------------------------------------- errors
@@ -277,11 +209,33 @@ class VideoURLPart(StrictRequestModel):
 ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
 
 
+class FunctionCallIn(StrictRequestModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it back
+
+
+class ToolCallIn(StrictRequestModel):
+    """A call an earlier assistant turn made (rendered by the chat template)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(StrictRequestModel):
-    # NOTE: "tool" messages and assistant `tool_calls` arrive with tool calling.
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # tool turns: the call they answer
+
+    @model_validator(mode="after")
+    def _check_tool_fields(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"tool_calls belong to assistant messages, not {self.role!r} ones")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError("tool_call_id belongs to role 'tool' messages")
+        return self
 
     def parts(self) -> list[TextPart | ImageURLPart | VideoURLPart]:
         if self.content is None:
@@ -291,12 +245,36 @@ class ChatMessage(StrictRequestModel):
         return list(self.content)
 
 
+class FunctionDefinition(StrictRequestModel):
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON schema of the arguments
+    strict: bool | None = None
+
+
+class ChatTool(StrictRequestModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(StrictRequestModel):
+    name: str
+
+
+class NamedToolChoice(StrictRequestModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(SamplingRequestFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     # The newer OpenAI name of max_tokens; wins when both are given.
     max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
     # Extension (vLLM): variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @property
     def effective_max_tokens(self) -> int | None:
@@ -370,6 +348,8 @@ class UsageInfo(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # --reasoning_parser
+    tool_calls: list[dict[str, Any]] | None = None  # --tool_call_parser, OpenAI's shape
 
 
 class ChatCompletionChoice(OpenAIBaseModel):
@@ -391,6 +371,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatStreamChoice(OpenAIBaseModel):

@@ -21,7 +21,9 @@ from fastapi.responses import PlainTextResponse, Response
 
 from .. import __version__
 from ..llmapi.engine_client import EngineClient
+from .chat_options import ChatParsers, template_kwargs
 from .chat_utils import check_mm_limits, resolve_messages, to_sampling_params
+from .choice_parsers import ChoiceParsing
 from .http_responses import (
     HttpMetrics,
     JSONBody,
@@ -88,6 +90,12 @@ class OpenAIServer:
         )
         self.client = LLMClient(llm, getattr(args, "served_model_name", None), self.pool)
         self.model_name = self.client.model_name
+        self.chat_parsers = ChatParsers(llm, args, self.model_name)
+        tokenizer = getattr(llm, "tokenizer", None)
+        # The rendered prompt's end (does the template open `<think>`?), for the parsers.
+        self._prompt_tail = (
+            (lambda ids: tokenizer.decode(ids[-8:])) if tokenizer is not None else None
+        )
         self.mm_limits = getattr(args, "limit_mm_per_prompt", None)
         if self.mm_limits is None:
             self.mm_limits = self.client.limit_mm_per_prompt or dict(DEFAULT_MM_LIMITS)
@@ -159,6 +167,7 @@ class OpenAIServer:
         parsed = time.perf_counter()
         self.metrics.on_stage("parse", parsed - start)
         self._check_request(body)
+        self.chat_parsers.for_request(body)  # a bad tool_choice fails before any media fetch
         check_mm_limits(body.messages, self.mm_limits)
         assert self.http is not None, "the app's lifespan did not start"
         # With a preprocess pool the media are decoded in its workers, not here.
@@ -166,9 +175,11 @@ class OpenAIServer:
         messages = await resolve_messages(body.messages, self.media_config, self.http, decode)
         self.metrics.on_stage("media", time.perf_counter() - parsed)
         prompt: dict[str, Any] = {"prompt": messages}
-        if body.chat_template_kwargs:
-            prompt["chat_template_kwargs"] = body.chat_template_kwargs
-        return await self._generate(request, body, "chat", [prompt], start)
+        kwargs = template_kwargs(body)
+        if kwargs:
+            prompt["chat_template_kwargs"] = kwargs
+        parsing = self.chat_parsers.for_request(body)
+        return await self._generate(request, body, "chat", [prompt], start, parsing)
 
     async def _completions(self, request: Request) -> Response:
         start = time.perf_counter()
@@ -208,8 +219,10 @@ class OpenAIServer:
         kind: str,
         prompts: list[Any],
         start: float,
+        parsing: ChoiceParsing | None = None,
     ) -> Response:
-        """start: when the handler began (TTFT is measured from there)."""
+        """start: when the handler began (TTFT is measured from there); parsing: how chat
+        outputs are split into content, reasoning and tool calls."""
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         ctx = RequestContext(
             kind=kind,  # type: ignore[arg-type]
@@ -219,6 +232,8 @@ class OpenAIServer:
             metrics=self.metrics,
             include_usage=include_usage,
             start=start,
+            parsing=parsing if parsing is not None and parsing.active else None,
+            prompt_tail=self._prompt_tail,
         )
         max_tokens, explicit = self._max_tokens(body)
         param = "messages" if kind == "chat" else "prompt"

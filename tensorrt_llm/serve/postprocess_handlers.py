@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pydantic_core
 
+from .choice_parsers import ChoiceParser, ChoiceParsing, MessageDelta
 from .metrics import ServerMetrics
 from .openai_protocol import (
     ChatCompletionChoice,
@@ -43,6 +44,16 @@ class RequestContext:
     created: int = field(default_factory=lambda: int(time.time()))
     start: float = field(default_factory=time.perf_counter)  # the handler began (TTFT origin)
     submitted: float | None = None  # every prompt is in the engine's queue
+    # Chat outputs split into content / reasoning / tool calls (None: content is the text).
+    parsing: ChoiceParsing | None = None
+    # Token ids -> text, for the end of the rendered prompt (does it open `<think>`?).
+    prompt_tail: Callable[[list[int]], str] | None = None
+
+    def choice_parser(self, result: Any) -> ChoiceParser | None:
+        if self.parsing is None:
+            return None
+        tail = self.prompt_tail(list(result.prompt_token_ids)) if self.prompt_tail else ""
+        return self.parsing.parser(tail)
 
 
 def _usage(results: list[Any]) -> UsageInfo:
@@ -111,12 +122,7 @@ def build_response(
     usage = _usage(results)
     if ctx.kind == "chat":
         choices = [
-            ChatCompletionChoice(
-                index=j,
-                message=ChatResponseMessage(content=out.text),
-                finish_reason=_finish_reason(out.finish_reason),
-            )
-            for j, out in enumerate(results[0].outputs)
+            _chat_choice(ctx, results[0], j, out) for j, out in enumerate(results[0].outputs)
         ]
         return ChatCompletionResponse(
             id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
@@ -131,6 +137,22 @@ def build_response(
     return CompletionResponse(
         id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices_c, usage=usage
     )
+
+
+def _chat_choice(ctx: RequestContext, result: Any, index: int, out: Any) -> ChatCompletionChoice:
+    parser = ctx.choice_parser(result)
+    reason = _finish_reason(out.finish_reason)
+    if parser is None:
+        message = ChatResponseMessage(content=out.text)
+    else:
+        fields = parser.whole(out.text)
+        message = ChatResponseMessage(
+            content=fields.content,
+            reasoning_content=fields.reasoning_content,
+            tool_calls=fields.tool_calls or None,
+        )
+        reason = parser.finish_reason(reason)
+    return ChatCompletionChoice(index=index, message=message, finish_reason=reason)
 
 
 # ---------------------------------------------------------------- streams
@@ -164,11 +186,24 @@ def _chunk_json(
 
 
 def _delta_choice(
-    ctx: RequestContext, index: int, text: str, reason: str | None, role: str | None = None
+    ctx: RequestContext,
+    index: int,
+    text: str,
+    reason: str | None,
+    role: str | None = None,
+    fields: MessageDelta | None = None,
 ) -> dict[str, Any]:
-    """A streamed choice (`ChatStreamChoice` / `CompletionChoice` fields, in their order)."""
+    """A streamed choice (`ChatStreamChoice` / `CompletionChoice` fields, in their order);
+    `fields`: a parsed chat delta instead of plain `text`."""
     if ctx.kind == "chat":
-        delta = {"role": role, "content": text if (text or role) else None}
+        if fields is None:
+            fields = MessageDelta(content=text if (text or role) else None)
+        delta = {
+            "role": role,
+            "content": fields.content,
+            "reasoning_content": fields.reasoning_content,
+            "tool_calls": fields.tool_calls or None,
+        }
         return {"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}
     return {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
 
@@ -212,6 +247,7 @@ async def stream_response(ctx: RequestContext, results: list[Any]) -> AsyncItera
             yield sse(_chunk_json(ctx, first))
         sent: dict[int, int] = {}
         done: set[int] = set()
+        parsers: dict[int, ChoiceParser | None] = {}
         async for i, snapshot in _merge(results, ctx):
             choices = []
             for j, out in enumerate(snapshot.outputs):
@@ -221,8 +257,19 @@ async def stream_response(ctx: RequestContext, results: list[Any]) -> AsyncItera
                 reason = _finish_reason(out.finish_reason) if index not in done else None
                 if out.finished:
                     done.add(index)
-                if text or reason is not None:
-                    choices.append(_delta_choice(ctx, index, text, reason))
+                if index not in parsers:
+                    parsers[index] = ctx.choice_parser(results[i])
+                parser = parsers[index]
+                if parser is None:
+                    if text or reason is not None:
+                        choices.append(_delta_choice(ctx, index, text, reason))
+                    continue
+                fields = parser.feed(text) if text else MessageDelta()
+                if reason is not None:
+                    fields = fields.merge(parser.finish())
+                    reason = parser.finish_reason(reason)
+                if not fields.is_empty or reason is not None:
+                    choices.append(_delta_choice(ctx, index, text, reason, fields=fields))
             if choices:
                 yield sse(_chunk_json(ctx, choices))
         failed = [r for r in results if r.error]

@@ -20,9 +20,9 @@ from .openai_protocol import (
     APIError,
     OpenAIBaseModel,
     SamplingRequestFields,
-    check_request_fields,
     validation_error_message,
 )
+from .request_fields import check_request_fields
 
 Req = TypeVar("Req", bound=OpenAIBaseModel)
 
