@@ -87,8 +87,9 @@ async def resolve_messages(
     """
     jobs: list[Any] = []
     shapes: list[tuple[dict[str, Any], bool, int]] = []  # (fields, plain text, parts)
-    for i, message in enumerate(messages):
-        fields = _message_fields(message)
+    # Checked first: a bad message must fail before any coroutine exists to be dropped.
+    all_fields = [_message_fields(message) for message in messages]
+    for i, (message, fields) in enumerate(zip(messages, all_fields, strict=True)):
         if message.content is None or isinstance(message.content, str):
             shapes.append((fields, True, 0))
             jobs.append(_constant(message.content or ""))

@@ -1,0 +1,217 @@
+"""Tool calls and reasoning through the HTTP server, with the `openai` client's types: a scripted
+LLM stand-in emits fixed texts (a random model never writes a tool call), the server parses
+them with `--tool_call_parser` / `--reasoning_parser`, streaming and not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from argparse import Namespace
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tensorrt_llm.serve.openai_server import build_app
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            },
+        },
+    }
+]
+HERMES = (
+    "<think>\nThe user wants weather.\n</think>\n\nLet me check."
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+)
+CODER = (
+    "I will look it up.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+    "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
+)
+
+
+class _Result:
+    """A GenerationResult stand-in that streams `text` in small pieces."""
+
+    def __init__(self, text: str, streaming: bool) -> None:
+        self.text, self.streaming = text, streaming
+        self.prompt_token_ids = [1, 2, 3]
+        self.error = self.error_code = None
+        self.finished = False
+        self.outputs = [self._out(text if not streaming else "", None)]
+
+    @staticmethod
+    def _out(text: str, reason: str | None) -> Any:
+        return SimpleNamespace(
+            text=text, token_ids=list(range(len(text))), finish_reason=reason,
+            finished=reason is not None,
+        )  # fmt: skip
+
+    def __aiter__(self) -> Any:
+        return self._snapshots()
+
+    async def _snapshots(self) -> Any:
+        cuts = list(range(0, len(self.text), 5)) + [len(self.text)] if self.streaming else []
+        for end in cuts[1:]:
+            self.outputs = [self._out(self.text[:end], None)]
+            yield self
+        self.outputs = [self._out(self.text, "stop")]
+        self.finished = True
+        yield self
+
+    def abort(self) -> None:
+        self.finished = True
+
+
+class _ScriptedLLM:
+    tokenizer = SimpleNamespace(decode=lambda ids: "<|im_start|>assistant\n")
+    max_seq_len = 4096
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.prompts: list[Any] = []
+
+    def generate_async(self, prompt: Any, sampling_params: Any = None, **kw: Any) -> _Result:
+        self.prompts.append(prompt)
+        return _Result(self.text, kw.get("streaming", False))
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _call(text: str, flags: dict[str, Any], **request: Any) -> tuple[Any, _ScriptedLLM]:
+    llm = _ScriptedLLM(text)
+    app = build_app(llm, Namespace(served_model_name="m", **flags))
+
+    async def run() -> Any:
+        transport = httpx.ASGITransport(app=app)
+        http = httpx.AsyncClient(transport=transport, base_url="http://t/v1")
+        client = openai.AsyncOpenAI(
+            api_key="x", base_url="http://t/v1", http_client=http, max_retries=0
+        )
+        body = dict(model="m", messages=[{"role": "user", "content": "weather?"}], **request)
+        async with app.router.lifespan_context(app):  # the server's media client and pool
+            if not request.get("stream"):
+                return await client.chat.completions.create(**body)
+            return [chunk async for chunk in await client.chat.completions.create(**body)]
+
+    return asyncio.run(run()), llm
+
+
+def _joined(chunks: list[Any]) -> dict[str, Any]:
+    """Content, reasoning and tool calls of a stream, put together as a client would."""
+    content, reasoning, calls, reasons = "", "", {}, []
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta = choice.delta
+            content += delta.content or ""
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            for call in delta.tool_calls or []:
+                entry = calls.setdefault(call.index, {"id": None, "name": "", "arguments": ""})
+                if call.id:
+                    assert entry["id"] is None, "a call's id comes once"
+                    entry["id"] = call.id
+                if call.function and call.function.name:
+                    entry["name"] += call.function.name
+                if call.function and call.function.arguments:
+                    entry["arguments"] += call.function.arguments
+            if choice.finish_reason:
+                reasons.append(choice.finish_reason)
+    return {"content": content, "reasoning": reasoning, "calls": calls, "reasons": reasons}
+
+
+@pytest.mark.parametrize(
+    "parser,text,reasoning",
+    [("hermes", HERMES, "\nThe user wants weather.\n"), ("qwen3_coder", CODER, "")],
+)
+def test_tool_calls_whole_and_streamed(parser: str, text: str, reasoning: str) -> None:
+    flags = {"tool_call_parser": parser, "reasoning_parser": "qwen3"}
+    whole, llm = _call(text, flags, tools=TOOLS)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris", "days": 2}
+    assert call.id.startswith("call_")
+    assert (getattr(choice.message, "reasoning_content", None) or "") == reasoning
+    assert "tool_call" not in (choice.message.content or "")
+    # The tools reached the chat template.
+    assert llm.prompts[0]["chat_template_kwargs"]["tools"][0]["function"]["name"] == "get_weather"
+    streamed = _joined(_call(text, flags, tools=TOOLS, stream=True)[0])
+    assert streamed["reasons"] == ["tool_calls"]
+    assert streamed["content"] == (choice.message.content or "")
+    assert streamed["reasoning"] == reasoning
+    assert [c["name"] for c in streamed["calls"].values()] == ["get_weather"]
+    assert json.loads(streamed["calls"][0]["arguments"]) == {"city": "Paris", "days": 2}
+
+
+def test_no_tools_means_no_parsing_and_reasoning_split_alone() -> None:
+    flags = {"reasoning_parser": "qwen3"}
+    whole, llm = _call(HERMES, flags)
+    msg = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "stop" and not msg.tool_calls
+    assert msg.content.startswith("\n\nLet me check.<tool_call>")  # content kept verbatim
+    assert "chat_template_kwargs" not in llm.prompts[0]
+    none, llm = _call(HERMES, {"tool_call_parser": "hermes"}, tools=TOOLS, tool_choice="none")
+    assert none.choices[0].message.content == HERMES and not none.choices[0].message.tool_calls
+    assert "chat_template_kwargs" not in llm.prompts[0]  # tool_choice none: tools not rendered
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_enforced_tool_choices_are_400_until_structured_output(choice: Any) -> None:
+    with pytest.raises(openai.BadRequestError, match="structured output"):
+        _call(HERMES, {}, tools=TOOLS, tool_choice=choice)
+
+
+def test_tool_messages_are_rendered_with_parsed_arguments() -> None:
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    llm2 = _ScriptedLLM("It is sunny.")
+    app = build_app(llm2, Namespace(served_model_name="m"))
+
+    async def post(body: dict[str, Any]) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                return await client.post("/v1/chat/completions", json=body)
+
+    ok = asyncio.run(post({"model": "m", "messages": messages}))
+    assert ok.status_code == 200, ok.text
+    sent = llm2.prompts[0]["prompt"]
+    assert sent[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert sent[2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+    messages[1]["tool_calls"][0]["function"]["arguments"] = "not json"
+    bad = asyncio.run(post({"model": "m", "messages": messages}))
+    assert bad.status_code == 400 and "arguments must be a JSON object" in bad.text
+    wrong = [{"role": "user", "content": "x", "tool_calls": messages[1]["tool_calls"]}]
+    assert asyncio.run(post({"model": "m", "messages": wrong})).status_code == 400
+
+
+def test_unknown_parser_names_fail_at_startup() -> None:
+    with pytest.raises(ValueError, match="known parsers"):
+        build_app(_ScriptedLLM(""), Namespace(served_model_name="m", tool_call_parser="nope"))
+    with pytest.raises(ValueError, match="known parsers"):
+        build_app(_ScriptedLLM(""), Namespace(served_model_name="m", reasoning_parser="r1"))
