@@ -146,9 +146,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds in-flight requests get to finish on shutdown before they are failed",
     )
     _add_upstream_flags(p)
+    _add_chat_flags(p)
     _add_media_flags(p)
     _add_request_bounds(p)
     return p
+
+
+def _add_chat_flags(p: argparse.ArgumentParser) -> None:
+    from ..serve.reasoning_parser import REASONING_PARSERS
+    from ..serve.tool_parsers import TOOL_PARSERS
+
+    g = p.add_argument_group("chat outputs")
+    g.add_argument(
+        "--reasoning_parser",
+        choices=sorted(REASONING_PARSERS),
+        default=None,
+        help="split <think>...</think> into message.reasoning_content (default: off)",
+    )
+    g.add_argument(
+        "--tool_call_parser",
+        choices=sorted(TOOL_PARSERS),
+        default=None,
+        help="how tool calls are read from the output of requests with tools (default: from "
+        "the checkpoint: qwen3_coder for Qwen3.5/3.6, hermes for the others)",
+    )
 
 
 def _add_upstream_flags(p: argparse.ArgumentParser) -> None:

@@ -215,3 +215,31 @@ def test_unknown_parser_names_fail_at_startup() -> None:
         build_app(_ScriptedLLM(""), Namespace(served_model_name="m", tool_call_parser="nope"))
     with pytest.raises(ValueError, match="known parsers"):
         build_app(_ScriptedLLM(""), Namespace(served_model_name="m", reasoning_parser="r1"))
+
+
+def test_output_starting_inside_think_when_the_prompt_opens_it() -> None:
+    # Qwen3.5/3.6 templates end the prompt with `<think>\n`: the output has no opening tag.
+    llm = _ScriptedLLM("\nplan it\n</think>\n\nThe answer.")
+    llm.tokenizer = SimpleNamespace(decode=lambda ids: "<|im_start|>assistant\n<think>\n")
+    app = build_app(llm, Namespace(served_model_name="m", reasoning_parser="qwen3"))
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                body = {"model": "m", "messages": [{"role": "user", "content": "q"}]}
+                return await client.post("/v1/chat/completions", json=body)
+
+    message = asyncio.run(post()).json()["choices"][0]["message"]
+    assert message["reasoning_content"] == "\nplan it\n"
+    assert message["content"] == "\n\nThe answer."
+
+
+def test_cli_flags() -> None:
+    from tensorrt_llm.commands.serve import llm_kwargs, parse_args
+
+    args = parse_args(["--demo", "--reasoning_parser", "qwen3", "--tool_call_parser", "hermes"])
+    assert (args.reasoning_parser, args.tool_call_parser) == ("qwen3", "hermes")
+    assert "reasoning_parser" not in llm_kwargs(args)  # server options, not LLM arguments
+    with pytest.raises(SystemExit):
+        parse_args(["--demo", "--tool_call_parser", "mistral"])
