@@ -312,3 +312,27 @@ def test_ids_outside_the_vocab_are_named() -> None:
     untokenized = SamplingParams(bad_words=["ab"])
     assert "never tokenized" in (untokenized.why_not_in_vocab(V) or "")
     assert TorchSampler(V, "cpu").why_invalid(LlmRequest(0, [1], untokenized)) is not None
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpu_and_does_not_sync() -> None:
+    outputs = [out for _, out, _ in ROWS]
+    cpu, cuda = LogitProcessors(V, CPU), LogitProcessors(V, torch.device("cuda"))
+    cpu_reqs, reqs = _mixed_batch(), _mixed_batch()
+    _replay(cpu_reqs, outputs, cpu)
+    _replay(reqs, outputs, cuda)
+    logits = torch.randn(len(reqs), V)
+    want, _ = cpu.apply(logits, cpu_reqs)
+    got, _ = cuda.apply(logits.cuda(), reqs)
+    torch.testing.assert_close(got.cpu(), want)
+    sampler = TorchSampler(V, "cuda")
+    step = [*reqs, _req(50, [3, 4], temperature=0.8, seed=1, repetition_penalty=1.2)]
+    dev_logits = torch.randn(len(step), V, device="cuda")
+    sampler.sample(dev_logits[:-1], reqs)  # warm-up: generators, allocator growth
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:  # a new tracked request (row reset from its prompt) and the steady state
+        tokens = sampler.sample(dev_logits, step)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(0 <= t < V for t in sampler.to_host(tokens))
