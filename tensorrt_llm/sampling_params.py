@@ -223,8 +223,9 @@ class SamplingParams:
             object.__setattr__(self, "_bad_words_ids", None)  # stale: bad_words changed
 
     def _uses_logit_processing(self) -> bool:
-        # min_p is not here: it belongs to the sampling stage, beside top-k/top-p.
-        return bool(self.logit_bias or self.bad_words or self.min_tokens > 0 or self.uses_penalties)
+        # min_p is not here: it belongs to the sampling stage, beside top-k/top-p. Nor is
+        # min_tokens: it only matters until that many tokens exist (the sampler checks it).
+        return bool(self.logit_bias or self.bad_words or self.uses_penalties)
 
     def _check_stops(self) -> None:
         stop = self.stop
@@ -256,8 +257,8 @@ class SamplingParams:
 
     @property
     def needs_logit_processing(self) -> bool:
-        """True when a processor before temperature is on (bias, bad words, min_tokens,
-        penalties); computed once, for the sampler's per-step fast check."""
+        """True when a processor before temperature is on for the request's whole life (bias,
+        bad words, penalties); computed once, for the sampler's per-step fast check."""
         return self._needs_processing
 
     @property

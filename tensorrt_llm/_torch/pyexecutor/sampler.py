@@ -49,7 +49,11 @@ class TorchSampler:
             raise ValueError(f"logits have {logits.shape[1]} columns, vocab_size={self.vocab_size}")
         logits = logits[:, : self.vocab_size]
         params = [req.sampling_params for req in requests]
-        if not any(p.needs_logit_processing for p in params):
+        # min_tokens needs the processors only while it still holds off the stop ids.
+        if not any(
+            p.needs_logit_processing or (p.min_tokens and req.num_sampled_tokens < p.min_tokens)
+            for p, req in zip(params, requests, strict=True)
+        ):
             return self._pick(logits, requests, params)  # today's path: nothing else launched
         processed, update = self._processors.apply(logits, requests)
         tokens = self._pick(processed, requests, params)

@@ -273,8 +273,11 @@ def test_requests_without_processors_take_the_plain_path(monkeypatch) -> None:
         _req(1, [1], temperature=0.7, top_p=0.9, seed=3),
         _req(2, [1], temperature=0.0, min_p=0.5),  # min_p is a sampling-stage filter
         _req(3, [1], min_tokens=0, logit_bias={}, bad_words=[]),
+        _req(4, [1], min_tokens=2, temperature=0.0),
     ]
-    sampler.sample(torch.randn(4, V), reqs)
+    reqs[4].add_new_token(5)
+    reqs[4].add_in_flight_token()  # min_tokens reached (one of them still in flight)
+    sampler.sample(torch.randn(5, V), reqs)
     assert sampler._processors.history.codes is None
 
 
