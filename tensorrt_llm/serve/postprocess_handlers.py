@@ -280,11 +280,11 @@ async def stream_response(ctx: RequestContext, results: list[Any]) -> AsyncItera
                 reason = _finish_reason(out.finish_reason) if index not in done else None
                 if out.finished:
                     done.add(index)
+                logprobs = None
                 count, offset = sent_lp.get(index, (0, 0))
-                logprobs, offset = ctx.choice_logprobs(out.logprobs[count:], offset)
-                sent_lp[index] = (len(out.logprobs), offset)
-                if logprobs is not None and not out.logprobs[count:]:
-                    logprobs = None  # nothing new: the chunk carries no logprobs object
+                if ctx.logprobs is not None and len(out.logprobs) > count:
+                    logprobs, offset = ctx.choice_logprobs(out.logprobs[count:], offset)
+                    sent_lp[index] = (len(out.logprobs), offset)
                 if index not in parsers:
                     parsers[index] = ctx.choice_parser(results[i])
                 parser = parsers[index]
