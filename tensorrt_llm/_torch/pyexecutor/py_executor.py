@@ -327,7 +327,10 @@ class PyExecutor:
 
     def _run_step(self, scheduled: ScheduledRequests) -> None:
         sampled, step = self._forward_and_sample(scheduled)
-        host_tokens, logprobs = self.sampler.step_to_host(step) if step else ([], None)  # sync
+        host_tokens: list[int] = []
+        logprobs = None
+        if step is not None:
+            host_tokens, logprobs = self.sampler.step_to_host(step)  # the one sync
         apply_step_results(scheduled, sampled, host_tokens, logprobs)
 
     def _wait_for_command(self, timeout: float) -> None:
