@@ -60,6 +60,10 @@ class RequestContext:
         tail = self.prompt_tail(list(result.prompt_token_ids)) if self.prompt_tail else ""
         return self.parsing.parser(tail)
 
+    def whole_logprobs(self, output: Any) -> Any:
+        """A whole response's choice logprobs (None when the request asked for none)."""
+        return None if self.logprobs is None else self.choice_logprobs(output.logprobs)[0]
+
     def choice_logprobs(self, entries: list[Any], text_offset: int = 0) -> tuple[Any, int]:
         """(the choice's logprobs object or None, the completion text offset after them)."""
         if self.logprobs is None or self.token_texts is None:
@@ -145,7 +149,7 @@ def build_response(
             index=i * ctx.n + j,
             text=out.text,
             finish_reason=_finish_reason(out.finish_reason),
-            logprobs=ctx.choice_logprobs(out.logprobs)[0],
+            logprobs=ctx.whole_logprobs(out),
         )
         for i, result in enumerate(results)
         for j, out in enumerate(result.outputs)
@@ -168,7 +172,7 @@ def _chat_choice(ctx: RequestContext, result: Any, index: int, out: Any) -> Chat
             tool_calls=fields.tool_calls or None,
         )
         reason = parser.finish_reason(reason)
-    logprobs = ctx.choice_logprobs(out.logprobs)[0]
+    logprobs = ctx.whole_logprobs(out)
     return ChatCompletionChoice(
         index=index, message=message, finish_reason=reason, logprobs=logprobs
     )

@@ -94,7 +94,18 @@ def test_logprobs_match_hf_in_a_mixed_batch(ckpt: Path, hf: Any, overlap: bool) 
         str(ckpt), executor_mode="inproc", disable_overlap_scheduler=not overlap, **KWARGS
     ) as llm:
         outputs = llm.generate(PROMPTS, params)
+        # A stop token mid-way: the overlap executor's extra in-flight token is dropped, and
+        # its logprobs with it.
+        stop_at = outputs[0].outputs[0].token_ids[2]
+        stopped = llm.generate(
+            PROMPTS[0],
+            SamplingParams(max_tokens=6, temperature=0.0, logprobs=4, stop_token_ids=[stop_at]),
+        ).outputs[0]
     _check_against_hf(hf, outputs, params)
+    first = stopped.token_ids.index(stop_at) + 1
+    assert stopped.finish_reason == "stop" and len(stopped.token_ids) == first
+    batched = outputs[0].outputs[0].logprobs[:first]
+    assert [list(e) for e in stopped.logprobs] == [list(e) for e in batched]
     sampled = outputs[2].outputs[0]
     assert any(e[t].rank > 1 for t, e in zip(sampled.token_ids, sampled.logprobs, strict=True))
 
