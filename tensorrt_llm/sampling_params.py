@@ -20,6 +20,9 @@ DEFAULTABLE_FIELDS: dict[str, float | int] = {
 }
 # OpenAI's (and vLLM's) bounds of the two additive penalties.
 _MAX_ADDITIVE_PENALTY = 2.0
+# The most top alternatives a token's logprobs may carry (OpenAI's top_logprobs bound, vLLM's
+# default max_logprobs): the device top-k and the host payload stay small.
+MAX_LOGPROBS = 20
 
 
 def _is_int(value: Any) -> bool:
@@ -100,6 +103,7 @@ class SamplingParams:
     pad_id: int | None = None
     n: int = 1
     detokenize: bool = True
+    logprobs: int | None = None
     _stop_token_set: frozenset[int] = field(init=False, repr=False, compare=False)
     # True when the sampler must process this request's logits (sampler_penalties.py).
     _needs_processing: bool = field(init=False, repr=False, compare=False)
@@ -120,6 +124,12 @@ class SamplingParams:
         self._check_stops()
         self._check_logit_filters()
         _check_token_id("end_id", self.end_id)
+        if self.logprobs is not None and (
+            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise ValueError(
+                f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
+            )
         _check_token_id("pad_id", self.pad_id)
         for name in ("include_stop_str_in_output", "ignore_eos", "detokenize"):
             if not isinstance(getattr(self, name), bool):

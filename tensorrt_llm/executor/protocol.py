@@ -96,6 +96,7 @@ def response_to_tuple(r: LlmResponse) -> tuple[Any, ...]:
         r.stop_reason,
         r.error,
         r.error_code,
+        r.new_logprobs,
     )
 
 

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from .errors import PromptTooLongError
     from .llm import LLM
     from .llm_args import CudaGraphConfig, LlmArgs, TorchLlmArgs
+    from .logprobs import Logprob, TokenLogprobs
     from .outputs import CompletionOutput, RequestOutput
     from .result import GenerationResult
     from .upstream_args import KvCacheConfig
@@ -22,6 +23,8 @@ _LAZY: dict[str, str] = {
     "TorchLlmArgs": ".llm_args",
     "RequestOutput": ".outputs",
     "CompletionOutput": ".outputs",
+    "Logprob": ".logprobs",
+    "TokenLogprobs": ".logprobs",
     "GenerationResult": ".result",
     "PromptTooLongError": ".errors",
     "SamplingParams": "..sampling_params",
@@ -35,6 +38,8 @@ __all__ = [
     "TorchLlmArgs",
     "RequestOutput",
     "CompletionOutput",
+    "Logprob",
+    "TokenLogprobs",
     "GenerationResult",
     "PromptTooLongError",
     "SamplingParams",

@@ -10,8 +10,11 @@ A non-streaming completion without stop strings decodes once, when it finishes.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .logprobs import TokenLogprobs, to_token_logprobs
 
 # A decode that ends in U+FFFD stopped inside a multi-byte character: wait for more tokens.
 _REPLACEMENT_CHAR = "\ufffd"
@@ -31,9 +34,14 @@ class CompletionOutput:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # With SamplingParams.logprobs: one dict per token id (TensorRT-LLM's TokenLogprobs), and
+    # the sum of the sampled tokens' logprobs.
+    logprobs: TokenLogprobs = field(default_factory=list)
+    cumulative_logprob: float | None = None
     # Lengths before the latest update, so streaming consumers can read just the delta.
     _last_text_len: int = field(default=0, repr=False)
     _last_token_ids_len: int = field(default=0, repr=False)
+    _last_logprobs_len: int = field(default=0, repr=False)
 
     @property
     def text_diff(self) -> str:
@@ -44,6 +52,11 @@ class CompletionOutput:
     def token_ids_diff(self) -> list[int]:
         """Token ids added by the latest update."""
         return self.token_ids[self._last_token_ids_len :]
+
+    @property
+    def logprobs_diff(self) -> TokenLogprobs:
+        """Logprobs of the tokens added by the latest update."""
+        return self.logprobs[self._last_logprobs_len :]
 
     @property
     def finished(self) -> bool:
@@ -83,11 +96,19 @@ class RequestOutput:
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
-            outputs=[copy.copy(o) for o in self.outputs],
+            outputs=[_detached(o) for o in self.outputs],
             finished=self.finished,
             error=self.error,
             error_code=self.error_code,
         )
+
+
+def _detached(output: CompletionOutput) -> CompletionOutput:
+    out = copy.copy(output)
+    if output.logprobs:
+        # A stream consumer reads a snapshot's logprobs after later updates may have landed.
+        out.logprobs = list(output.logprobs)
+    return out
 
 
 def _backend_decoder(tokenizer: Any) -> Any | None:
@@ -190,15 +211,27 @@ class CompletionState:
         """Mark the current lengths, so `text_diff`/`token_ids_diff` show only what follows."""
         self.output._last_text_len = len(self.output.text)
         self.output._last_token_ids_len = len(self.output.token_ids)
+        self.output._last_logprobs_len = len(self.output.logprobs)
 
-    def add_tokens(self, new_ids: list[int], text_ids: list[int] | None = None) -> bool:
-        """Append tokens and refresh the text from `text_ids` (default: the same tokens).
+    def add_tokens(
+        self,
+        new_ids: list[int],
+        text_ids: list[int] | None = None,
+        logprobs: Sequence[Any] | None = None,
+    ) -> bool:
+        """Append tokens and refresh the text from `text_ids` (default: the same tokens);
+        `logprobs`: the engine's entry of each new token.
 
         Returns True when a stop string was found (the completion is then finished).
         """
         if self.output.finished:
             return False
         self.output.token_ids.extend(new_ids)
+        if logprobs is not None:
+            out = self.output
+            out.logprobs.extend(to_token_logprobs(new_ids, logprobs))
+            added = sum(entry.logprob for entry in logprobs)
+            out.cumulative_logprob = (out.cumulative_logprob or 0.0) + added
         if self._detok is None:
             return False
         if self._lazy:

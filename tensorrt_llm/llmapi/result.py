@@ -124,7 +124,7 @@ class GenerationResult(RequestOutput):
         stop_token = response.finish_reason == "stop" and isinstance(response.stop_reason, int)
         if stop_token and ids and not self.sampling_params.include_stop_str_in_output:
             text_ids = ids[:-1]  # the stop token counts as generated but is not text
-        if state.add_tokens(ids, text_ids):
+        if state.add_tokens(ids, text_ids, response.new_logprobs):
             # A stop string ended the completion on this side; free the executor's copy.
             if not response.finished and self._abort_fn is not None:
                 self._abort_fn(response.request_id)

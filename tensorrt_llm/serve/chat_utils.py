@@ -175,6 +175,8 @@ def to_sampling_params(
         kwargs["logit_bias"] = {int(k): float(v) for k, v in request.logit_bias.items()}
     if request.bad_words:
         kwargs["bad_words"] = list(request.bad_words)
+    if request.num_logprobs is not None:
+        kwargs["logprobs"] = request.num_logprobs
     kwargs["ignore_eos"] = bool(request.ignore_eos)
     kwargs["include_stop_str_in_output"] = bool(request.include_stop_str_in_output)
     try:

@@ -15,8 +15,6 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -28,22 +26,20 @@ from .._torch.pyexecutor.llm_request import (
     ERROR_PROMPT_TOO_LONG,
     ERROR_SHUTTING_DOWN,
 )
+from .openai_logprobs import (  # noqa: F401 (re-exported: response models)
+    ChatChoiceLogprobs,
+    ChatTokenLogprob,
+    CompletionLogprobs,
+    TopLogprob,
+)
+from .protocol_base import OpenAIBaseModel, StrictRequestModel
 
 # OpenAI documents at most 4 stop sequences; a cap keeps the per-token stop check cheap.
 MAX_STOP_SEQUENCES = 4
 MAX_N = 16
+# OpenAI's top_logprobs bound; also the largest completions `logprobs` (vLLM's max_logprobs).
+MAX_TOP_LOGPROBS = 20
 _MAX_SEED = 2**64 - 1
-
-
-class OpenAIBaseModel(BaseModel):
-    # NOTE: allow_inf_nan=False so that a NaN/inf sampling knob is a 400, never a crash later.
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-
-
-class StrictRequestModel(OpenAIBaseModel):
-    """Request objects: an unknown key is a validation error (a 400 naming it)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- errors
@@ -287,10 +283,24 @@ class ChatCompletionRequest(SamplingRequestFields):
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)] = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatCompletionRequest:
+        # OpenAI (and vLLM): top_logprobs is only meaningful with logprobs on.
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return self
 
     @property
     def effective_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """SamplingParams.logprobs: the top alternatives per token, None for no logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # ---------------------------------------------------------------- text completions
@@ -305,6 +315,8 @@ class CompletionRequest(SamplingRequestFields):
     echo: bool = False
     suffix: str | None = None
     best_of: Annotated[int | None, Field(ge=1)] = None
+    # The top alternatives per token (the sampled token's logprob always comes with them).
+    logprobs: Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)] = None
 
     @field_validator("prompt")
     @classmethod
@@ -319,6 +331,10 @@ class CompletionRequest(SamplingRequestFields):
     @property
     def effective_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt(s) as a list: each a string or a list of token ids."""
@@ -368,7 +384,7 @@ class ChatCompletionChoice(OpenAIBaseModel):
     index: int
     message: ChatResponseMessage
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatChoiceLogprobs | None = None
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -391,7 +407,7 @@ class ChatStreamChoice(OpenAIBaseModel):
     index: int
     delta: DeltaMessage
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(OpenAIBaseModel):
@@ -407,7 +423,7 @@ class CompletionChoice(OpenAIBaseModel):
     index: int
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):

@@ -33,6 +33,7 @@ from .http_responses import (
 )
 from .lifecycle import DrainController, monitor_loop_lag, until_aborted
 from .llm_client import LLMClient
+from .logprobs_format import TokenTexts
 from .media import MediaConfig, make_media_http_client
 from .metrics import ServerMetrics
 from .openai_protocol import (
@@ -96,6 +97,7 @@ class OpenAIServer:
         self._prompt_tail = (
             (lambda ids: tokenizer.decode(ids[-8:])) if tokenizer is not None else None
         )
+        self._token_texts = TokenTexts(tokenizer)
         self.mm_limits = getattr(args, "limit_mm_per_prompt", None)
         if self.mm_limits is None:
             self.mm_limits = self.client.limit_mm_per_prompt or dict(DEFAULT_MM_LIMITS)
@@ -233,6 +235,8 @@ class OpenAIServer:
             start=start,
             parsing=parsing if parsing is not None and parsing.active else None,
             prompt_tail=self._prompt_tail,
+            logprobs=body.num_logprobs,
+            token_texts=self._token_texts,
         )
         max_tokens, explicit = self._max_tokens(body)
         param = "messages" if kind == "chat" else "prompt"

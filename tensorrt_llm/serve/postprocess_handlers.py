@@ -16,6 +16,7 @@ from typing import Any, Literal
 import pydantic_core
 
 from .choice_parsers import ChoiceParser, ChoiceParsing, MessageDelta
+from .logprobs_format import TokenTexts, chat_logprobs, completion_logprobs
 from .metrics import ServerMetrics
 from .openai_protocol import (
     ChatCompletionChoice,
@@ -48,12 +49,28 @@ class RequestContext:
     parsing: ChoiceParsing | None = None
     # Token ids -> text, for the end of the rendered prompt (does it open `<think>`?).
     prompt_tail: Callable[[list[int]], str] | None = None
+    # The request's SamplingParams.logprobs (None: no logprobs in the response) and the token
+    # strings they are shown with.
+    logprobs: int | None = None
+    token_texts: TokenTexts | None = None
 
     def choice_parser(self, result: Any) -> ChoiceParser | None:
         if self.parsing is None:
             return None
         tail = self.prompt_tail(list(result.prompt_token_ids)) if self.prompt_tail else ""
         return self.parsing.parser(tail)
+
+    def whole_logprobs(self, output: Any) -> Any:
+        """A whole response's choice logprobs (None when the request asked for none)."""
+        return None if self.logprobs is None else self.choice_logprobs(output.logprobs)[0]
+
+    def choice_logprobs(self, entries: list[Any], text_offset: int = 0) -> tuple[Any, int]:
+        """(the choice's logprobs object or None, the completion text offset after them)."""
+        if self.logprobs is None or self.token_texts is None:
+            return None, text_offset
+        if self.kind == "chat":
+            return chat_logprobs(entries, self.logprobs, self.token_texts), text_offset
+        return completion_logprobs(entries, self.token_texts, text_offset)
 
 
 def _usage(results: list[Any]) -> UsageInfo:
@@ -129,7 +146,10 @@ def build_response(
         )
     choices_c = [
         CompletionChoice(
-            index=i * ctx.n + j, text=out.text, finish_reason=_finish_reason(out.finish_reason)
+            index=i * ctx.n + j,
+            text=out.text,
+            finish_reason=_finish_reason(out.finish_reason),
+            logprobs=ctx.whole_logprobs(out),
         )
         for i, result in enumerate(results)
         for j, out in enumerate(result.outputs)
@@ -152,7 +172,10 @@ def _chat_choice(ctx: RequestContext, result: Any, index: int, out: Any) -> Chat
             tool_calls=fields.tool_calls or None,
         )
         reason = parser.finish_reason(reason)
-    return ChatCompletionChoice(index=index, message=message, finish_reason=reason)
+    logprobs = ctx.whole_logprobs(out)
+    return ChatCompletionChoice(
+        index=index, message=message, finish_reason=reason, logprobs=logprobs
+    )
 
 
 # ---------------------------------------------------------------- streams
@@ -192,9 +215,11 @@ def _delta_choice(
     reason: str | None,
     role: str | None = None,
     fields: MessageDelta | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A streamed choice (`ChatStreamChoice` / `CompletionChoice` fields, in their order);
-    `fields`: a parsed chat delta instead of plain `text`."""
+    `fields`: a parsed chat delta instead of plain `text`; `logprobs`: the chunk's tokens'
+    (`RequestContext.choice_logprobs`)."""
     if ctx.kind == "chat":
         if fields is None:
             fields = MessageDelta(content=text if (text or role) else None)
@@ -204,8 +229,8 @@ def _delta_choice(
             "reasoning_content": fields.reasoning_content,
             "tool_calls": fields.tool_calls or None,
         }
-        return {"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}
-    return {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
+        return {"index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
+    return {"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs}
 
 
 async def _merge(results: list[Any], ctx: RequestContext) -> AsyncIterator[tuple[int, Any]]:
@@ -246,6 +271,8 @@ async def stream_response(ctx: RequestContext, results: list[Any]) -> AsyncItera
             first = [_delta_choice(ctx, j, "", None, role="assistant") for j in range(ctx.n)]
             yield sse(_chunk_json(ctx, first))
         sent: dict[int, int] = {}
+        # Per choice: logprob entries sent, and the completion text offset reached.
+        sent_lp: dict[int, tuple[int, int]] = {}
         done: set[int] = set()
         parsers: dict[int, ChoiceParser | None] = {}
         async for i, snapshot in _merge(results, ctx):
@@ -257,19 +284,26 @@ async def stream_response(ctx: RequestContext, results: list[Any]) -> AsyncItera
                 reason = _finish_reason(out.finish_reason) if index not in done else None
                 if out.finished:
                     done.add(index)
+                logprobs = None
+                count, offset = sent_lp.get(index, (0, 0))
+                if ctx.logprobs is not None and len(out.logprobs) > count:
+                    logprobs, offset = ctx.choice_logprobs(out.logprobs[count:], offset)
+                    sent_lp[index] = (len(out.logprobs), offset)
                 if index not in parsers:
                     parsers[index] = ctx.choice_parser(results[i])
                 parser = parsers[index]
                 if parser is None:
-                    if text or reason is not None:
-                        choices.append(_delta_choice(ctx, index, text, reason))
+                    if text or reason is not None or logprobs is not None:
+                        choices.append(_delta_choice(ctx, index, text, reason, logprobs=logprobs))
                     continue
                 fields = parser.feed(text) if text else MessageDelta()
                 if reason is not None:
                     fields = fields.merge(parser.finish())
                     reason = parser.finish_reason(reason)
-                if not fields.is_empty or reason is not None:
-                    choices.append(_delta_choice(ctx, index, text, reason, fields=fields))
+                if not fields.is_empty or reason is not None or logprobs is not None:
+                    choices.append(
+                        _delta_choice(ctx, index, text, reason, fields=fields, logprobs=logprobs)
+                    )
             if choices:
                 yield sse(_chunk_json(ctx, choices))
         failed = [r for r in results if r.error]

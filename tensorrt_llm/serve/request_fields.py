@@ -25,8 +25,6 @@ def _empty(v: Any) -> bool:
 # OpenAI / vLLM request fields this server does not implement yet, each with the values that
 # ask for nothing (accepted: clients send some of them with their defaults).
 NOT_IMPLEMENTED_FIELDS: dict[str, Any] = {
-    "logprobs": _off(None, False, 0),
-    "top_logprobs": _off(None, 0),
     "prompt_logprobs": _off(None, 0),
     "response_format": lambda v: v is None or v == {"type": "text"},
     "functions": _empty,

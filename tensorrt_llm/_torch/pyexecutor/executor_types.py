@@ -9,6 +9,7 @@ import logging
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ class LlmResponse:
     stop_reason: int | None = None  # the stop token id (stop strings are the front end's)
     error: str | None = None
     error_code: str | None = None  # llm_request.ERROR_CODES, set with `error`
+    # One sampler_logprobs.SampledLogprobs per new token when the request asks for logprobs.
+    new_logprobs: list[Any] | None = None
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -80,6 +80,9 @@ class LlmRequest:
         self.context_current_position = 0  # prompt tokens already prefilled (in the KV cache)
         self.context_chunk_size = 0  # prompt tokens scheduled for the current step
         self.output_token_ids: list[int] = []
+        # One entry per output token (sampler_logprobs.SampledLogprobs) when the request asks
+        # for logprobs, appended with the token (request_lifecycle.apply_new_tokens).
+        self.output_logprobs: list[Any] = []
         # Sampled on the device, value not on the host yet (overlap scheduler): they count in
         # positions and lengths, and the next step reads them from the SlotState token pool.
         self.num_in_flight_tokens = 0
@@ -127,6 +130,15 @@ class LlmRequest:
     def num_sampled_tokens(self) -> int:
         """Generated tokens, those still in flight included."""
         return len(self.output_token_ids) + self.num_in_flight_tokens
+
+    def logprobs_tail(self, num_tokens: int) -> list[Any] | None:
+        """The logprob entries of the last `num_tokens` output tokens (a response's new ones),
+        or None when the request did not ask for logprobs."""
+        if self.sampling_params.logprobs is None:
+            return None
+        if num_tokens <= 0:
+            return []
+        return self.output_logprobs[-num_tokens:]
 
     @property
     def max_num_tokens(self) -> int:

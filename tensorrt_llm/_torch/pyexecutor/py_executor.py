@@ -40,6 +40,7 @@ from .llm_request import (
 )
 from .request_errors import run_isolated
 from .request_lifecycle import apply_step_results
+from .sampler_logprobs import SampledStep
 
 if TYPE_CHECKING:
     from .model_engine import PyTorchModelEngine
@@ -298,9 +299,10 @@ class PyExecutor:
 
     def _forward_and_sample(
         self, scheduled: ScheduledRequests
-    ) -> tuple[list[LlmRequest], torch.Tensor | None]:
+    ) -> tuple[list[LlmRequest], SampledStep | None]:
         """Build the step's InputBatch, run it and sample on the device; returns (sampled
-        requests, device tokens). Each token is also kept at its seq slot (SlotState).
+        requests, device tokens with the logprobs rows asked for). Each token is also kept at
+        its seq slot (SlotState).
 
         Rows that give a real token are the generation rows and the context rows whose chunk
         reaches the end of the prompt (`InputBatch.sample_rows`); the others are dropped
@@ -319,14 +321,17 @@ class PyExecutor:
             index = async_tensor_h2d(rows, torch.int64, logits.device)
             logits = logits.index_select(0, index)
             slots = slots.index_select(0, index)
-        tokens = self.sampler.sample(logits, sampled)
-        engine.slot_state.record_tokens(slots, tokens)
-        return sampled, tokens
+        step = self.sampler.sample_step(logits, sampled)
+        engine.slot_state.record_tokens(slots, step.tokens)
+        return sampled, step
 
     def _run_step(self, scheduled: ScheduledRequests) -> None:
-        sampled, tokens = self._forward_and_sample(scheduled)
-        host_tokens = self.sampler.to_host(tokens) if tokens is not None else []  # the one sync
-        apply_step_results(scheduled, sampled, host_tokens)
+        sampled, step = self._forward_and_sample(scheduled)
+        host_tokens: list[int] = []
+        logprobs = None
+        if step is not None:
+            host_tokens, logprobs = self.sampler.step_to_host(step)  # the one sync
+        apply_step_results(scheduled, sampled, host_tokens, logprobs)
 
     def _wait_for_command(self, timeout: float) -> None:
         try:
@@ -356,6 +361,7 @@ class PyExecutor:
             stop_reason=req.stop_reason,
             error=req.error,
             error_code=req.error_code,
+            new_logprobs=req.logprobs_tail(len(new)),
         )
 
     def _deliver(self, callback: ResponseCallback | None, response: LlmResponse) -> None:

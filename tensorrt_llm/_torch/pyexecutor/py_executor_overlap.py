@@ -27,6 +27,7 @@ from .llm_request import LlmRequest
 from .py_executor import PyExecutor
 from .request_errors import run_isolated
 from .request_lifecycle import advance_context_chunks, apply_new_tokens, release_prefilled_media
+from .sampler_logprobs import LogprobLayout, SampledStep, unpack
 from .scheduler import ScheduledRequests
 
 logger = logging.getLogger(__name__)
@@ -37,8 +38,9 @@ class _InFlight:
     """A launched step whose sampled tokens are not on the host yet."""
 
     requests: list[LlmRequest]  # the sampled requests, in token order
-    host: torch.Tensor  # [n] host copy of the step's tokens, valid once `done` has completed
+    host: torch.Tensor  # host copy of the step's tokens (+ logprobs), valid once `done` is
     done: torch.cuda.Event | None
+    layout: LogprobLayout | None = None  # where the logprobs sit in `host` (None: no row asked)
 
 
 class OverlapPyExecutor(PyExecutor):
@@ -80,17 +82,18 @@ class OverlapPyExecutor(PyExecutor):
         self._record_step(scheduled, start)
 
     def _launch(self, scheduled: ScheduledRequests) -> _InFlight:
-        sampled, tokens = self._forward_and_sample(scheduled)
-        if tokens is None:  # only non-final prefill chunks ran: nothing to sample
+        sampled, step = self._forward_and_sample(scheduled)
+        if step is None:  # only non-final prefill chunks ran: nothing to sample
             tokens = torch.empty(0, dtype=torch.int64, device=self.model_engine.device)
-        # NOTE: the D2H copy is queued now, before the next step's kernels, so waiting on it
-        # later waits for this step only.
-        host, done = async_tensor_d2h(tokens)
+            step = SampledStep(tokens, tokens, None)
+        # NOTE: the D2H copy (tokens and any logprobs in one tensor) is queued now, before the
+        # next step's kernels, so waiting on it later waits for this step only.
+        host, done = async_tensor_d2h(step.packed)
         release_prefilled_media(scheduled)
         advance_context_chunks(scheduled)
         for req in sampled:
             req.add_in_flight_token()
-        return _InFlight(sampled, host, done)
+        return _InFlight(sampled, host, done, step.layout)
 
     def _process_pending(self) -> None:
         pending, self._pending = self._pending, None
@@ -99,7 +102,8 @@ class OverlapPyExecutor(PyExecutor):
         if pending.done is not None:
             pending.done.synchronize()
         # Requests cancelled or failed while in flight are skipped.
-        apply_new_tokens(pending.requests, pending.host.tolist(), in_flight=True)
+        tokens, logprobs = unpack(pending.host, pending.layout)
+        apply_new_tokens(pending.requests, tokens, in_flight=True, logprobs=logprobs)
         for req in pending.requests:
             if req.request_id in self._callbacks or req in self._active:
                 if req.is_finished:

@@ -10,6 +10,7 @@ so the engine never decodes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from .llm_request import LlmRequest
 from .scheduler import ScheduledRequests
@@ -25,19 +26,26 @@ def sample_rows(scheduled: ScheduledRequests) -> list[int]:
 
 
 def apply_step_results(
-    scheduled: ScheduledRequests, sampled: Sequence[LlmRequest], new_tokens: Sequence[int]
+    scheduled: ScheduledRequests,
+    sampled: Sequence[LlmRequest],
+    new_tokens: Sequence[int],
+    logprobs: Sequence[Any] | None = None,
 ) -> None:
     """Everything a finished step (tokens on the host) does to its requests: media of finished
     prefills released, chunks advanced, tokens appended and token stops applied."""
     release_prefilled_media(scheduled)
     advance_context_chunks(scheduled)
-    apply_new_tokens(sampled, new_tokens)
+    apply_new_tokens(sampled, new_tokens, logprobs=logprobs)
 
 
 def apply_new_tokens(
-    requests: Sequence[LlmRequest], new_tokens: Sequence[int], in_flight: bool = False
+    requests: Sequence[LlmRequest],
+    new_tokens: Sequence[int],
+    in_flight: bool = False,
+    logprobs: Sequence[Any] | None = None,
 ) -> None:
-    """Append each request's token and apply its token-id stop conditions.
+    """Append each request's token (and its logprob entry, `logprobs[i]` when not None: the
+    sampler's per-row output) and apply its token-id stop conditions.
 
     `in_flight`: the tokens were counted at launch (`LlmRequest.add_in_flight_token`) and now
     resolve. A context request whose chunk did not end the prompt produced no real token, and a
@@ -45,7 +53,9 @@ def apply_new_tokens(
     """
     if len(requests) != len(new_tokens):
         raise ValueError(f"{len(requests)} requests but {len(new_tokens)} tokens")
-    for req, token in zip(requests, new_tokens, strict=True):
+    if logprobs is not None and len(logprobs) != len(new_tokens):
+        raise ValueError(f"{len(new_tokens)} tokens but {len(logprobs)} logprob entries")
+    for i, (req, token) in enumerate(zip(requests, new_tokens, strict=True)):
         if req.is_finished:
             continue
         if req.is_context_init and not req.is_last_context_chunk:
@@ -54,6 +64,10 @@ def apply_new_tokens(
             req.resolve_in_flight_token(token)
         else:
             req.add_new_token(token)
+        # NOTE: appended with the token and skipped with it, so entries and output tokens
+        # stay one to one (a response slices both the same way).
+        if logprobs is not None and logprobs[i] is not None:
+            req.output_logprobs.append(logprobs[i])
         check_token_stop(req, token)
 
 

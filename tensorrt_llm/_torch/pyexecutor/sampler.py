@@ -8,6 +8,9 @@ Order (vLLM/HF): the processors before temperature (`sampler_penalties.py`: logi
 words, min_tokens, repetition/presence/frequency penalties; greedy rows too, as they change the
 argmax), then temperature, min_p, top-k and top-p. A step whose requests use none of the
 processors and min_p takes the plain path: host checks only, no extra kernel.
+
+`sample_step` adds the logprobs of the rows that ask for them (`sampler_logprobs.py`), packed
+into the same host copy as the tokens; `step_to_host` copies and splits it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 from ..._utils import async_tensor_d2h, async_tensor_h2d
 from .llm_request import LlmRequest
+from .sampler_logprobs import SampledLogprobs, SampledStep, unpack, with_logprobs
 from .sampler_penalties import LogitProcessors
 
 _MIN_TEMPERATURE = 1e-5  # avoids inf logits for tiny positive temperatures
@@ -61,6 +65,12 @@ class TorchSampler:
             # The history holds the token before the host does (overlap scheduler).
             self._processors.record(update, tokens)
         return tokens
+
+    def sample_step(self, logits: torch.Tensor, requests: Sequence[LlmRequest]) -> SampledStep:
+        """`sample` plus the logprobs of the rows that ask for them, computed from these (raw)
+        logits; a step where none asks is `sample` alone."""
+        tokens = self.sample(logits, requests)
+        return with_logprobs(logits[:, : self.vocab_size], tokens, requests)
 
     def _pick(
         self, logits: torch.Tensor, requests: Sequence[LlmRequest], params: Sequence[Any]
@@ -156,6 +166,20 @@ class TorchSampler:
         # A device tensor's copy always comes with its event (None only for CPU tensors).
         cast("torch.cuda.Event", done).synchronize()
         return host.tolist()
+
+    def step_to_host(
+        self, step: SampledStep
+    ) -> tuple[list[int], list[SampledLogprobs | None] | None]:
+        """`to_host` of a `sample_step` output: its one copy (tokens and logprobs together),
+        split into the tokens and the per-row logprobs (None when no row asked)."""
+        if step.layout is None:
+            return self.to_host(step.tokens), None
+        packed = step.packed
+        if packed.device.type != "cpu":
+            host, done = async_tensor_d2h(packed)
+            cast("torch.cuda.Event", done).synchronize()
+            packed = host
+        return unpack(packed, step.layout)
 
     def release(self, request_id: int) -> None:
         """Drop a request's generator and token history (called for finished requests)."""

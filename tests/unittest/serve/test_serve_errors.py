@@ -124,10 +124,10 @@ BAD_BODIES = [
         "'ftp'",
     ),
     (
-        "logprobs not implemented",
-        lambda s: _body(s, user("hi"), logprobs=True, top_logprobs=2),
-        "unsupported_feature",
-        "logprobs",
+        "top_logprobs without logprobs",
+        lambda s: _body(s, user("hi"), top_logprobs=2),
+        "invalid_request",
+        "top_logprobs needs logprobs set to true",
     ),
     (
         "logit_bias key",

@@ -33,8 +33,7 @@ def _checked(body: dict[str, Any]) -> ChatCompletionRequest:
     [
         ("response_format", {"type": "json_object"}),
         ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-        ("logprobs", True),
-        ("top_logprobs", 3),
+        ("prompt_logprobs", 2),
         ("guided_json", {"type": "object"}),
         ("guided_choice", ["a", "b"]),
         ("use_beam_search", True),
@@ -52,7 +51,8 @@ def test_not_implemented_values_are_400_naming_the_field(field: str, value: Any)
     "field,value",
     [
         ("logprobs", False),
-        ("top_logprobs", 0),
+        ("logprobs", True),
+        ("prompt_logprobs", 0),
         ("response_format", {"type": "text"}),
         ("skip_special_tokens", True),
     ],

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from tensorrt_llm.llmapi.logprobs import Logprob
+from tensorrt_llm.serve.logprobs_format import TokenTexts
 from tensorrt_llm.serve.metrics import ServerMetrics
 from tensorrt_llm.serve.openai_protocol import (
+    ChatChoiceLogprobs,
     ChatCompletionChunk,
     ChatStreamChoice,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionResponse,
     DeltaMessage,
     UsageInfo,
@@ -60,3 +64,42 @@ def test_role_chunk_and_usage_chunk_match_the_models() -> None:
     assert _chunk_json(ctx, mine) == _model_json(ctx, first, None)
     usage = UsageInfo(prompt_tokens=3, completion_tokens=4, total_tokens=7)
     assert _chunk_json(ctx, [], usage=usage) == _model_json(ctx, [], usage)
+
+
+class _Tokenizer:
+    def decode(self, ids: list[int]) -> str:
+        return TEXTS[ids[0] % len(TEXTS)]
+
+
+def _entries() -> list[dict[int, Logprob]]:
+    # The sampled token first; the second one is outside the top 2; an impossible token.
+    return [
+        {1: Logprob(-0.25, 1), 2: Logprob(-1.5, 2)},
+        {4: Logprob(-3.0, 7), 1: Logprob(-0.5, 1), 3: Logprob(-0.75, 2)},
+        {2: Logprob(float("-inf"), 50), 0: Logprob(0.0, 1), 3: Logprob(-1e-9, 2)},
+    ]
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_logprob_chunks_match_the_models(k: int) -> None:
+    chat, completion = _ctx("chat", False), _ctx("completion", True)
+    for ctx in (chat, completion):
+        ctx.logprobs, ctx.token_texts = k, TokenTexts(_Tokenizer())
+    lp, _ = chat.choice_logprobs(_entries())
+    model = ChatChoiceLogprobs.model_validate(lp)
+    assert [len(c.top_logprobs) for c in model.content or []] == [k] * 3
+    assert model.content is not None and model.content[2].logprob == -9999.0
+    if k:
+        assert [t.token for t in model.content[1].top_logprobs] == [TEXTS[1], TEXTS[3]]
+    choice = ChatStreamChoice(index=0, delta=DeltaMessage(content="x"), logprobs=model)
+    want = _model_json(chat, [choice], None)
+    assert _chunk_json(chat, [_delta_choice(chat, 0, "x", None, logprobs=lp)]) == want
+    clp, end = completion.choice_logprobs(_entries(), text_offset=5)
+    cmodel = CompletionLogprobs.model_validate(clp)
+    assert cmodel.text_offset == [5, 5 + len(TEXTS[1]), 5 + len(TEXTS[1]) + len(TEXTS[4])]
+    assert end == cmodel.text_offset[-1] + len(TEXTS[2])
+    assert list(cmodel.top_logprobs[1] or {}) == [TEXTS[4], TEXTS[1], TEXTS[3]]
+    choice_c = CompletionChoice(index=1, text="y", finish_reason="stop", logprobs=cmodel)
+    want = _model_json(completion, [choice_c], None)
+    mine = _delta_choice(completion, 1, "y", "stop", logprobs=clp)
+    assert _chunk_json(completion, [mine]) == want
