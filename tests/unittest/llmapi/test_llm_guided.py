@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import queue
 import re
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -172,3 +173,12 @@ def test_process_mode() -> None:
         assert len(outs[1].token_ids) == 24
         with pytest.raises(ValueError, match="invalid guided_decoding grammar"):
             llm.generate(PROMPTS[0], _guided(GuidedDecodingParams(grammar="nope"), None))
+
+
+def test_missing_xgrammar_is_a_clear_error(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` now fails
+    with pytest.raises(ImportError, match=r"tensorrt-llm-qwenvl\[structured\]"):
+        llm.generate(PROMPTS[0], _guided(GuidedDecodingParams(regex="a"), None))
+    monkeypatch.undo()
+    out = llm.generate(PROMPTS[0], _guided(GuidedDecodingParams(regex="ab"), None, 8))
+    assert out.outputs[0].text == "ab" and out.outputs[0].finish_reason == "stop"
