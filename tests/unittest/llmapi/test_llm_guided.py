@@ -13,10 +13,12 @@ import queue
 import re
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import tensorrt_llm
 from tensorrt_llm import LLM, GuidedDecodingParams, SamplingParams
 from tensorrt_llm._torch.pyexecutor.llm_request import ERROR_INVALID_INPUT, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor_overlap import OverlapPyExecutor
@@ -182,3 +184,19 @@ def test_missing_xgrammar_is_a_clear_error(llm: LLM, monkeypatch: pytest.MonkeyP
     monkeypatch.undo()
     out = llm.generate(PROMPTS[0], _guided(GuidedDecodingParams(regex="ab"), None, 8))
     assert out.outputs[0].text == "ab" and out.outputs[0].finish_reason == "stop"
+
+
+def test_vision_language_model_with_an_image() -> None:
+    """The mask works on a VL model's rows too (mRoPE, vision tower in the prefill)."""
+    image = str(Path(tensorrt_llm.__file__).parent / "assets" / "demo.png")
+    prompt = {"prompt": "what is it", "multi_modal_data": {"image": [image]}}
+    schema = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}}
+    schema["required"] = ["kind"]
+    with LLM(
+        str(get_or_build_demo_checkpoint("qwen2_vl")), max_batch_size=2, executor_mode="inproc"
+    ) as llm:
+        params = [_guided(GuidedDecodingParams(json=schema), 6, 40), _free_params()[0]]
+        outs = _completions(llm.generate([prompt, prompt], params, use_tqdm=False))
+    assert outs[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(outs[0].text), schema)
+    assert len(outs[1].token_ids) == 24
