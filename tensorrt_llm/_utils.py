@@ -22,7 +22,7 @@ def maybe_pin_memory(t: torch.Tensor) -> torch.Tensor:
 
 
 def async_tensor_h2d(
-    data: Sequence[int | float] | torch.Tensor,
+    data: Sequence[int | float] | Sequence[Sequence[int | float]] | torch.Tensor,
     dtype: torch.dtype,
     device: torch.device | str,
 ) -> torch.Tensor:

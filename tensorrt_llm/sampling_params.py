@@ -11,7 +11,17 @@ from .guided_decoding_params import GuidedDecodingParams
 _MAX_SEED = 2**64 - 1
 # The fields a checkpoint's generation_config.json may default (llmapi/generation_defaults.py)
 # and the values they take when neither the request nor the checkpoint gives one.
-DEFAULTABLE_FIELDS: dict[str, float | int] = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+DEFAULTABLE_FIELDS: dict[str, float | int] = {
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+# OpenAI's (and vLLM's) bounds of the two additive penalties.
+_MAX_ADDITIVE_PENALTY = 2.0
 
 
 def _is_int(value: Any) -> bool:
@@ -19,9 +29,28 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _check_token_id(name: str, value: Any) -> None:
     if value is not None and (not _is_int(value) or value < 0):
         raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+
+
+def _bad_word_ids(tokenizer: Any, word: str) -> list[list[int]]:
+    """The token sequences that spell `word`, as vLLM bans them: the word alone, plus the
+    word after a space when that is another token sequence of the same length (the form it
+    takes inside a text with tokenizers that fold the space into the token)."""
+    bare = word.lstrip()
+    plain = list(tokenizer.encode(bare, add_special_tokens=False))
+    spaced = list(tokenizer.encode(" " + bare, add_special_tokens=False))
+    if not plain:
+        raise ValueError(f"bad word {word!r} tokenizes to no tokens")
+    out = [plain]
+    if spaced and len(spaced) == len(plain) and spaced[0] != plain[0]:
+        out.append(spaced)
+    return out
 
 
 @dataclass(frozen=True)
@@ -32,8 +61,20 @@ class SamplingParams:
     switch those filters off. `end_id`/`pad_id` are normally filled from the tokenizer with
     `with_tokenizer(...)`, which returns a copy (the params object itself never changes).
 
-    `temperature`, `top_k` and `top_p` left out (or given as None) read as 1.0, 0 and 1.0 but
-    stay *unset* (`unset_fields`): the checkpoint's generation_config.json may default them
+    Logit processing (sampler_penalties.py, applied to greedy requests too), in this order:
+    `logit_bias` (token id -> added to its logit), `bad_words` (each word's token sequences,
+    filled by `with_tokenizer`: a sequence's last token is banned when the output ends with
+    the rest of it; one-token words are always banned), `min_tokens` (the end id, unless
+    `ignore_eos`, and `stop_token_ids` are banned until that many tokens are generated), then
+    on the raw logits `repetition_penalty` (HF: a logit of a token seen in prompt or output is
+    divided by it when positive, multiplied when not), `presence_penalty` / `frequency_penalty`
+    (OpenAI/vLLM: over the OUTPUT tokens only, minus penalty once / per occurrence), then
+    temperature, then `min_p` (vLLM: drop tokens whose probability is below min_p times the
+    top one), top-k and top-p. There is no beam search (no `use_beam_search` / `best_of`).
+
+    The DEFAULTABLE_FIELDS (`temperature`, `top_k`, `top_p`, `min_p` and the three penalties)
+    left out (or given as None) read as their neutral values but stay *unset*
+    (`unset_fields`): the checkpoint's generation_config.json may default them
     (`with_defaults`). A value given, even the built-in one, is the caller's and always wins.
     NOTE: `dataclasses.replace` carries the unset marks over; a field it changes to another
     value becomes set (one it sets to the built-in value stays unset: pass it to the
@@ -45,16 +86,30 @@ class SamplingParams:
     temperature: float = cast(float, None)
     top_k: int = cast(int, None)
     top_p: float = cast(float, None)
+    min_p: float = cast(float, None)
+    repetition_penalty: float = cast(float, None)
+    presence_penalty: float = cast(float, None)
+    frequency_penalty: float = cast(float, None)
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    bad_words: list[str] | None = None
     end_id: int | None = None
     pad_id: int | None = None
     n: int = 1
     detokenize: bool = True
     _stop_token_set: frozenset[int] = field(init=False, repr=False, compare=False)
+    # True when the sampler must process this request's logits (sampler_penalties.py).
+    _needs_processing: bool = field(init=False, repr=False, compare=False)
+    # (the bad_words they came from, their token sequences), set by with_tokenizer. An init
+    # field so that replace and pickle carry it; dropped when bad_words changed since.
+    _bad_words_ids: tuple[tuple[str, ...], tuple[tuple[int, ...], ...]] | None = field(
+        default=None, repr=False, compare=False
+    )
     # Which DEFAULTABLE_FIELDS the caller left out. An init field only so that
     # dataclasses.replace carries it over; never pass it yourself.
     _unset_fields: frozenset[str] | None = field(default=None, repr=False, compare=False)
@@ -65,7 +120,9 @@ class SamplingParams:
         self._resolve_unset()
         self._check_lengths()
         self._check_randomness()
+        self._check_penalties()
         self._check_stops()
+        self._check_logit_filters()
         _check_token_id("end_id", self.end_id)
         _check_token_id("pad_id", self.pad_id)
         for name in ("include_stop_str_in_output", "ignore_eos", "detokenize"):
@@ -73,6 +130,7 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         # Frozen dataclass: cache the set once so the per-token stop check is O(1).
         object.__setattr__(self, "_stop_token_set", frozenset(self.stop_token_ids or ()))
+        object.__setattr__(self, "_needs_processing", self._uses_logit_processing())
         _check_guided_decoding(self.guided_decoding)
 
     def _resolve_unset(self) -> None:
@@ -127,6 +185,53 @@ class SamplingParams:
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= _MAX_SEED):
             raise ValueError(f"seed must be an int in [0, 2**64) or None, got {self.seed!r}")
 
+    def _check_penalties(self) -> None:
+        rep = self.repetition_penalty
+        if not _is_number(rep) or rep <= 0:
+            raise ValueError(
+                f"repetition_penalty must be a finite number > 0 (1 disables it), got {rep!r}"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or abs(value) > _MAX_ADDITIVE_PENALTY:
+                raise ValueError(
+                    f"{name} must be a number in [-2, 2] (0 disables it), got {value!r}"
+                )
+        min_p = self.min_p
+        if not _is_number(min_p) or not 0 <= min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {min_p!r}")
+
+    def _check_logit_filters(self) -> None:
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+        bias = self.logit_bias
+        if bias is not None:
+            if not isinstance(bias, dict):
+                raise ValueError(f"logit_bias must be a dict of token id -> float, got {bias!r}")
+            for tok, value in bias.items():
+                _check_token_id("each logit_bias key", tok)
+                if not _is_number(value):
+                    raise ValueError(f"logit_bias[{tok}] must be a finite number, got {value!r}")
+        words = self.bad_words
+        if words is not None:
+            if not isinstance(words, list | tuple):
+                raise ValueError(f"bad_words must be a list of str or None, got {words!r}")
+            for word in words:
+                if not isinstance(word, str) or not word.strip():
+                    raise ValueError(f"each of bad_words must be a non-blank str, got {word!r}")
+        ids = self._bad_words_ids
+        if ids is not None and ids[0] != tuple(words or ()):
+            object.__setattr__(self, "_bad_words_ids", None)  # stale: bad_words changed
+
+    def _uses_logit_processing(self) -> bool:
+        # min_p is not here: it belongs to the sampling stage, beside top-k/top-p. Nor is
+        # min_tokens: it only matters until that many tokens exist (the sampler checks it).
+        return bool(self.logit_bias or self.bad_words or self.uses_penalties)
+
     def _check_stops(self) -> None:
         stop = self.stop
         if stop is not None:
@@ -147,6 +252,44 @@ class SamplingParams:
         return self.temperature == 0 or self.top_k == 1
 
     @property
+    def uses_penalties(self) -> bool:
+        """True when a repetition, presence or frequency penalty is on (token counts needed)."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    @property
+    def needs_logit_processing(self) -> bool:
+        """True when a processor before temperature is on for the request's whole life (bias,
+        bad words, penalties); computed once, for the sampler's per-step fast check."""
+        return self._needs_processing
+
+    @property
+    def bad_words_token_ids(self) -> tuple[tuple[int, ...], ...] | None:
+        """The token sequences of `bad_words` (None until `with_tokenizer` filled them)."""
+        return None if self._bad_words_ids is None else self._bad_words_ids[1]
+
+    def why_not_in_vocab(self, vocab_size: int) -> str | None:
+        """Why the token ids this request names (logit_bias keys, bad word tokens) do not fit
+        a vocabulary of `vocab_size`, or None. Run where the vocabulary is known: the LLM
+        front end (a ValueError for the caller) and the executor (that request fails)."""
+        bias = [t for t in (self.logit_bias or {}) if t >= vocab_size]
+        if bias:
+            return (
+                f"logit_bias names token ids {sorted(bias)[:8]} outside the vocab [0, {vocab_size})"
+            )
+        if self.bad_words and self.bad_words_token_ids is None:
+            return "bad_words were never tokenized (SamplingParams.with_tokenizer)"
+        bad = {t for seq in self.bad_words_token_ids or () for t in seq if t >= vocab_size}
+        if bad:
+            return (
+                f"bad_words tokenize to ids {sorted(bad)[:8]} outside the vocab [0, {vocab_size})"
+            )
+        return None
+
+    @property
     def stop_strings(self) -> list[str]:
         """`stop` as a list (empty when unset)."""
         if self.stop is None:
@@ -159,7 +302,8 @@ class SamplingParams:
         return self._stop_token_set
 
     def with_tokenizer(self, tokenizer: Any) -> SamplingParams:
-        """Return a copy with `end_id`/`pad_id` filled from `tokenizer` where still None.
+        """Return a copy with `end_id`/`pad_id` filled from `tokenizer` where still None, and
+        the token sequences of `bad_words` (`bad_words_token_ids`) where not filled yet.
 
         `pad_id` falls back to the end id, as tokenizers without a pad token expect.
         """
@@ -171,7 +315,14 @@ class SamplingParams:
             pad_id = getattr(tokenizer, "pad_token_id", None)
             if pad_id is None:
                 pad_id = end_id
-        return replace(self, end_id=end_id, pad_id=pad_id)
+        bad_ids = self._bad_words_ids
+        if self.bad_words and bad_ids is None:
+            if tokenizer is None or not hasattr(tokenizer, "encode"):
+                raise ValueError("bad_words need a tokenizer to be turned into token ids")
+            words = tuple(self.bad_words)
+            seqs = [tuple(seq) for word in words for seq in _bad_word_ids(tokenizer, word)]
+            bad_ids = (words, tuple(seqs))
+        return replace(self, end_id=end_id, pad_id=pad_id, _bad_words_ids=bad_ids)
 
 
 def _check_guided_decoding(value: Any) -> None:

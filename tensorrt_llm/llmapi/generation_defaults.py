@@ -1,17 +1,18 @@
 """The checkpoint's generation_config.json as per-request sampling defaults.
 
 `LLM(..., generation_config="auto")` (the default) reads the file once; a request that leaves
-`temperature`, `top_p` or `top_k` unset (`SamplingParams.unset_fields`) takes the checkpoint's
-value, and its eos ids stop generation beside the tokenizer's end id (as in HF `generate`),
-unless the request gives its own `end_id` or `ignore_eos`. A value the request gives always
+one of `DEFAULTABLE_FIELDS` unset (`SamplingParams.unset_fields`: temperature, top_p, top_k,
+min_p, repetition/presence/frequency penalties) takes the checkpoint's value, and its eos ids
+stop generation beside the tokenizer's end id (as in HF `generate`), unless the request gives
+its own `end_id` or `ignore_eos`. A value the request gives always
 wins. `"ignore"` reads nothing: the built-in defaults and the tokenizer's end id only.
 
 `do_sample: false` means greedy (HF's meaning): a request without a temperature then decodes
 greedily; its top_p/top_k defaults still apply when the request asks for sampling with a
 temperature of its own. A file without `do_sample` is not read as greedy (HF's implicit
 default), so a file that only lists eos ids changes nothing but the stops. Fields the sampler
-does not implement (penalties, min_p, beams, ...) are never silently dropped: a non-neutral
-value is named in the startup log as not applied.
+does not implement (typical_p, no_repeat_ngram_size, beams, ...) are never silently dropped: a
+non-neutral value is named in the startup log as not applied.
 """
 
 from __future__ import annotations
@@ -32,11 +33,6 @@ GENERATION_CONFIG_MODES = ("auto", "ignore")
 # neutral values (a checkpoint setting one to anything else is logged as not applied) and why.
 _SAMPLER_LACKS = "the sampler does not implement it yet"
 _NOT_APPLIED: dict[str, tuple[Any, str]] = {
-    # NOTE: the penalties come with issue 17.
-    "repetition_penalty": (1.0, _SAMPLER_LACKS),
-    "presence_penalty": (0.0, _SAMPLER_LACKS),
-    "frequency_penalty": (0.0, _SAMPLER_LACKS),
-    "min_p": (0.0, _SAMPLER_LACKS),
     "typical_p": (1.0, _SAMPLER_LACKS),
     "no_repeat_ngram_size": (0, _SAMPLER_LACKS),
     "num_beams": (1, "there is no beam search"),

@@ -276,6 +276,9 @@ class LLM:
             raise ValueError(
                 f"prompt token ids must lie in [0, {vocab}), got {min(ids)}..{max(ids)}"
             )
+        invalid = sp.why_not_in_vocab(vocab) if vocab else None
+        if invalid is not None:
+            raise ValueError(invalid)
         error = executor.why_never_fits(LlmRequest(-1, ids, sp))
         if error is not None:
             raise PromptTooLongError(error)

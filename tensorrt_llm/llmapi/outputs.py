@@ -160,6 +160,8 @@ class CompletionState:
     characters are held back, so a streamed prefix never shows text a stop string later removes.
     final_text_only: nobody reads the text before the end (not streaming) and there are no stop
     strings to look for: decode once in `finish` instead of on every update.
+    min_tokens: as in vLLM, a stop string only counts when it ends in the text of a token after
+    the first `min_tokens` (the engine holds off stop ids the same way).
     """
 
     def __init__(
@@ -170,8 +172,11 @@ class CompletionState:
         include_stop_str: bool = False,
         detokenize: bool = True,
         final_text_only: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         self.output = output
+        self._min_tokens = min_tokens
+        self._stops_from = 0  # a stop string must end after this text offset
         self._stop = stop
         self._lazy = final_text_only and not stop
         self._include_stop = include_stop_str
@@ -212,6 +217,8 @@ class CompletionState:
         self.output.stop_reason = stop_reason
 
     def _refresh_text(self, text: str, final: bool) -> bool:
+        if len(self.output.token_ids) <= self._min_tokens:
+            self._stops_from = len(text)
         hit = self._find_stop(text, 0 if final else max(self._searched - self._holdback, 0))
         self._searched = len(text)
         if hit is not None:
@@ -228,7 +235,7 @@ class CompletionState:
     def _find_stop(self, text: str, start: int) -> tuple[int, str] | None:
         best: tuple[int, str] | None = None
         for stop_str in self._stop:
-            pos = text.find(stop_str, start)
+            pos = text.find(stop_str, max(start, self._stops_from - len(stop_str) + 1))
             if pos >= 0 and (best is None or pos < best[0]):
                 best = (pos, stop_str)
         if best is None:

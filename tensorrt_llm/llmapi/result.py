@@ -61,6 +61,7 @@ class GenerationResult(RequestOutput):
                 include_stop_str=sampling_params.include_stop_str_in_output,
                 detokenize=sampling_params.detokenize,
                 final_text_only=not streaming,
+                min_tokens=sampling_params.min_tokens,
             )
             for out in outputs
         ]

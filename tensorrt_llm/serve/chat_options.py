@@ -56,6 +56,7 @@ class ChatParsers:
             reasoning=self.reasoning,
             tool_parser=self.tool_parser if parse_tools else None,
             tools=tools if parse_tools else None,
+            single_call=body.parallel_tool_calls is False,
         )
 
 

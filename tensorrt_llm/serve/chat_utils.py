@@ -165,6 +165,16 @@ def to_sampling_params(
         kwargs["stop"] = [request.stop] if isinstance(request.stop, str) else list(request.stop)
     if request.stop_token_ids:
         kwargs["stop_token_ids"] = list(request.stop_token_ids)
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"):
+        value = getattr(request, name)
+        if value is not None:
+            kwargs[name] = float(value)
+    if request.min_tokens is not None:
+        kwargs["min_tokens"] = int(request.min_tokens)
+    if request.logit_bias:
+        kwargs["logit_bias"] = {int(k): float(v) for k, v in request.logit_bias.items()}
+    if request.bad_words:
+        kwargs["bad_words"] = list(request.bad_words)
     kwargs["ignore_eos"] = bool(request.ignore_eos)
     kwargs["include_stop_str_in_output"] = bool(request.include_stop_str_in_output)
     try:

@@ -57,6 +57,7 @@ class ChoiceParsing:
     reasoning: type[Qwen3ReasoningParser] | None = None
     tool_parser: type[ToolParser] | None = None
     tools: list[dict[str, Any]] | None = None
+    single_call: bool = False  # parallel_tool_calls=false: only the first call is returned
 
     @property
     def active(self) -> bool:
@@ -93,6 +94,7 @@ class ChoiceParser:
             extracted = self.parsing.tool_parser.extract(content, self.parsing.tools)
             content = extracted.content
             calls = [c.to_openai() for c in extracted.calls]
+            calls = calls[:1] if self.parsing.single_call else calls
             self.tools_called = bool(calls)
         return MessageDelta(content, reasoning, calls)
 
@@ -121,6 +123,8 @@ class ChoiceParser:
         out = MessageDelta()
         for d in deltas:
             calls = [c.to_openai() for c in d.tool_calls]
+            if self.parsing.single_call:
+                calls = [c for c in calls if c["index"] == 0]
             self.tools_called = self.tools_called or bool(calls)
             out = out.merge(MessageDelta(content=d.content, tool_calls=calls))
         return out

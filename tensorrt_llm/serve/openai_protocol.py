@@ -143,7 +143,13 @@ class SamplingRequestFields(StrictRequestModel):
     stream_options: StreamOptions | None = None
     presence_penalty: Annotated[float | None, Field(ge=-2.0, le=2.0)] = None
     frequency_penalty: Annotated[float | None, Field(ge=-2.0, le=2.0)] = None
+    # OpenAI: token id (as a string key) -> bias added to its logit.
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     # Extensions (vLLM names).
+    repetition_penalty: Annotated[float | None, Field(gt=0.0, le=10.0)] = None
+    min_p: Annotated[float | None, Field(ge=0.0, le=1.0)] = None
+    min_tokens: Annotated[int | None, Field(ge=0)] = None
+    bad_words: list[Annotated[str, Field(min_length=1)]] | None = None
     ignore_eos: bool = False
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     include_stop_str_in_output: bool = False
@@ -158,10 +164,16 @@ class SamplingRequestFields(StrictRequestModel):
             raise ValueError("stop sequences must be non-empty strings")
         return value
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key[:32]!r}")
+        return value
+
     def unsupported_features(self) -> str | None:
         """Name a feature the request asks for that this server cannot honour, if any."""
-        if self.presence_penalty or self.frequency_penalty:
-            return "presence_penalty / frequency_penalty are not supported"
         return None
 
 

@@ -167,7 +167,7 @@ class OpenAIServer:
         parsed = time.perf_counter()
         self.metrics.on_stage("parse", parsed - start)
         self._check_request(body)
-        self.chat_parsers.for_request(body)  # a bad tool_choice fails before any media fetch
+        parsing = self.chat_parsers.for_request(body)  # a bad tool_choice: before any fetch
         check_mm_limits(body.messages, self.mm_limits)
         assert self.http is not None, "the app's lifespan did not start"
         # With a preprocess pool the media are decoded in its workers, not here.
@@ -178,7 +178,6 @@ class OpenAIServer:
         kwargs = template_kwargs(body)
         if kwargs:
             prompt["chat_template_kwargs"] = kwargs
-        parsing = self.chat_parsers.for_request(body)
         return await self._generate(request, body, "chat", [prompt], start, parsing)
 
     async def _completions(self, request: Request) -> Response:

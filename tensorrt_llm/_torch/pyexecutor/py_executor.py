@@ -219,6 +219,11 @@ class PyExecutor:
         """(message, error code) when the request cannot be admitted."""
         if self._stopping:
             return SHUTDOWN_ERROR, ERROR_SHUTTING_DOWN
+        # Token ids the sampler would index with (logit_bias, bad words): out of the vocab
+        # they would fault on the device, so the request fails here, alone.
+        invalid = self.sampler.why_invalid(request)
+        if invalid is not None:
+            return f"invalid sampling parameters: {invalid}", ERROR_INVALID_INPUT
         reason = self.why_never_fits(request)
         if reason is not None:
             return reason, ERROR_PROMPT_TOO_LONG

@@ -3,6 +3,11 @@
 `sample` never syncs: per-row knobs go up through pinned staging with non_blocking copies, and
 randomness comes from the exponential-race trick (argmax of p / E, E ~ Exp(1)), which draws from
 p without a multinomial's host round trip. `to_host` is the step's single sync point.
+
+Order (vLLM/HF): the processors before temperature (`sampler_penalties.py`: logit_bias, bad
+words, min_tokens, repetition/presence/frequency penalties; greedy rows too, as they change the
+argmax), then temperature, min_p, top-k and top-p. A step whose requests use none of the
+processors and min_p takes the plain path: host checks only, no extra kernel.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import torch
 
 from ..._utils import async_tensor_d2h, async_tensor_h2d
 from .llm_request import LlmRequest
+from .sampler_penalties import LogitProcessors
 
 _MIN_TEMPERATURE = 1e-5  # avoids inf logits for tiny positive temperatures
 
@@ -25,6 +31,12 @@ class TorchSampler:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         self._generators: dict[int, torch.Generator] = {}
+        self._processors = LogitProcessors(vocab_size, self.device)
+
+    def why_invalid(self, request: LlmRequest) -> str | None:
+        """Why the request's sampling params cannot run on this vocab (the executor fails that
+        request alone), or None."""
+        return request.sampling_params.why_not_in_vocab(self.vocab_size)
 
     # ---- device side ---------------------------------------------------------------------------
     def sample(self, logits: torch.Tensor, requests: Sequence[LlmRequest]) -> torch.Tensor:
@@ -36,8 +48,25 @@ class TorchSampler:
         if logits.shape[1] < self.vocab_size:
             raise ValueError(f"logits have {logits.shape[1]} columns, vocab_size={self.vocab_size}")
         logits = logits[:, : self.vocab_size]
-        greedy_tokens = logits.argmax(dim=-1)
         params = [req.sampling_params for req in requests]
+        # min_tokens needs the processors only while it still holds off the stop ids.
+        if not any(
+            p.needs_logit_processing or (p.min_tokens and req.num_sampled_tokens < p.min_tokens)
+            for p, req in zip(params, requests, strict=True)
+        ):
+            return self._pick(logits, requests, params)  # today's path: nothing else launched
+        processed, update = self._processors.apply(logits, requests)
+        tokens = self._pick(processed, requests, params)
+        if update is not None:
+            # The history holds the token before the host does (overlap scheduler).
+            self._processors.record(update, tokens)
+        return tokens
+
+    def _pick(
+        self, logits: torch.Tensor, requests: Sequence[LlmRequest], params: Sequence[Any]
+    ) -> torch.Tensor:
+        """Greedy rows take the argmax; the others sample after temperature and the filters."""
+        greedy_tokens = logits.argmax(dim=-1)
         if all(p.is_greedy for p in params):
             return greedy_tokens  # the common decode case: no H2D, no sort
         dev = logits.device
@@ -48,6 +77,8 @@ class TorchSampler:
             dev,
         )
         scaled = logits.float() / temps.unsqueeze(1)
+        if any(not p.is_greedy and p.min_p > 0 for p in params):
+            scaled = self._min_p_filtered(scaled, params)
         needs_filter = any(not p.is_greedy and (p.top_k > 0 or p.top_p < 1.0) for p in params)
         if needs_filter:
             probs, order = self._filtered_sorted_probs(scaled, params)
@@ -57,6 +88,18 @@ class TorchSampler:
         choice = (probs / noise).argmax(dim=-1)
         sampled = choice if order is None else order.gather(1, choice.unsqueeze(1)).squeeze(1)
         return torch.where(greedy, greedy_tokens, sampled)
+
+    @staticmethod
+    def _min_p_filtered(scaled: torch.Tensor, params: Sequence[Any]) -> torch.Tensor:
+        """Drop tokens whose probability is below min_p times the row's top one (vLLM, after
+        temperature). The ratio is what top-k/top-p renormalising keeps, so order with those
+        does not matter. min_p == 0 rows: the threshold 0 drops nothing."""
+        min_p = async_tensor_h2d(
+            [0.0 if p.is_greedy else float(p.min_p) for p in params], torch.float32, scaled.device
+        )
+        probs = torch.softmax(scaled, dim=-1)
+        floor = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+        return scaled.masked_fill(probs < floor, float("-inf"))
 
     def _filtered_sorted_probs(
         self, scaled: torch.Tensor, params: Sequence[Any]
@@ -115,5 +158,6 @@ class TorchSampler:
         return host.tolist()
 
     def release(self, request_id: int) -> None:
-        """Drop a request's generator (called for finished requests)."""
+        """Drop a request's generator and token history (called for finished requests)."""
         self._generators.pop(request_id, None)
+        self._processors.release(request_id)

@@ -19,6 +19,7 @@ from tensorrt_llm.inputs.registry import create_input_processor, load_tokenizer
 from tensorrt_llm.llmapi.generation_defaults import GenerationDefaults
 from tensorrt_llm.llmapi.input_preparer import InputPreparer
 from tensorrt_llm.llmapi.llm_args import LlmArgs
+from tensorrt_llm.sampling_params import DEFAULTABLE_FIELDS
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 
 QWEN3_6 = {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}
@@ -40,18 +41,20 @@ def _preparer(ckpt: Path, mode: str = "auto") -> InputPreparer:
 def test_unset_fields_read_as_the_builtin_values() -> None:
     sp = SamplingParams()
     assert (sp.temperature, sp.top_k, sp.top_p) == (1.0, 0, 1.0)
-    assert sp.unset_fields == {"temperature", "top_k", "top_p"}
+    assert sp.unset_fields == set(DEFAULTABLE_FIELDS)
+    assert (sp.min_p, sp.repetition_penalty, sp.presence_penalty) == (0.0, 1.0, 0.0)
     given = SamplingParams(temperature=1.0, top_k=0)
-    assert given.unset_fields == {"top_p"}  # the built-in value, but the caller's
+    assert "top_p" in given.unset_fields  # the built-in value, but the caller's
+    assert not given.unset_fields & {"temperature", "top_k"}
     assert SamplingParams(temperature=None).unset_fields >= {"temperature"}  # type: ignore[arg-type]
 
 
 def test_defaults_fill_only_unset_fields_and_survive_replace_and_pickle() -> None:
     sp = dataclasses.replace(SamplingParams(top_p=0.5), max_tokens=3)
-    assert sp.unset_fields == {"temperature", "top_k"}  # replace keeps the marks
+    assert sp.unset_fields == set(DEFAULTABLE_FIELDS) - {"top_p"}  # replace keeps the marks
     filled = sp.with_defaults({"temperature": 0.6, "top_k": 20, "top_p": 0.95})
     assert (filled.temperature, filled.top_k, filled.top_p) == (0.6, 20, 0.5)
-    assert filled.unset_fields == frozenset() and filled.max_tokens == 3
+    assert not filled.unset_fields & {"temperature", "top_k", "top_p"} and filled.max_tokens == 3
     assert filled.with_defaults({"temperature": 0.1}) is filled  # nothing unset any more
     assert pickle.loads(pickle.dumps(sp)).unset_fields == sp.unset_fields  # process mode
     changed = dataclasses.replace(SamplingParams(), temperature=0.3)
@@ -108,17 +111,29 @@ def test_unreadable_file_is_an_error_and_ignore_skips_it(tmp_path: Path) -> None
 
 
 def test_unsupported_fields_are_logged_not_dropped(caplog: pytest.LogCaptureFixture) -> None:
-    raw = {**QWEN3_6, "repetition_penalty": 1.05, "presence_penalty": 0.0, "min_p": 0.1}
+    raw = {**QWEN3_6, "typical_p": 0.9, "no_repeat_ngram_size": 0}
     d = GenerationDefaults.from_dict({**raw, "max_new_tokens": 2048}, "g.json")
-    # presence_penalty 0.0 is neutral: nothing to say about it.
-    assert d.not_applied == (("repetition_penalty", 1.05), ("min_p", 0.1), ("max_new_tokens", 2048))
+    # no_repeat_ngram_size 0 is neutral: nothing to say about it.
+    assert d.not_applied == (("typical_p", 0.9), ("max_new_tokens", 2048))
     with caplog.at_level(logging.INFO, logger="tensorrt_llm.llmapi.generation_defaults"):
         d.log_startup()
     text = caplog.text
     assert "temperature=0.6" in text and "top_k=20" in text and "top_p=0.95" in text
-    assert "repetition_penalty=1.05, which is NOT applied" in text
-    assert "min_p=0.1, which is NOT applied" in text and "presence_penalty" not in text
+    assert "typical_p=0.9, which is NOT applied" in text
+    assert "no_repeat_ngram_size" not in text
     assert "max_new_tokens=2048, which is NOT applied: a request's max_tokens" in text
+
+
+def test_penalties_and_min_p_are_defaults_of_unset_fields() -> None:
+    raw = {**QWEN3_6, "repetition_penalty": 1.05, "presence_penalty": 1.5, "min_p": 0.1}
+    d = GenerationDefaults.from_dict(raw, "g.json")
+    assert d.not_applied == ()
+    sp = d.apply(SamplingParams(presence_penalty=0.0))
+    assert (sp.repetition_penalty, sp.min_p, sp.frequency_penalty) == (1.05, 0.1, 0.0)
+    assert sp.presence_penalty == 0.0  # the request's own value, even the neutral one, wins
+    assert sp.needs_logit_processing and sp.unset_fields == {"frequency_penalty"}
+    with pytest.raises(ValueError, match="g.json: repetition_penalty"):
+        GenerationDefaults.from_dict({"repetition_penalty": 0.0}, "g.json")
 
 
 # ---- the front end's preparation --------------------------------------------------------------

@@ -46,6 +46,26 @@ def stream(state: CompletionState, ids: list[int]) -> list[str]:
 
 
 @pytest.mark.parametrize("include", [False, True])
+def test_stop_strings_wait_for_min_tokens(tokenizer: Any, include: bool) -> None:
+    text = "the cat; the cat; the cat."
+    ids = tokenizer(text)["input_ids"]
+    lengths = [len(tokenizer.decode(ids[: k + 1])) for k in range(len(ids))]
+    first_end = text.find("cat") + 3
+    # min_tokens covers the first "cat" (and one more token): the second one stops it.
+    min_tokens = next(k for k, n in enumerate(lengths) if n >= first_end) + 2
+    state = CompletionState(
+        CompletionOutput(0), tokenizer, ["cat"], include_stop_str=include, min_tokens=min_tokens
+    )
+    deltas = stream(state, ids)
+    second = text.find("cat", first_end)
+    assert state.output.text == text[: second + (3 if include else 0)]
+    assert state.output.stop_reason == "cat" and "".join(deltas) == state.output.text
+    plain = CompletionState(CompletionOutput(0), tokenizer, ["cat"])
+    stream(plain, ids)
+    assert plain.output.text == "the "
+
+
+@pytest.mark.parametrize("include", [False, True])
 def test_stop_string_cut_and_streamed_prefix(tokenizer: Any, include: bool) -> None:
     ids = tokenizer(TEXT)["input_ids"]
     stop = "the end"

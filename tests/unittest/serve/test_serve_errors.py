@@ -124,10 +124,16 @@ BAD_BODIES = [
         "'ftp'",
     ),
     (
-        "penalties",
-        lambda s: _body(s, user("hi"), presence_penalty=1.0),
+        "logprobs not implemented",
+        lambda s: _body(s, user("hi"), logprobs=True, top_logprobs=2),
         "unsupported_feature",
-        "presence_penalty",
+        "logprobs",
+    ),
+    (
+        "logit_bias key",
+        lambda s: _body(s, user("hi"), logit_bias={"abc": 1.0}),
+        "invalid_request",
+        "logit_bias keys must be token ids",
     ),
     (
         "json mode not implemented",

@@ -33,12 +33,8 @@ def _checked(body: dict[str, Any]) -> ChatCompletionRequest:
     [
         ("response_format", {"type": "json_object"}),
         ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-        ("logit_bias", {"5": 10}),
         ("logprobs", True),
         ("top_logprobs", 3),
-        ("min_p", 0.1),
-        ("repetition_penalty", 1.2),
-        ("min_tokens", 4),
         ("guided_json", {"type": "object"}),
         ("guided_choice", ["a", "b"]),
         ("use_beam_search", True),
@@ -58,8 +54,6 @@ def test_not_implemented_values_are_400_naming_the_field(field: str, value: Any)
         ("logprobs", False),
         ("top_logprobs", 0),
         ("response_format", {"type": "text"}),
-        ("logit_bias", {}),
-        ("repetition_penalty", 1.0),
         ("skip_special_tokens", True),
     ],
 )
@@ -105,3 +99,18 @@ def test_every_not_implemented_field_has_an_off_value_or_none() -> None:
 def test_include_stop_str_in_output_reaches_sampling_params() -> None:
     body = _checked(_chat(include_stop_str_in_output=True, stop=["x"]))
     assert to_sampling_params(body, 8).include_stop_str_in_output is True
+
+
+def test_penalties_and_processors_reach_sampling_params() -> None:
+    body = _checked(
+        _chat(
+            presence_penalty=1.5, frequency_penalty=-0.5, repetition_penalty=1.1, min_p=0.05,
+            min_tokens=3, logit_bias={"7": -100, "12": 2.5}, bad_words=["foo bar"],
+        )
+    )  # fmt: skip
+    sp = to_sampling_params(body, 8)
+    assert (sp.presence_penalty, sp.frequency_penalty) == (1.5, -0.5)
+    assert (sp.repetition_penalty, sp.min_p, sp.min_tokens) == (1.1, 0.05, 3)
+    assert sp.logit_bias == {7: -100.0, 12: 2.5} and sp.bad_words == ["foo bar"]
+    plain = to_sampling_params(_checked(_chat()), 8)
+    assert "presence_penalty" in plain.unset_fields  # left to generation_config.json

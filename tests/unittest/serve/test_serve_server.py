@@ -244,3 +244,21 @@ def test_chat_template_kwargs_reach_the_engine(served: ServeHandle) -> None:
         timeout=30,
     )
     assert bad.status_code == 400 and "may not set" in bad.json()["error"]["message"]
+
+
+def test_logit_bias_and_penalties_through_the_server(served: ServeHandle) -> None:
+    token = 40
+    response = _chat(served, user("Hello"), max_tokens=4, logit_bias={str(token): 100})
+    want = served.llm.tokenizer.decode([token] * 4)
+    assert response.choices[0].message.content == want
+    # presence_penalty and min_tokens are accepted and change nothing fatal on the demo model
+    ok = _chat(
+        served, user("Hello"), max_tokens=3, presence_penalty=1.5, extra_body={"min_tokens": 3}
+    )
+    assert ok.usage.completion_tokens == 3
+    bad = httpx.post(
+        served.base_url + "/v1/chat/completions",
+        json={"model": served.model, "messages": user("x"), "logit_bias": {"999999999": 1}},
+        timeout=30,
+    )
+    assert bad.status_code == 400 and "logit_bias" in bad.text

@@ -243,3 +243,16 @@ def test_cli_flags() -> None:
     assert "reasoning_parser" not in llm_kwargs(args)  # server options, not LLM arguments
     with pytest.raises(SystemExit):
         parse_args(["--demo", "--tool_call_parser", "mistral"])
+
+
+def test_parallel_tool_calls_false_returns_the_first_call_only() -> None:
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>'
+    two = call % "Paris" + call % "Rome"
+    flags = {"tool_call_parser": "hermes"}
+    both, _ = _call(two, flags, tools=TOOLS)
+    assert len(both.choices[0].message.tool_calls) == 2
+    one, _ = _call(two, flags, tools=TOOLS, parallel_tool_calls=False)
+    (only,) = one.choices[0].message.tool_calls
+    assert json.loads(only.function.arguments) == {"city": "Paris"}
+    streamed = _joined(_call(two, flags, tools=TOOLS, parallel_tool_calls=False, stream=True)[0])
+    assert list(streamed["calls"]) == [0] and streamed["reasons"] == ["tool_calls"]
