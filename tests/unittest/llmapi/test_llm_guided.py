@@ -200,3 +200,19 @@ def test_vision_language_model_with_an_image() -> None:
     assert outs[0].finish_reason == "stop"
     jsonschema.validate(json.loads(outs[0].text), schema)
     assert len(outs[1].token_ids) == 24
+
+
+def test_logit_processors_cannot_lift_the_mask(llm: LLM) -> None:
+    """Penalties and logit_bias run on the masked logits: a strongly biased token the grammar
+    forbids is still never picked."""
+    letter = llm.tokenizer.encode("q", add_special_tokens=False)[0]
+    sp = replace(
+        _guided(GuidedDecodingParams(regex=r"[0-9]{2,5}"), 2, 20),
+        logit_bias={letter: 100.0},
+        repetition_penalty=1.5,
+        presence_penalty=1.0,
+    )
+    out = llm.generate(PROMPTS[0], sp).outputs[0]
+    assert out.finish_reason == "stop" and re.fullmatch(r"[0-9]{2,5}", out.text), out.text
+    free = llm.generate(PROMPTS[0], replace(sp, guided_decoding=None, max_tokens=4)).outputs[0]
+    assert letter in free.token_ids  # unguided, the bias does act
