@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .llmapi.llm import LLM
     from .llmapi.outputs import CompletionOutput, RequestOutput
-    from .sampling_params import SamplingParams
+    from .sampling_params import GuidedDecodingParams, SamplingParams
 
 try:  # TensorRT-LLM's name; trtllm-serve's /version answers it
     __version__ = importlib.metadata.version("tensorrt-llm-qwenvl")
@@ -25,9 +25,10 @@ _LAZY: dict[str, str] = {
     "SamplingParams": ".sampling_params",
     "RequestOutput": ".llmapi.outputs",
     "CompletionOutput": ".llmapi.outputs",
+    "GuidedDecodingParams": ".sampling_params",
 }
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "GuidedDecodingParams"]
 
 
 def __getattr__(name: str) -> Any:

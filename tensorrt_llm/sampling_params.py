@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
+from .guided_decoding_params import GuidedDecodingParams
+
 _MAX_SEED = 2**64 - 1
 # The fields a checkpoint's generation_config.json may default (llmapi/generation_defaults.py)
 # and the values they take when neither the request nor the checkpoint gives one.
@@ -115,6 +117,8 @@ class SamplingParams:
     # Which DEFAULTABLE_FIELDS the caller left out. An init field only so that
     # dataclasses.replace carries it over; never pass it yourself.
     _unset_fields: frozenset[str] | None = field(default=None, repr=False, compare=False)
+    # Structured output (JSON schema, regex, choice, EBNF): guided_decoding_params.py.
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         self._resolve_unset()
@@ -137,6 +141,7 @@ class SamplingParams:
         # Frozen dataclass: cache the set once so the per-token stop check is O(1).
         object.__setattr__(self, "_stop_token_set", frozenset(self.stop_token_ids or ()))
         object.__setattr__(self, "_needs_processing", self._uses_logit_processing())
+        _check_guided_decoding(self.guided_decoding)
 
     def _resolve_unset(self) -> None:
         """Fill left-out fields with their built-in values and remember which they were."""
@@ -328,3 +333,10 @@ class SamplingParams:
             seqs = [tuple(seq) for word in words for seq in _bad_word_ids(tokenizer, word)]
             bad_ids = (words, tuple(seqs))
         return replace(self, end_id=end_id, pad_id=pad_id, _bad_words_ids=bad_ids)
+
+
+def _check_guided_decoding(value: Any) -> None:
+    if value is not None and not isinstance(value, GuidedDecodingParams):
+        raise ValueError(
+            f"guided_decoding must be a GuidedDecodingParams or None, got {type(value).__name__}"
+        )

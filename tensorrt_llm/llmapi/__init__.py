@@ -6,7 +6,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..sampling_params import SamplingParams
+    from ..sampling_params import GuidedDecodingParams, SamplingParams
     from .errors import PromptTooLongError
     from .llm import LLM
     from .llm_args import CudaGraphConfig, LlmArgs, TorchLlmArgs
@@ -28,6 +28,7 @@ _LAZY: dict[str, str] = {
     "GenerationResult": ".result",
     "PromptTooLongError": ".errors",
     "SamplingParams": "..sampling_params",
+    "GuidedDecodingParams": "..sampling_params",
 }
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "GenerationResult",
     "PromptTooLongError",
     "SamplingParams",
+    "GuidedDecodingParams",
 ]
 
 

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .._torch.pyexecutor.grammar_compile import check_grammar
 from ..inputs.data import as_prompt_dict
 from ..inputs.multimodal import MultimodalParams
 from ..inputs.utils import collect_multimodal_data, media_from_messages
@@ -75,6 +76,9 @@ class InputPreparer:
             raise ValueError(
                 f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}"
             )
+        if sampling_params.guided_decoding is not None:
+            # A bad schema/regex/grammar is the caller's ValueError now, not an engine error.
+            check_grammar(sampling_params.guided_decoding)
         # The checkpoint's defaults fill what the request left unset, before the end ids.
         sampling_params = self.with_end_ids(self.generation_defaults.apply(sampling_params))
         prompt = as_prompt_dict(inputs)

@@ -31,6 +31,7 @@ from .executor_types import (  # noqa: F401 (re-exported: the executor's public 
     ResponseCallback,
     deliver_response,
 )
+from .guided_decoder import GuidedDecoder, admit_guided
 from .llm_request import (
     ERROR_ENGINE,
     ERROR_INVALID_INPUT,
@@ -77,6 +78,8 @@ class PyExecutor:
         self.seq_slot_manager = seq_slot_manager
         self.max_seq_len = max_seq_len
         self.on_step = on_step
+        # Structured output (guided_decoder.py); set by create_py_executor, None: unsupported.
+        self.guided_decoder: GuidedDecoder | None = None
         # Responses of requests enqueued without a callback land here.
         self.responses: queue.Queue[LlmResponse] = queue.Queue()
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -143,6 +146,8 @@ class PyExecutor:
         self.kv_cache_manager = None  # type: ignore[assignment]
         self.scheduler = None  # type: ignore[assignment]
         self.sampler = None  # type: ignore[assignment]
+        if self.guided_decoder is not None:
+            self.guided_decoder.shutdown()
         # The engine and its graph runners reference each other: collect the cycle now, so the
         # memory is back before the next engine of this process measures what is free.
         gc.collect()
@@ -221,7 +226,10 @@ class PyExecutor:
         if invalid is not None:
             return f"invalid sampling parameters: {invalid}", ERROR_INVALID_INPUT
         reason = self.why_never_fits(request)
-        return None if reason is None else (reason, ERROR_PROMPT_TOO_LONG)
+        if reason is not None:
+            return reason, ERROR_PROMPT_TOO_LONG
+        reason = admit_guided(self.guided_decoder, request)  # None at once when unguided
+        return None if reason is None else (reason, ERROR_INVALID_INPUT)
 
     def why_never_fits(self, request: LlmRequest) -> str | None:
         """Why the request can never run on this engine (max_seq_len, max_num_tokens, KV
@@ -309,6 +317,9 @@ class PyExecutor:
         before sampling.
         """
         engine = self.model_engine
+        guided = self.guided_decoder  # its hooks return at once while no request is guided
+        if guided is not None:
+            guided.prepare(scheduled)  # before any state is written: see RequestInputError
         batch = engine.build_batch(scheduled)
         logits = engine.run(batch)
         rows = batch.sample_rows
@@ -321,6 +332,8 @@ class PyExecutor:
             index = async_tensor_h2d(rows, torch.int64, logits.device)
             logits = logits.index_select(0, index)
             slots = slots.index_select(0, index)
+        if guided is not None:
+            logits = guided.mask_logits(logits, sampled)
         step = self.sampler.sample_step(logits, sampled)
         engine.slot_state.record_tokens(slots, step.tokens)
         return sampled, step
@@ -332,6 +345,8 @@ class PyExecutor:
         if step is not None:
             host_tokens, logprobs = self.sampler.step_to_host(step)  # the one sync
         apply_step_results(scheduled, sampled, host_tokens, logprobs)
+        if self.guided_decoder is not None:
+            self.guided_decoder.advance(sampled)
 
     def _wait_for_command(self, timeout: float) -> None:
         try:
@@ -379,6 +394,8 @@ class PyExecutor:
         except Exception:
             logger.exception("freeing resources of request %s failed", rid)
         self.sampler.release(rid)
+        if self.guided_decoder is not None:
+            self.guided_decoder.release(rid)
         if req in self._active:
             self._active.remove(req)
         with self._stats_lock:

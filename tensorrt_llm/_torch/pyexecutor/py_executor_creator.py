@@ -37,6 +37,7 @@ from .capacity import (
 )
 from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
 from .engine_config import MAX_SEQ_LEN_USER, CudaGraphConfig, EngineConfig
+from .guided_decoder import GuidedDecoder
 from .kv_cache_creator import (
     KVCacheSpec,
     choose_num_blocks,
@@ -345,6 +346,10 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         torch.cuda.empty_cache()
     executor_cls = PyExecutor if config.disable_overlap_scheduler else OverlapPyExecutor
     executor = executor_cls(engine, scheduler, sampler, kv, slots, max_seq_len)
+    # Cheap until the first guided request (xgrammar and its tokenizer info load lazily).
+    executor.guided_decoder = GuidedDecoder(
+        getattr(input_processor, "tokenizer", None), engine.vocab_size
+    )
     logger.info("%s", startup_summary(config, engine, max_seq_len, max_batch_size, num_blocks))
     executor.start()
     return executor

@@ -52,6 +52,12 @@ class OverlapPyExecutor(PyExecutor):
 
     def _step(self) -> None:
         start = time.perf_counter()
+        guided = self.guided_decoder
+        if self._pending is not None and guided is not None:
+            if guided.needs_sync(self._pending.requests):
+                # A guided mask needs the previous token accepted first: wait for that step
+                # (no overlap for this step, for guided batches only), then schedule.
+                self._process_pending()
         scheduled = self._schedule()
         if scheduled is None:
             return
@@ -104,6 +110,8 @@ class OverlapPyExecutor(PyExecutor):
         # Requests cancelled or failed while in flight are skipped.
         tokens, logprobs = unpack(pending.host, pending.layout)
         apply_new_tokens(pending.requests, tokens, in_flight=True, logprobs=logprobs)
+        if self.guided_decoder is not None:
+            self.guided_decoder.advance(pending.requests)
         for req in pending.requests:
             if req.request_id in self._callbacks or req in self._active:
                 if req.is_finished:
