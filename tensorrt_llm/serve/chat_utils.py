@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 
+from ..guided_decoding_params import GuidedDecodingParams
 from ..sampling_params import SamplingParams
 from .media import MediaConfig, MediaError, fetch_media_url, load_image_url, load_video_url
 from .openai_protocol import (
@@ -148,6 +149,41 @@ async def _constant(value: Any) -> Any:
     return value
 
 
+def guided_decoding(
+    request: ChatCompletionRequest | CompletionRequest,
+) -> GuidedDecodingParams | None:
+    """The request's structured-output constraint (at most one may be given), or None."""
+    fmt = request.response_format
+    given: dict[str, dict[str, Any]] = {}
+    if fmt is not None and fmt.type == "json_object":
+        given["response_format"] = {"json_object": True}
+    elif fmt is not None and fmt.type == "json_schema":
+        schema = fmt.json_schema.json_schema if fmt.json_schema is not None else None
+        if schema is None:
+            raise APIError(
+                400, "response_format json_schema needs json_schema.schema",
+                code="invalid_request", param="response_format",
+            )  # fmt: skip
+        given["response_format"] = {"json": schema}
+    for name, key in (("guided_json", "json"), ("guided_regex", "regex"),
+                      ("guided_choice", "choice"), ("guided_grammar", "grammar")):  # fmt: skip
+        value = getattr(request, name)
+        if value is not None:
+            given[name] = {key: value}
+    if len(given) > 1:
+        raise APIError(
+            400, f"give one structured-output constraint, got {sorted(given)}",
+            code="invalid_request", param=sorted(given)[1],
+        )  # fmt: skip
+    if not given:
+        return None
+    ((name, spec),) = given.items()
+    try:
+        return GuidedDecodingParams(**spec)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise APIError(400, f"{name}: {exc}", code="invalid_request", param=name) from None
+
+
 def to_sampling_params(
     request: ChatCompletionRequest | CompletionRequest, max_tokens: int
 ) -> SamplingParams:
@@ -177,6 +213,9 @@ def to_sampling_params(
         kwargs["bad_words"] = list(request.bad_words)
     if request.num_logprobs is not None:
         kwargs["logprobs"] = request.num_logprobs
+    guided = guided_decoding(request)
+    if guided is not None:
+        kwargs["guided_decoding"] = guided
     kwargs["ignore_eos"] = bool(request.ignore_eos)
     kwargs["include_stop_str_in_output"] = bool(request.include_stop_str_in_output)
     try:

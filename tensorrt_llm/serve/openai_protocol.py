@@ -15,6 +15,7 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -123,6 +124,20 @@ StopField = Annotated[
 ]
 
 
+class JsonSchemaFormat(StrictRequestModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    # NOTE: "schema" shadows a BaseModel attribute, hence the alias.
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(StrictRequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingRequestFields(StrictRequestModel):
     """Decoding knobs shared by chat and text completions."""
 
@@ -146,6 +161,12 @@ class SamplingRequestFields(StrictRequestModel):
     min_p: Annotated[float | None, Field(ge=0.0, le=1.0)] = None
     min_tokens: Annotated[int | None, Field(ge=0)] = None
     bad_words: list[Annotated[str, Field(min_length=1)]] | None = None
+    # Structured output: OpenAI's response_format, or one of vLLM's guided_* extensions.
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     ignore_eos: bool = False
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     include_stop_str_in_output: bool = False

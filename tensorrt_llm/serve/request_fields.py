@@ -26,13 +26,8 @@ def _empty(v: Any) -> bool:
 # ask for nothing (accepted: clients send some of them with their defaults).
 NOT_IMPLEMENTED_FIELDS: dict[str, Any] = {
     "prompt_logprobs": _off(None, 0),
-    "response_format": lambda v: v is None or v == {"type": "text"},
     "functions": _empty,
     "function_call": _off(None, "none", "auto"),
-    "guided_json": _empty,
-    "guided_regex": _empty,
-    "guided_choice": _empty,
-    "guided_grammar": _empty,
     "guided_decoding_backend": _off(None),
     "structured_outputs": _empty,
     "use_beam_search": _off(None, False),

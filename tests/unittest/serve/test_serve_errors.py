@@ -136,10 +136,10 @@ BAD_BODIES = [
         "logit_bias keys must be token ids",
     ),
     (
-        "json mode not implemented",
-        lambda s: _body(s, user("hi"), response_format={"type": "json_object"}),
-        "unsupported_feature",
-        "response_format",
+        "invalid json schema",
+        lambda s: _body(s, user("hi"), guided_json="{not json"),
+        "invalid_request",
+        "guided_json",
     ),
     (
         "unknown field",

@@ -31,12 +31,9 @@ def _checked(body: dict[str, Any]) -> ChatCompletionRequest:
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("response_format", {"type": "json_object"}),
-        ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
         ("prompt_logprobs", 2),
-        ("guided_json", {"type": "object"}),
-        ("guided_choice", ["a", "b"]),
         ("use_beam_search", True),
+        ("guided_decoding_backend", "outlines"),
         ("skip_special_tokens", False),
     ],
 )
@@ -114,3 +111,25 @@ def test_penalties_and_processors_reach_sampling_params() -> None:
     assert sp.logit_bias == {7: -100.0, 12: 2.5} and sp.bad_words == ["foo bar"]
     plain = to_sampling_params(_checked(_chat()), 8)
     assert "presence_penalty" in plain.unset_fields  # left to generation_config.json
+
+
+def test_structured_output_fields_make_guided_decoding() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
+    assert (
+        to_sampling_params(_checked(_chat(response_format=fmt)), 8).guided_decoding.json == schema
+    )
+    obj = to_sampling_params(_checked(_chat(response_format={"type": "json_object"})), 8)
+    assert obj.guided_decoding.json_object is True
+    assert (
+        to_sampling_params(_checked(_chat(response_format={"type": "text"})), 8).guided_decoding
+        is None
+    )
+    choice = to_sampling_params(_checked(_chat(guided_choice=["y", "n"])), 8).guided_decoding
+    assert choice.choice == ["y", "n"]
+    with pytest.raises(APIError, match="one structured-output constraint"):
+        to_sampling_params(_checked(_chat(guided_regex="a+", guided_choice=["a"])), 8)
+    with pytest.raises(APIError, match="guided_choice"):
+        to_sampling_params(_checked(_chat(guided_choice=[])), 8)
+    with pytest.raises(APIError, match="needs json_schema.schema"):
+        to_sampling_params(_checked(_chat(response_format={"type": "json_schema"})), 8)

@@ -7,6 +7,7 @@ prompt (a lost image, a bad chat rendering) or a wrong usage count shows as a mi
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +263,25 @@ def test_logit_bias_and_penalties_through_the_server(served: ServeHandle) -> Non
         timeout=30,
     )
     assert bad.status_code == 400 and "logit_bias" in bad.text
+
+
+def test_structured_output_through_the_server(served: ServeHandle) -> None:
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "answer": {"enum": ["yes", "no"]},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["answer", "n"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+    response = _chat(served, user("Answer in JSON"), max_tokens=64, response_format=fmt)
+    assert response.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(response.choices[0].message.content), schema)
+    picked = _chat(
+        served, user("Pick"), max_tokens=16, extra_body={"guided_choice": ["red", "blue"]}
+    )
+    assert picked.choices[0].message.content in ("red", "blue")
