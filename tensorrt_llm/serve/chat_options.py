@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from .choice_parsers import ChoiceParsing
+from .forced_tools import forced_function
 from .openai_protocol import APIError, ChatCompletionRequest
 from .reasoning_parser import Qwen3ReasoningParser, get_reasoning_parser
 from .tool_parsers import ToolParser, default_tool_parser, get_tool_parser
@@ -34,23 +35,18 @@ class ChatParsers:
         )
 
     def for_request(self, body: ChatCompletionRequest) -> ChoiceParsing:
-        """How this request's outputs are parsed; a tool_choice this server cannot enforce
-        is a 400 (never a silent "auto")."""
+        """How this request's outputs are parsed (a forced tool choice: read as the guided
+        JSON of its calls)."""
         tools = tool_dicts(body)
         choice = body.tool_choice
-        if choice is not None and choice != "none" and choice != "auto":
-            what = "'required'" if choice == "required" else "a named function"
-            raise APIError(
-                400,
-                f"tool_choice {what} needs structured output to enforce the call, which this "
-                "server does not implement yet; use 'auto' or 'none'",
-                code="unsupported_feature",
-                param="tool_choice",
-            )
         if choice is not None and choice != "none" and not tools:
             raise APIError(
                 400, "tool_choice is set but the request has no tools", param="tool_choice"
             )
+        if tools and (choice == "required" or not isinstance(choice, str | None)):
+            # Enforced by structured output (forced_tools.py): the output is the call's JSON,
+            # read back without a tool parser or a reasoning split.
+            return ChoiceParsing(forced=True, forced_name=forced_function(body))
         parse_tools = bool(tools) and choice != "none"
         return ChoiceParsing(
             reasoning=self.reasoning,

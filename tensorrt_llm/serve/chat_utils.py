@@ -10,6 +10,7 @@ import httpx
 
 from ..guided_decoding_params import GuidedDecodingParams
 from ..sampling_params import SamplingParams
+from .forced_tools import forced_tool_guide
 from .media import MediaConfig, MediaError, fetch_media_url, load_image_url, load_video_url
 from .openai_protocol import (
     APIError,
@@ -170,6 +171,14 @@ def guided_decoding(
         value = getattr(request, name)
         if value is not None:
             given[name] = {key: value}
+    forced = forced_tool_guide(request) if isinstance(request, ChatCompletionRequest) else None
+    if forced is not None:
+        if given:
+            raise APIError(
+                400, f"tool_choice {request.tool_choice!r} enforces the call with structured "
+                f"output; it cannot be combined with {sorted(given)}", param="tool_choice",
+            )  # fmt: skip
+        return forced
     if len(given) > 1:
         raise APIError(
             400, f"give one structured-output constraint, got {sorted(given)}",

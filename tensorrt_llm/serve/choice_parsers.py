@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .forced_tools import forced_calls
 from .reasoning_parser import Qwen3ReasoningParser, prompt_opens_reasoning
 from .tool_parsers import ToolParser
 
@@ -58,10 +59,13 @@ class ChoiceParsing:
     tool_parser: type[ToolParser] | None = None
     tools: list[dict[str, Any]] | None = None
     single_call: bool = False  # parallel_tool_calls=false: only the first call is returned
+    # tool_choice "required" / named: the output is guided JSON of the call(s) (forced_tools.py)
+    forced: bool = False
+    forced_name: str | None = None
 
     @property
     def active(self) -> bool:
-        return self.reasoning is not None or self.tool_parser is not None
+        return self.reasoning is not None or self.tool_parser is not None or self.forced
 
     def parser(self, prompt_tail: str = "") -> ChoiceParser:
         """A parser for one choice; `prompt_tail` (the rendered prompt's end) says whether the
@@ -82,10 +86,18 @@ class ChoiceParser:
             parsing.tool_parser(parsing.tools) if parsing.tool_parser is not None else None
         )
         self.tools_called = False
+        self._forced_text: list[str] = []
+
+    def _forced(self, text: str) -> MessageDelta:
+        calls = forced_calls(text, self.parsing.forced_name)
+        self.tools_called = calls is not None and self.parsing.forced_name is None
+        return MessageDelta(tool_calls=calls) if calls else MessageDelta(content=text or None)
 
     # ---- whole outputs
     def whole(self, text: str) -> MessageDelta:
         """(content, reasoning_content, tool_calls) of a whole output."""
+        if self.parsing.forced:
+            return self._forced(text)
         reasoning, content = (
             self._reasoning.parse(text) if self._reasoning is not None else (None, text or None)
         )
@@ -101,6 +113,9 @@ class ChoiceParser:
     # ---- streams
     def feed(self, delta: str) -> MessageDelta:
         """The message fields of the next text delta (text that may still be a tag is held)."""
+        if self.parsing.forced:  # the calls go out whole at the end: JSON is judged complete
+            self._forced_text.append(delta)
+            return MessageDelta()
         if self._reasoning is None:
             return self._tool_step(delta, final=False)
         reasoning, content = self._reasoning.feed(delta)
@@ -109,6 +124,10 @@ class ChoiceParser:
 
     def finish(self) -> MessageDelta:
         """Flush everything held back at the end of the output."""
+        if self.parsing.forced:  # a stream's call deltas carry their index
+            out = self._forced("".join(self._forced_text))
+            out.tool_calls = [{"index": i, **call} for i, call in enumerate(out.tool_calls)]
+            return out
         if self._reasoning is None:
             return self._tool_step("", final=True)
         reasoning, content = self._reasoning.finish()
@@ -130,5 +149,6 @@ class ChoiceParser:
         return out
 
     def finish_reason(self, reason: str | None) -> str | None:
-        """OpenAI's "tool_calls" when the model stopped after calling tools."""
+        """OpenAI's "tool_calls" when the model stopped after calling tools ("stop" for a
+        named tool_choice, as OpenAI answers it)."""
         return FINISH_TOOL_CALLS if reason == "stop" and self.tools_called else reason

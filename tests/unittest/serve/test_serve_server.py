@@ -285,3 +285,29 @@ def test_structured_output_through_the_server(served: ServeHandle) -> None:
         served, user("Pick"), max_tokens=16, extra_body={"guided_choice": ["red", "blue"]}
     )
     assert picked.choices[0].message.content in ("red", "blue")
+
+
+def test_required_tool_choice_gives_a_valid_call_from_the_random_model(served: ServeHandle) -> None:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "pick",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"color": {"enum": ["red", "blue"]}},
+                    "required": ["color"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ]
+    response = _chat(  # one call (parallel_tool_calls=false): the array closes after it
+        served, user("Pick a color"), max_tokens=64, tools=tools, tool_choice="required",
+        parallel_tool_calls=False,
+    )  # fmt: skip
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "pick"
+    assert json.loads(call.function.arguments)["color"] in ("red", "blue")

@@ -78,9 +78,11 @@ class _ScriptedLLM:
     def __init__(self, text: str) -> None:
         self.text = text
         self.prompts: list[Any] = []
+        self.params: list[Any] = []
 
     def generate_async(self, prompt: Any, sampling_params: Any = None, **kw: Any) -> _Result:
         self.prompts.append(prompt)
+        self.params.append(sampling_params)
         return _Result(self.text, kw.get("streaming", False))
 
     def shutdown(self) -> None:
@@ -165,12 +167,35 @@ def test_no_tools_means_no_parsing_and_reasoning_split_alone() -> None:
     assert "chat_template_kwargs" not in llm.prompts[0]  # tool_choice none: tools not rendered
 
 
-@pytest.mark.parametrize(
-    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
-)
-def test_enforced_tool_choices_are_400_until_structured_output(choice: Any) -> None:
-    with pytest.raises(openai.BadRequestError, match="structured output"):
-        _call(HERMES, {}, tools=TOOLS, tool_choice=choice)
+def test_named_tool_choice_is_enforced_by_a_schema_and_read_back() -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    whole, llm = _call('{"city": "Paris", "days": 2}', {}, tools=TOOLS, tool_choice=named)
+    guide = llm.params[0].guided_decoding
+    assert guide.json == TOOLS[0]["function"]["parameters"]  # the call's arguments schema
+    choice = whole.choices[0]
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and choice.finish_reason == "stop"  # as OpenAI
+    assert json.loads(call.function.arguments) == {"city": "Paris", "days": 2}
+    text = '[{"name": "get_weather", "parameters": {"city": "Rome"}}]'
+    streamed = _joined(_call(text, {}, tools=TOOLS, tool_choice="required", stream=True)[0])
+    assert streamed["reasons"] == ["tool_calls"]
+    assert [c["name"] for c in streamed["calls"].values()] == ["get_weather"]
+    assert json.loads(streamed["calls"][0]["arguments"]) == {"city": "Rome"}
+
+
+def test_required_tool_choice_schema_and_bad_choices() -> None:
+    _, llm = _call("[]", {}, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    schema = llm.params[0].guided_decoding.json
+    assert schema["type"] == "array" and schema["minItems"] == 1 and schema["maxItems"] == 1
+    item = schema["items"]["anyOf"][0]
+    assert item["properties"]["name"] == {"enum": ["get_weather"]}
+    other = {"type": "function", "function": {"name": "nope"}}
+    with pytest.raises(openai.BadRequestError, match="not one of the request's tools"):
+        _call("{}", {}, tools=TOOLS, tool_choice=other)
+    with pytest.raises(openai.BadRequestError, match="cannot be combined"):
+        _call("{}", {}, tools=TOOLS, tool_choice="required", extra_body={"guided_regex": "a"})
+    with pytest.raises(openai.BadRequestError, match="no tools"):
+        _call("{}", {}, tool_choice="required")
 
 
 def test_tool_messages_are_rendered_with_parsed_arguments() -> None:
