@@ -95,6 +95,10 @@ class TorchSampler:
         else:
             probs, order = torch.softmax(scaled, dim=-1), None
         noise = self._exponential_noise(probs.shape, requests, dev)
+        if order is not None:
+            # Each token keeps its own draw (vocab order), so a seeded row picks the same token
+            # whether or not a companion's top-k/top-p sends the batch down the sorted path.
+            noise = noise.gather(1, order)
         choice = (probs / noise).argmax(dim=-1)
         sampled = choice if order is None else order.gather(1, choice.unsqueeze(1)).squeeze(1)
         return torch.where(greedy, greedy_tokens, sampled)

@@ -138,3 +138,17 @@ def test_sample_does_not_sync_on_cuda() -> None:
     host = sampler.to_host(tokens)
     assert host[0] == int(logits[0].argmax())
     assert all(0 <= t < V for t in host)
+
+
+def test_seeded_tokens_do_not_depend_on_a_companions_filters() -> None:
+    # A seeded row without top-k/top-p, alone and beside a row that takes the sorted
+    # (filtered) path: the same tokens, step after step.
+    torch.manual_seed(3)
+    steps = [torch.randn(2, V) for _ in range(6)]
+    alone, beside = TorchSampler(V, "cpu"), TorchSampler(V, "cpu")
+    seeded = _ctx_req(0, temperature=1.0, seed=11)
+    seeded_twin = _ctx_req(0, temperature=1.0, seed=11)
+    filtered = _ctx_req(1, temperature=1.0, top_k=5, seed=5)
+    a = [alone.sample(logits[:1], [seeded]).item() for logits in steps]
+    b = [beside.sample(logits, [seeded_twin, filtered])[0].item() for logits in steps]
+    assert a == b
