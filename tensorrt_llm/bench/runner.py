@@ -9,17 +9,20 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ..guided_decoding_params import GuidedDecodingParams
 from ..sampling_params import SamplingParams
 from .metrics import RequestTiming, summarize
 from .workload import Workload
 
 
 def sampling_params(workload: Workload, osl: int | None = None) -> SamplingParams:
+    guided = GuidedDecodingParams(json=workload.guided_json) if workload.guided_json else None
     return SamplingParams(
         max_tokens=osl or workload.osl,
         temperature=0.0,
         ignore_eos=workload.ignore_eos,
         detokenize=False,
+        guided_decoding=guided,
     )
 
 

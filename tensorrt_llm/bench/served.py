@@ -131,19 +131,28 @@ def _images(config: Any, workload: Workload) -> list[list[Any]]:
 
 
 def chat_body(
-    target: ServedTarget, content: list[dict[str, Any]], max_tokens: int, ignore_eos: bool
+    target: ServedTarget,
+    content: list[dict[str, Any]],
+    max_tokens: int,
+    ignore_eos: bool,
+    guided_json: str | None = None,
 ) -> bytes:
-    return json.dumps(
-        {
-            "model": target.model,
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "ignore_eos": ignore_eos,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+    body: dict[str, Any] = {
+        "model": target.model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": ignore_eos,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if guided_json:
+        schema = json.loads(guided_json)
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "bench", "schema": schema},
         }
-    ).encode("utf-8")
+    return json.dumps(body).encode("utf-8")
 
 
 def text_tokens_for_isl(
@@ -226,7 +235,10 @@ def run_served_concurrency(
 
     The row also carries the server's own mean time per stage before the first token
     (`STAGE_COLUMNS`, from its /metrics around the wave): where the TTFT goes."""
-    bodies = [chat_body(target, c, workload.osl, workload.ignore_eos) for c in contents]
+    bodies = [
+        chat_body(target, c, workload.osl, workload.ignore_eos, workload.guided_json)
+        for c in contents
+    ]
     before = _stage_sums(target)
     start = time.perf_counter()
     results = asyncio.run(_run_wave(target, bodies, concurrency))

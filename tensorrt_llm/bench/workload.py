@@ -24,6 +24,7 @@ class Workload:
     num_requests: int
     ignore_eos: bool = True
     seed: int = 0
+    guided_json: str | None = None  # a JSON schema every output must follow (--guided_json)
 
 
 def prepare_model_folder(config_path: str | Path, out_dir: str | Path, image_size: int) -> Path:

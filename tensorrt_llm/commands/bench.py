@@ -73,6 +73,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="per concurrency (default: one wave, i.e. the concurrency itself, at least 2)",
     )
     p.add_argument("--ignore_eos", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--guided_json",
+        default=None,
+        help="a JSON-schema file every request's output must follow (structured output; "
+        "needs --no-ignore_eos: a finished structure ends the request)",
+    )
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="auto")
     p.add_argument("--max_batch_size", type=int, default=None)
@@ -208,8 +214,9 @@ def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[
         for c in args.concurrency:
             n = args.num_requests or max(c, 2)
             workload = Workload(
-                args.isl, args.osl, args.images_per_request, args.image_size, n, args.ignore_eos
-            )
+                args.isl, args.osl, args.images_per_request, args.image_size, n, args.ignore_eos,
+                guided_json=guided_schema(args),
+            )  # fmt: skip
             prompts = make_requests(config, workload)
             warm_up(llm, prompts, workload)
             rows.append(run_concurrency(llm, prompts, workload, c))
@@ -217,6 +224,22 @@ def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[
     finally:
         llm.shutdown()
     return rows
+
+
+def guided_schema(args: argparse.Namespace) -> str | None:
+    """The --guided_json file's schema as JSON text, checked (None without the flag)."""
+    path = getattr(args, "guided_json", None)
+    if not path:
+        return None
+    if args.ignore_eos:
+        raise SystemExit("--guided_json needs --no-ignore_eos: the structure ends each request")
+    try:
+        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--guided_json {path}: {exc}") from None
+    if not isinstance(schema, dict):
+        raise SystemExit(f"--guided_json {path}: a JSON schema object expected")
+    return json.dumps(schema)
 
 
 def serve_flags(args: argparse.Namespace, folder: Path) -> list[str]:
@@ -259,8 +282,9 @@ def _run_served(args: argparse.Namespace, folder: Path, config: Any) -> list[dic
         for c in args.concurrency:
             n = args.num_requests or max(c, 2)
             workload = Workload(
-                args.isl, args.osl, args.images_per_request, args.image_size, n, args.ignore_eos
-            )
+                args.isl, args.osl, args.images_per_request, args.image_size, n, args.ignore_eos,
+                guided_json=guided_schema(args),
+            )  # fmt: skip
             contents = build_contents(config, workload, words, num_text)
             warm_up_served(target, contents)
             rows.append(run_served_concurrency(target, contents, workload, c))

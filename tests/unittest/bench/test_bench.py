@@ -114,3 +114,23 @@ def test_hf_baseline_on_cpu_leaves_no_temporary_folder(
     result = json.loads(out.read_text())
     assert result["hf"][0]["output_tok_s"] > 0 and result["ratios"][0]["throughput_ratio"] > 0
     assert list(scratch.iterdir()) == []
+
+
+def test_guided_json_runs_on_cpu_and_needs_no_ignore_eos(tiny_config: Path, tmp_path: Path) -> None:
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"enum": ["x", "y"]}},
+                                  "required": ["a"], "additionalProperties": False}))  # fmt: skip
+    base = ["--config", str(tiny_config), "--isl", "60", "--osl", "24", "--image_size", "32",
+            "--concurrency", "2", "--dtype", "float32", "--device", "cpu",
+            "--guided_json", str(schema)]  # fmt: skip
+    with pytest.raises(SystemExit, match="needs --no-ignore_eos"):
+        main(base)
+    out = tmp_path / "result.json"
+    assert main([*base, "--no-ignore_eos", "--output", str(out)]) == 0
+    row = json.loads(out.read_text())["ours"][0]
+    # `{"a":"x"}` and the end id: far fewer tokens than the osl.
+    assert row["requests"] == 2 and 0 < row["output_tok_s"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="a JSON schema object expected"):
+        main([*base[:-1], str(bad), "--no-ignore_eos"])

@@ -217,3 +217,16 @@ def test_every_model_id_decodes_to_text(tmp_path: Path) -> None:
     # Encoding is unchanged: prompt words stay single tokens.
     words = single_token_words(folder / "tokenizer.json")
     assert "the" in words and all(len(tok.encode(" " + w)) == 1 for w in words)
+
+
+def test_chat_body_carries_the_guided_schema() -> None:
+    from types import SimpleNamespace
+
+    from tensorrt_llm.bench.served import chat_body
+
+    target = SimpleNamespace(model="m")
+    plain = json.loads(chat_body(target, [], 8, True))  # type: ignore[arg-type]
+    assert "response_format" not in plain
+    guided = json.loads(chat_body(target, [], 8, False, '{"type": "object"}'))  # type: ignore[arg-type]
+    fmt = guided["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == {"type": "object"}
