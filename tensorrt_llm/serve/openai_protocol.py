@@ -10,8 +10,6 @@ keys.
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -32,6 +30,21 @@ from .openai_logprobs import (  # noqa: F401 (re-exported: response models)
     ChatTokenLogprob,
     CompletionLogprobs,
     TopLogprob,
+)
+from .openai_responses import (  # noqa: F401 (re-exported: the handlers' one import)
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionResponse,
+    DeltaMessage,
+    ModelCard,
+    ModelList,
+    UsageInfo,
+    now_s,
+    random_id,
 )
 from .protocol_base import OpenAIBaseModel, StrictRequestModel
 
@@ -374,96 +387,3 @@ class CompletionRequest(SamplingRequestFields):
         if self.best_of not in (None, self.n):
             return "best_of != n is not supported"
         return super().unsupported_features()
-
-
-# ---------------------------------------------------------------- responses
-
-
-def random_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def now_s() -> int:
-    return int(time.time())
-
-
-class UsageInfo(OpenAIBaseModel):
-    # NOTE: prompt_tokens is the full expanded prompt, vision tokens included.
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
-class ChatResponseMessage(OpenAIBaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None = None
-    reasoning_content: str | None = None  # --reasoning_parser
-    tool_calls: list[dict[str, Any]] | None = None  # --tool_call_parser, OpenAI's shape
-
-
-class ChatCompletionChoice(OpenAIBaseModel):
-    index: int
-    message: ChatResponseMessage
-    finish_reason: str | None = None
-    logprobs: ChatChoiceLogprobs | None = None
-
-
-class ChatCompletionResponse(OpenAIBaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=now_s)
-    model: str
-    choices: list[ChatCompletionChoice]
-    usage: UsageInfo
-
-
-class DeltaMessage(OpenAIBaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    reasoning_content: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-
-
-class ChatStreamChoice(OpenAIBaseModel):
-    index: int
-    delta: DeltaMessage
-    finish_reason: str | None = None
-    logprobs: ChatChoiceLogprobs | None = None
-
-
-class ChatCompletionChunk(OpenAIBaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=now_s)
-    model: str
-    choices: list[ChatStreamChoice]
-    usage: UsageInfo | None = None
-
-
-class CompletionChoice(OpenAIBaseModel):
-    index: int
-    text: str
-    finish_reason: str | None = None
-    logprobs: CompletionLogprobs | None = None
-
-
-class CompletionResponse(OpenAIBaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=now_s)
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class ModelCard(OpenAIBaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=now_s)
-    owned_by: str = "tensorrt_llm"
-    max_model_len: int | None = None
-
-
-class ModelList(OpenAIBaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
