@@ -172,7 +172,7 @@ def main() -> None:
     )
     p.add_argument("--prefill_batch", type=int, default=0, help="also profile a prefill step")
     p.add_argument("--mixed_chunks", type=int, nargs="*", default=[], help="prefill chunk sizes")
-    p.add_argument("--quantization", choices=["fp8"], default=None)
+    p.add_argument("--quantization", choices=["fp8", "fp8_block"], default=None)
     p.add_argument("--kv_cache_dtype", choices=["auto", "fp8"], default="auto")
     args = p.parse_args()
     folder = prepare_model_folder(args.config, tempfile.mkdtemp(), 512)
