@@ -108,8 +108,9 @@ def _reference(logits: torch.Tensor, req: LlmRequest) -> torch.Tensor:
 def _replay(reqs: list[LlmRequest], outputs: list[list[int]], proc: LogitProcessors) -> None:
     """Give each request its output one token per step, recorded the way the sampler does."""
     for step in range(len(outputs[0])):
-        _, update = proc.apply(torch.zeros(len(reqs), V), reqs)
-        tokens = torch.tensor([out[step] for out in outputs])
+        dev = proc.history.device  # the sampler hands over logits on the history's device
+        _, update = proc.apply(torch.zeros(len(reqs), V, device=dev), reqs)
+        tokens = torch.tensor([out[step] for out in outputs], device=dev)
         if update is not None:
             proc.record(update, tokens)
         for req, tok in zip(reqs, tokens.tolist(), strict=True):
