@@ -181,14 +181,14 @@ def _fp8_block_variants() -> Iterator[
     tuple[str, Any, dict[str, str], dict[str, Any], dict[str, Any]]
 ]:
     """Block-FP8 (1 x 128 activation groups, 128 x 128 weight blocks): the group quantisation,
-    every M bucket of the GEMM's tile table (bf16 and fp32 outputs; split K reduces in the
-    kernel), and the block-scaled grouped-GEMM MoE kernels."""
+    every M bucket of the GEMM's tile table (direct bf16 output and split-K fp32 partials),
+    the split-K sum, and the block-scaled grouped-GEMM MoE kernels."""
     quant_types = dict(x_ptr="*bf16", q_ptr="*fp8e4nv", scale_ptr="*fp32")
     cx = dict(GROUP=128, GROUP_P=128, GROUPS_PER_PROG=16)
     yield "fp8_block group quant", fp8_block._group_quant_kernel, quant_types, cx, dict(num_warps=8)
     gemm_types = dict(
         a_ptr="*fp8e4nv", a_scale_ptr="*fp32", b_ptr="*fp8e4nv", b_scale_ptr="*fp32",
-        bias_ptr="*bf16", part_ptr="*fp32", lock_ptr="*i32",
+        bias_ptr="*bf16",
     )  # fmt: skip
     swapped = [
         fp8_block_gemm.GemmTiles(m, m, n, w, st, True, swap_ab=True)
@@ -196,6 +196,8 @@ def _fp8_block_variants() -> Iterator[
     ]
     for tiles in (*fp8_block_gemm._GEMM_TILES, *swapped):
         for out, bn, has_bias in (("bf16", 128, False), ("fp32", 128, False), ("bf16", 1, True)):
+            if out == "fp32" and not tiles.split_k:
+                continue
             cx = dict(
                 W_BLOCK_N=bn, HAS_BIAS=has_bias, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                 BLOCK_K=128,
@@ -209,6 +211,14 @@ def _fp8_block_variants() -> Iterator[
                     f"swap={tiles.swap_ab} out={out} wbn={bn} bias={has_bias}")  # fmt: skip
             types = {**gemm_types, "c_ptr": f"*{out}"}
             yield name, kernel, types, cx, opts
+    sum_types = dict(part_ptr="*fp32", out_ptr="*bf16", bias_ptr="*bf16")
+    yield (
+        "fp8_block split-k sum",
+        fp8_block_gemm._split_k_sum_kernel,
+        sum_types,
+        dict(HAS_BIAS=True, BLOCK=1024),
+        {},
+    )
     # Qwen3.6-35B-A3B's experts (H 2048, I 512, top-8), both BLOCK_M choices of the launcher,
     # block-FP8 and 16-bit (whose kernels now take the unused scale arguments).
     for scaled, block_m in ((True, 16), (True, 64), (False, 16)):

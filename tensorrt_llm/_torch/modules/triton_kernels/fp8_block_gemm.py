@@ -20,9 +20,9 @@ from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit
 
 @triton_jit(do_not_specialize=("rows", "tiles_per_split"))
 def _block_fp8_gemm_kernel(
-    a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, part_ptr, lock_ptr, bias_ptr,
+    a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, bias_ptr,
     rows, cols, depth, tiles_per_split,
-    stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_cm, stride_ps,
+    stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_cm, stride_cs,
     W_BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP_M: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
@@ -32,8 +32,8 @@ def _block_fp8_gemm_kernel(
     # so each K tile is one exact fp8 dot rescaled by its row and column scales in fp32.
     # Programs walk GROUP_M row tiles down before moving right, so that at prefill sizes the
     # weight tiles a wave reads stay in L2 for the next row tiles (GROUP_M = 1: N fastest).
-    # With splits > 1, program z sums K tiles [z * tiles_per_split, ...); `_finish_tile` adds
-    # the splits up.
+    # With splits > 1, program z sums K tiles [z * tiles_per_split, ...) into fp32 partials
+    # at c + z * stride_cs, which `_split_k_sum_kernel` adds up.
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(cols, BLOCK_N)
     m_tiles = tl.cdiv(rows, BLOCK_M)
@@ -63,20 +63,17 @@ def _block_fp8_gemm_kernel(
         a_scale = tl.load(a_scale_ptrs + tile * stride_ask, mask=mask_m, other=0.0)
         b_scale = tl.load(b_scale_ptrs + tile * stride_bsk, mask=mask_n, other=0.0)
         acc += tl.dot(a, b) * a_scale[:, None] * b_scale[None, :]
-    if HAS_BIAS and split == 0:
+    if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    out_offs = offs_m[:, None] * stride_cm + offs_n[None, :]
-    _finish_tile(
-        acc, c_ptr + out_offs, part_ptr + offs_m[:, None] * cols + offs_n[None, :], stride_ps,
-        mask_m[:, None] & mask_n[None, :], lock_ptr + pid, split, tl.num_programs(1),
-    )  # fmt: skip
+    c_ptrs = c_ptr + split * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 @triton_jit(do_not_specialize=("rows", "tiles_per_split"))
 def _block_fp8_gemm_swap_kernel(
-    a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, part_ptr, lock_ptr, bias_ptr,
+    a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, bias_ptr,
     rows, cols, depth, tiles_per_split,
-    stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_cm, stride_ps,
+    stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_cm, stride_cs,
     W_BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
@@ -85,7 +82,7 @@ def _block_fp8_gemm_swap_kernel(
     # C^T = W_tile [BLOCK_N, BK] @ X_tile^T [BK, BLOCK_M], so the weight rows fill the MMA's
     # long side (64+ rows on Hopper) and the few tokens its short one, instead of padding a
     # handful of tokens up to the MMA height. grid: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M),
-    # splits); split K as in the other kernel.
+    # splits); split-K partials as in the other kernel.
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(2)
@@ -107,39 +104,28 @@ def _block_fp8_gemm_swap_kernel(
         x_scale = tl.load(x_scale_ptrs + tile * stride_ask, mask=mask_m, other=0.0)
         w_scale = tl.load(w_scale_ptrs + tile * stride_bsk, mask=mask_n, other=0.0)
         acc += tl.dot(w, x) * w_scale[:, None] * x_scale[None, :]
-    if HAS_BIAS and split == 0:
+    if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
-    out_offs = offs_m[None, :] * stride_cm + offs_n[:, None]
-    tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    _finish_tile(
-        acc, c_ptr + out_offs, part_ptr + offs_m[None, :] * cols + offs_n[:, None], stride_ps,
-        mask_n[:, None] & mask_m[None, :], lock_ptr + tile, split, tl.num_programs(2),
-    )  # fmt: skip
+    c_ptrs = c_ptr + split * stride_cs + offs_m[None, :] * stride_cm + offs_n[:, None]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
 
 
-@triton_jit
-def _finish_tile(acc, out_ptrs, part_ptrs, stride_ps, mask, lock_ptr, split, splits):
-    # One split: store the tile. Split K: every split stores its fp32 partial and counts
-    # itself in the tile's lock; the last to arrive adds the partials up in split order (the
-    # result does not depend on who came last) and re-arms the lock for the next launch. This
-    # replaces a separate sum kernel, whose launch and dependency cost more than the sum
-    # itself at decode sizes (three per layer on Qwen3-VL-8B). The barrier makes the whole
-    # program's partial visible before the release; loads bypass L1 (.cg), which may hold a
-    # previous GEMM's lines of the same workspace.
-    if splits == 1:
-        tl.store(out_ptrs, acc.to(out_ptrs.dtype.element_ty), mask=mask)
-    else:
-        tl.store(part_ptrs + split * stride_ps, acc, mask=mask)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(lock_ptr, 1, sem="acq_rel", scope="gpu")
-        if arrived == splits - 1:
-            total = tl.zeros_like(acc)
-            for s in range(0, splits):
-                total += tl.load(
-                    part_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg"
-                )
-            tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(lock_ptr, 0, sem="relaxed", scope="gpu")
+@triton_jit(do_not_specialize=("rows", "splits"))
+def _split_k_sum_kernel(
+    part_ptr, out_ptr, bias_ptr, rows, cols, splits, stride_ps, stride_om,
+    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
+    pdl_sync(USE_PDL)
+    # grid: (rows, cdiv(cols, BLOCK)); partials [splits, rows, cols] fp32, contiguous rows.
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < cols
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(0, splits):
+        acc += tl.load(part_ptr + s * stride_ps + row * cols + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @dataclass(frozen=True)
@@ -208,26 +194,6 @@ def fixed_split(k_tiles: int, splits: int) -> tuple[int, int]:
     return -(-k_tiles // per_split), per_split
 
 
-_LOCK_COUNT = 4096  # split GEMMs have fewer output tiles than SMs (the tuning script: more)
-_locks: dict[torch.device, torch.Tensor] = {}
-
-
-def split_k_locks(device: torch.device, tiles: int) -> torch.Tensor:
-    """Zeroed int32 counters, one per output tile, for a split-K launch on `device`.
-
-    Shared by every split GEMM of the device: each leaves its counters at zero (`_finish_tile`
-    re-arms them) and the next waits for it (stream order, or `pdl_sync` at its start); the
-    engine runs a device's GEMMs on one stream at a time. A larger grid than the shared
-    buffer covers gets counters of its own.
-    """
-    if tiles > _LOCK_COUNT:
-        return torch.zeros(tiles, dtype=torch.int32, device=device)
-    locks = _locks.get(device)
-    if locks is None:
-        locks = _locks[device] = torch.zeros(_LOCK_COUNT, dtype=torch.int32, device=device)
-    return locks
-
-
 def triton_block_fp8_gemm(
     xq: torch.Tensor,
     x_scale: torch.Tensor,
@@ -256,27 +222,35 @@ def triton_block_fp8_gemm(
         splits, per_split = split_k_plan(tiles, cols, k_tiles, num_sms(xq.device))
     else:
         splits, per_split = fixed_split(k_tiles, splits)
+    target = out if splits == 1 else torch.empty(splits, rows, cols, device=xq.device)
     n_tiles, m_tiles = triton.cdiv(cols, tiles.block_n), triton.cdiv(rows, tiles.block_m)
-    # fp32 partials [splits, M, N] and the per-tile locks `_finish_tile` counts in (one
-    # split reads neither: w_scale_inv stands in, so both launches share a compiled variant).
-    parts = w_scale_inv if splits == 1 else torch.empty(splits, rows, cols, device=xq.device)
-    locks = split_k_locks(xq.device, n_tiles * m_tiles if splits > 1 else 0)
     strides = (
         xq.stride(0), x_scale.stride(0), x_scale.stride(1), wq.stride(0),
-        w_scale_inv.stride(0), w_scale_inv.stride(1), out.stride(0), parts.stride(0),
+        w_scale_inv.stride(0), w_scale_inv.stride(1),
+        target.stride(-2), target.stride(0) if splits > 1 else 0,
     )  # fmt: skip
+    bias_arg = bias if bias is not None else w_scale_inv
     launch = dict(
-        W_BLOCK_N=bn, HAS_BIAS=bias is not None, BLOCK_M=tiles.block_m,
+        W_BLOCK_N=bn, HAS_BIAS=bias is not None and splits == 1, BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n, BLOCK_K=block_k, num_warps=tiles.num_warps,
         num_stages=tiles.num_stages, **pdl_launch_kwargs(xq.device, n_tiles * m_tiles * splits),
     )  # fmt: skip
-    args = (xq, x_scale, wq, w_scale_inv, out, parts, locks, bias if bias is not None else out)
     if tiles.swap_ab:
         _block_fp8_gemm_swap_kernel[(n_tiles, m_tiles, splits)](
-            *args, rows, cols, depth, per_split, *strides, **launch
-        )
+            xq, x_scale, wq, w_scale_inv, target, bias_arg, rows, cols, depth, per_split,
+            *strides, **launch,
+        )  # fmt: skip
     else:
         _block_fp8_gemm_kernel[(n_tiles * m_tiles, splits)](
-            *args, rows, cols, depth, per_split, *strides, GROUP_M=tiles.group_m, **launch
-        )
+            xq, x_scale, wq, w_scale_inv, target, bias_arg, rows, cols, depth, per_split,
+            *strides, GROUP_M=tiles.group_m, **launch,
+        )  # fmt: skip
+    if splits > 1:
+        width = min(1024, triton.next_power_of_2(cols))
+        sum_grid = (rows, triton.cdiv(cols, width))
+        _split_k_sum_kernel[sum_grid](
+            target, out, bias if bias is not None else target, rows, cols, splits,
+            target.stride(0), out.stride(0), HAS_BIAS=bias is not None, BLOCK=width,
+            num_warps=4, **pdl_launch_kwargs(xq.device, sum_grid[0] * sum_grid[1]),
+        )  # fmt: skip
     return out

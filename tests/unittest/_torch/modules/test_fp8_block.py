@@ -121,28 +121,6 @@ def test_explicit_tiles_grouped_rows_and_splits(m_major: bool) -> None:
         assert _max_rel(got, want.to(DEV)) < GEMM_RTOL
 
 
-def test_split_k_adds_bias_once_and_rearms_its_locks() -> None:
-    # 3 splits (K = 300: 3 tiles) with a bias: the in-kernel reduction adds it once, and the
-    # tile counters are back at zero for the next split GEMM, which must still be right.
-    gen = torch.Generator().manual_seed(6)
-    x = torch.randn(20, 300, generator=gen).to(torch.bfloat16)
-    wq, ws = fb.quantize_weight_fp8_block(torch.randn(130, 300, generator=gen) * 0.05)
-    bias = torch.randn(130, generator=gen)
-    xq, xs = fb.per_token_group_quant_fp8_torch(x, 128)
-    want = fb.block_fp8_gemm_torch(xq, xs, wq, ws, torch.float32) + bias
-    xq, xs, wq, ws, bias = (t.to(DEV) for t in (xq, xs, wq, ws, bias))
-    for tiles in (
-        fbg.GemmTiles(32, 16, 32, 4, 2, True),
-        fbg.GemmTiles(32, 16, 64, 4, 2, True, swap_ab=True),
-    ):
-        for _ in range(2):
-            got = fbg.triton_block_fp8_gemm(
-                xq, xs, wq, ws, torch.float32, (128, 128), bias, tiles, 3
-            )
-            assert _max_rel(got, want.to(DEV)) < GEMM_RTOL
-        assert not fbg.split_k_locks(xq.device, 1).any()
-
-
 def test_fixed_split_leaves_no_split_empty() -> None:
     assert fbg.fixed_split(3, 2) == (2, 2)
     assert fbg.fixed_split(96, 16) == (16, 6)
