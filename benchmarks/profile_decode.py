@@ -190,6 +190,7 @@ def main() -> None:
         else {"piecewise_max_tokens": args.piecewise_max_tokens},
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        executor_mode="inproc",  # the profiler reads the engine in this process
     )
     try:
         if args.prefill_batch:
