@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .forced_tools import forced_calls
+from .forced_tools import ForcedCallStream, forced_calls
 from .reasoning_parser import Qwen3ReasoningParser, prompt_opens_reasoning
 from .tool_parsers import ToolParser
 
@@ -86,9 +86,9 @@ class ChoiceParser:
             parsing.tool_parser(parsing.tools) if parsing.tool_parser is not None else None
         )
         self.tools_called = False
-        self._forced_text: list[str] = []
+        self._forced = ForcedCallStream(parsing.forced_name) if parsing.forced else None
 
-    def _forced(self, text: str) -> MessageDelta:
+    def _forced_whole(self, text: str) -> MessageDelta:
         calls = forced_calls(text, self.parsing.forced_name)
         self.tools_called = calls is not None and self.parsing.forced_name is None
         return MessageDelta(tool_calls=calls) if calls else MessageDelta(content=text or None)
@@ -97,7 +97,7 @@ class ChoiceParser:
     def whole(self, text: str) -> MessageDelta:
         """(content, reasoning_content, tool_calls) of a whole output."""
         if self.parsing.forced:
-            return self._forced(text)
+            return self._forced_whole(text)
         reasoning, content = (
             self._reasoning.parse(text) if self._reasoning is not None else (None, text or None)
         )
@@ -113,9 +113,10 @@ class ChoiceParser:
     # ---- streams
     def feed(self, delta: str) -> MessageDelta:
         """The message fields of the next text delta (text that may still be a tag is held)."""
-        if self.parsing.forced:  # the calls go out whole at the end: JSON is judged complete
-            self._forced_text.append(delta)
-            return MessageDelta()
+        if self._forced is not None:  # guided JSON of the call(s): headers, then arguments
+            calls = self._forced.feed(delta)
+            self.tools_called = self._forced.calls > 0 and self.parsing.forced_name is None
+            return MessageDelta(tool_calls=calls)
         if self._reasoning is None:
             return self._tool_step(delta, final=False)
         reasoning, content = self._reasoning.feed(delta)
@@ -124,10 +125,10 @@ class ChoiceParser:
 
     def finish(self) -> MessageDelta:
         """Flush everything held back at the end of the output."""
-        if self.parsing.forced:  # a stream's call deltas carry their index
-            out = self._forced("".join(self._forced_text))
-            out.tool_calls = [{"index": i, **call} for i, call in enumerate(out.tool_calls)]
-            return out
+        if self._forced is not None:
+            if self._forced.calls == 0:  # no call came out: the text is content, as whole
+                return MessageDelta(content=self._forced.text or None)
+            return MessageDelta(tool_calls=self._forced.finish())
         if self._reasoning is None:
             return self._tool_step("", final=True)
         reasoning, content = self._reasoning.finish()

@@ -181,6 +181,11 @@ def test_named_tool_choice_is_enforced_by_a_schema_and_read_back() -> None:
     assert streamed["reasons"] == ["tool_calls"]
     assert [c["name"] for c in streamed["calls"].values()] == ["get_weather"]
     assert json.loads(streamed["calls"][0]["arguments"]) == {"city": "Rome"}
+    args = '{"city": "Paris", "days": 2}'
+    streamed = _joined(_call(args, {}, tools=TOOLS, tool_choice=named, stream=True)[0])
+    assert streamed["reasons"] == ["stop"] and streamed["content"] == ""
+    assert streamed["calls"][0]["name"] == "get_weather"
+    assert streamed["calls"][0]["arguments"] == args  # fragments of the generated object
 
 
 def test_required_tool_choice_schema_and_bad_choices() -> None:
