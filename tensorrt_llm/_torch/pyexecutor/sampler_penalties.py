@@ -16,7 +16,9 @@ Definitions (what the tests check against):
 - bad words (vLLM; HF `NoBadWordsLogitsProcessor` over the output): a sequence's last token is
   banned when the output ends with the rest of it; one-token words are always banned;
 - min_tokens: the ids that would stop the request (end id unless ignore_eos, stop_token_ids)
-  are banned while fewer than min_tokens tokens were generated (in-flight ones included).
+  are banned while fewer than min_tokens tokens were generated (in-flight ones included),
+  except in a row the ban would leave without any allowed token (a guided request whose
+  grammar can only stop: it ends, short of min_tokens).
 """
 
 from __future__ import annotations
@@ -101,21 +103,31 @@ class LogitProcessors:
 
     @staticmethod
     def _ban_tokens(out: torch.Tensor, requests: Sequence[LlmRequest]) -> None:
-        """One-token bad words and the stop ids min_tokens still bans."""
-        rows: list[int] = []
-        toks: list[int] = []
+        """One-token bad words, then the stop ids min_tokens still bans."""
+        words: tuple[list[int], list[int]] = ([], [])
+        stops: tuple[list[int], list[int]] = ([], [])
         for i, req in enumerate(requests):
-            banned = banned_stop_ids(req)
-            banned.extend(
-                seq[0] for seq in req.sampling_params.bad_words_token_ids or () if len(seq) == 1
-            )
-            rows.extend([i] * len(banned))
-            toks.extend(banned)
-        if not rows:
+            for seq in req.sampling_params.bad_words_token_ids or ():
+                if len(seq) == 1:
+                    words[0].append(i)
+                    words[1].append(seq[0])
+            for tok in banned_stop_ids(req):
+                stops[0].append(i)
+                stops[1].append(tok)
+        if words[0]:
+            index = async_tensor_h2d(words, torch.int64, out.device)
+            # new_full: a fill kernel, not a host scalar copied up.
+            out.index_put_((index[0], index[1]), out.new_full((len(words[0]),), float("-inf")))
+        if not stops[0]:
             return
-        index = async_tensor_h2d([rows, toks], torch.int64, out.device)
-        # new_full: a fill kernel, not a host scalar copied up.
-        out.index_put_((index[0], index[1]), out.new_full((len(rows),), float("-inf")))
+        index = async_tensor_h2d(stops, torch.int64, out.device)
+        kept = out[index[0], index[1]]
+        out.index_put_((index[0], index[1]), out.new_full((len(stops[0]),), float("-inf")))
+        # min_tokens yields where it would leave a row no token at all: a grammar (applied
+        # before) that allows nothing but stopping, i.e. a complete structured output, ends
+        # the request early instead of failing it. Decided on the device, per entry.
+        dead = torch.isneginf(out.index_select(0, index[0])).all(dim=1)
+        out.index_put_((index[0], index[1]), torch.where(dead, kept, float("-inf")))
 
     def _ban_bad_word_ends(
         self, out: torch.Tensor, requests: Sequence[LlmRequest], row_of: dict[int, int]

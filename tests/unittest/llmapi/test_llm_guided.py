@@ -107,6 +107,15 @@ def test_regex_choice_and_json_object(llm: LLM) -> None:
     assert re.fullmatch(r"<[0-9]{1,2}>", outs[3].text), outs[3].text
 
 
+def test_min_tokens_yields_to_a_complete_structured_output(llm: LLM) -> None:
+    # "yes"/"no" end in a token or two; min_tokens 30 cannot be met inside the grammar, so the
+    # request ends where the grammar does instead of failing on an all-banned step.
+    guide = GuidedDecodingParams(choice=["yes", "no"])
+    params = replace(_guided(guide, 4, 40), min_tokens=30)
+    out = llm.generate(PROMPTS[1], params).outputs[0]
+    assert out.finish_reason == "stop" and out.text in ("yes", "no")
+
+
 def _free_params() -> list[SamplingParams]:
     return [
         SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),

@@ -231,6 +231,27 @@ def test_min_tokens_counts_tokens_in_flight() -> None:
     assert int(sampler.sample(logits, [ignoring])[0]) == END  # END does not stop it: allowed
 
 
+def test_min_tokens_yields_where_only_stopping_is_left() -> None:
+    # Row 0: a grammar (its mask already applied) allows only END and 5; min_tokens would
+    # ban both, leaving nothing: they come back. Row 1: 9 is still allowed, so the ban holds.
+    # Row 2: the only allowed token is a bad word: it stays banned (no yield for bad words).
+    only_stop = torch.full((V,), float("-inf"))
+    only_stop[END], only_stop[5] = 1.0, 2.0
+    open_row = only_stop.clone()
+    open_row[9] = 0.5
+    bad_only = torch.full((V,), float("-inf"))
+    bad_only[7] = 1.0
+    reqs = [
+        _req(0, [3], min_tokens=4, stop_token_ids=[5]),
+        _req(1, [3], min_tokens=4, stop_token_ids=[5]),
+        _req(2, [3], min_tokens=4, bad_words=["x"]),
+    ]
+    out, _ = LogitProcessors(V, CPU).apply(torch.stack([only_stop, open_row, bad_only]), reqs)
+    assert torch.equal(out[0], only_stop)
+    assert out[1, 9] == 0.5 and torch.isneginf(out[1, [END, 5]]).all()
+    assert torch.isneginf(out[2]).all()
+
+
 def test_rows_grow_keep_counts_and_reset_on_reuse() -> None:
     proc = LogitProcessors(V, CPU)
     reqs = [_req(i, [i + 1], frequency_penalty=1.0) for i in range(12)]
