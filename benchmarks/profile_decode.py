@@ -54,7 +54,20 @@ def _release(llm: LLM, reqs: list[LlmRequest]) -> None:
         llm._executor.seq_slot_manager.release(req.request_id)
 
 
-def profile(llm: LLM, batch: int, context: int, steps: int) -> None:
+def _kernel_trace(prof: torch.profiler.profile, count: int) -> None:
+    """The step's first `count` kernels in launch order with their GPU times: with the layer's
+    kernel order fixed, this attributes time to each projection (the summary table merges every
+    launch of a kernel). Run with TRTLLM_PDL=0: under PDL a kernel's time includes its wait."""
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
+    print(f"first {count} of {len(kernels)} kernels (us):")
+    for e in kernels[:count]:
+        print(f"  {e.time_range.elapsed_us():8.1f}  {e.name[:90]}")
+
+
+def profile(llm: LLM, batch: int, context: int, steps: int, trace: int = 0) -> None:
     engine = llm._executor.model_engine
     reqs = _requests(llm, batch, context)
     step = ScheduledRequests([], reqs)
@@ -76,6 +89,8 @@ def profile(llm: LLM, batch: int, context: int, steps: int) -> None:
         engine.forward(step)
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+    if trace:
+        _kernel_trace(prof, trace)
     _release(llm, reqs)
 
 
@@ -173,6 +188,9 @@ def main() -> None:
     p.add_argument("--prefill_batch", type=int, default=0, help="also profile a prefill step")
     p.add_argument("--mixed_chunks", type=int, nargs="*", default=[], help="prefill chunk sizes")
     p.add_argument("--quantization", choices=["fp8", "fp8_block"], default=None)
+    p.add_argument(
+        "--kernel_trace", type=int, default=0, help="print a decode step's first N kernels"
+    )
     p.add_argument("--kv_cache_dtype", choices=["auto", "fp8"], default="auto")
     args = p.parse_args()
     folder = prepare_model_folder(args.config, tempfile.mkdtemp(), 512)
@@ -197,7 +215,7 @@ def main() -> None:
             profile_prefill(llm, args.prefill_batch, args.context, 512)
             profile_prefill(llm, args.prefill_batch, args.context, 512)  # warm
         for batch in args.batch:
-            profile(llm, batch, args.context, args.steps)
+            profile(llm, batch, args.context, args.steps, args.kernel_trace)
             if args.mixed_chunks:
                 profile_mixed(llm, batch, args.context, args.mixed_chunks, args.steps)
     finally:
