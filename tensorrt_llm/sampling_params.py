@@ -105,6 +105,11 @@ class SamplingParams:
     pad_id: int | None = None
     n: int = 1
     detokenize: bool = True
+    # Text without the tokenizer's special tokens (<|im_end|>, ...), as vLLM and TensorRT-LLM
+    # default; False keeps them. `spaces_between_special_tokens` reaches the tokenizer's decode
+    # (slow tokenizers put a space around special tokens; fast ones never do).
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     logprobs: int | None = None
     _stop_token_set: frozenset[int] = field(init=False, repr=False, compare=False)
     # True when the sampler must process this request's logits (sampler_penalties.py).
@@ -135,7 +140,10 @@ class SamplingParams:
                 f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
             )
         _check_token_id("pad_id", self.pad_id)
-        for name in ("include_stop_str_in_output", "ignore_eos", "detokenize"):
+        for name in (
+            "include_stop_str_in_output", "ignore_eos", "detokenize", "skip_special_tokens",
+            "spaces_between_special_tokens",
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         # Frozen dataclass: cache the set once so the per-token stop check is O(1).

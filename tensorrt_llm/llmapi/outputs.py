@@ -111,7 +111,7 @@ def _detached(output: CompletionOutput) -> CompletionOutput:
     return out
 
 
-def _backend_decoder(tokenizer: Any) -> Any | None:
+def _backend_decoder(tokenizer: Any, spaces_between_special_tokens: bool) -> Any | None:
     """The Rust `tokenizers.Tokenizer` behind an HF fast tokenizer when decoding through it
     gives exactly `tokenizer.decode` (no clean-up pass), else None.
 
@@ -121,6 +121,8 @@ def _backend_decoder(tokenizer: Any) -> Any | None:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or not hasattr(backend, "decode"):
         return None
+    if not spaces_between_special_tokens and not getattr(tokenizer, "is_fast", True):
+        return None  # only the slow tokenizers' decode reads it
     if getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return None
     return backend
@@ -134,10 +136,19 @@ class IncrementalDetokenizer:
     their neighbour (byte-level BPE pieces of one character) come out right.
     """
 
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
-        self._backend = _backend_decoder(tokenizer)
+        # Passed only when not the default: fast tokenizers ignore it, some custom ones lack it.
+        self._decode_kwargs = (
+            {} if spaces_between_special_tokens else {"spaces_between_special_tokens": False}
+        )
+        self._backend = _backend_decoder(tokenizer, spaces_between_special_tokens)
         self.token_ids: list[int] = []
         self.text = ""
         self._prefix_offset = 0
@@ -148,7 +159,7 @@ class IncrementalDetokenizer:
             return ""
         if self._backend is not None:
             return self._backend.decode(ids, skip_special_tokens=self._skip)
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip, **self._decode_kwargs)
 
     def append(self, new_ids: list[int]) -> None:
         """Append tokens without decoding (the text is made by `finish`)."""
@@ -194,6 +205,8 @@ class CompletionState:
         detokenize: bool = True,
         final_text_only: bool = False,
         min_tokens: int = 0,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
     ) -> None:
         self.output = output
         self._min_tokens = min_tokens
@@ -204,7 +217,9 @@ class CompletionState:
         self._holdback = max((len(s) for s in stop), default=1) - 1
         self._searched = 0  # text before this offset (minus the holdback) holds no stop string
         self._detok = (
-            IncrementalDetokenizer(tokenizer) if (detokenize and tokenizer is not None) else None
+            IncrementalDetokenizer(tokenizer, skip_special_tokens, spaces_between_special_tokens)
+            if (detokenize and tokenizer is not None)
+            else None
         )
 
     def begin_update(self) -> None:

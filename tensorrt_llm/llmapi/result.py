@@ -62,6 +62,8 @@ class GenerationResult(RequestOutput):
                 detokenize=sampling_params.detokenize,
                 final_text_only=not streaming,
                 min_tokens=sampling_params.min_tokens,
+                skip_special_tokens=sampling_params.skip_special_tokens,
+                spaces_between_special_tokens=sampling_params.spaces_between_special_tokens,
             )
             for out in outputs
         ]

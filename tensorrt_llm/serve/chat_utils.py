@@ -227,6 +227,8 @@ def to_sampling_params(
         kwargs["guided_decoding"] = guided
     kwargs["ignore_eos"] = bool(request.ignore_eos)
     kwargs["include_stop_str_in_output"] = bool(request.include_stop_str_in_output)
+    kwargs["skip_special_tokens"] = bool(request.skip_special_tokens)
+    kwargs["spaces_between_special_tokens"] = bool(request.spaces_between_special_tokens)
     try:
         return SamplingParams(**kwargs)
     except ValueError as exc:

@@ -183,6 +183,8 @@ class SamplingRequestFields(StrictRequestModel):
     ignore_eos: bool = False
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
     @field_validator("stop")
     @classmethod

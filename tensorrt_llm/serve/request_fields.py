@@ -42,8 +42,6 @@ NOT_IMPLEMENTED_FIELDS: dict[str, Any] = {
     "prediction": _off(None),
     "verbosity": _off(None),
     "web_search_options": _off(None),
-    "skip_special_tokens": _off(None, True),
-    "spaces_between_special_tokens": _off(None, True),
 }
 
 

@@ -111,7 +111,7 @@ def test_backend_decode_equals_the_tokenizers_decode(tokenizer: Any) -> None:
 
     from tensorrt_llm.llmapi.outputs import _backend_decoder
 
-    assert _backend_decoder(tokenizer) is not None
+    assert _backend_decoder(tokenizer, True) is not None
     rng = random.Random(0)
     ids = tokenizer(TEXT)["input_ids"] + list(tokenizer.all_special_ids)
     for _ in range(200):
@@ -119,3 +119,15 @@ def test_backend_decode_equals_the_tokenizers_decode(tokenizer: Any) -> None:
         detok = IncrementalDetokenizer(tokenizer)
         detok.add(sample)
         assert detok.finish() == tokenizer.decode(sample, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_special_tokens_kept_or_skipped_as_asked(tokenizer: Any, skip: bool) -> None:
+    special = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = [*tokenizer("a cat")["input_ids"], special, *tokenizer(" sat")["input_ids"]]
+    state = CompletionState(
+        CompletionOutput(0), tokenizer, [], final_text_only=False, skip_special_tokens=skip
+    )
+    deltas = stream(state, ids)
+    want = "a cat sat" if skip else "a cat<|im_end|> sat"
+    assert state.output.text == "".join(deltas) == want

@@ -34,7 +34,6 @@ def _checked(body: dict[str, Any]) -> ChatCompletionRequest:
         ("prompt_logprobs", 2),
         ("use_beam_search", True),
         ("guided_decoding_backend", "outlines"),
-        ("skip_special_tokens", False),
     ],
 )
 def test_not_implemented_values_are_400_naming_the_field(field: str, value: Any) -> None:
@@ -96,6 +95,14 @@ def test_every_not_implemented_field_has_an_off_value_or_none() -> None:
 def test_include_stop_str_in_output_reaches_sampling_params() -> None:
     body = _checked(_chat(include_stop_str_in_output=True, stop=["x"]))
     assert to_sampling_params(body, 8).include_stop_str_in_output is True
+
+
+def test_special_token_fields_reach_sampling_params() -> None:
+    params = to_sampling_params(_checked(_chat()), 8)
+    assert params.skip_special_tokens and params.spaces_between_special_tokens
+    body = _checked(_chat(skip_special_tokens=False, spaces_between_special_tokens=False))
+    params = to_sampling_params(body, 8)
+    assert not params.skip_special_tokens and not params.spaces_between_special_tokens
 
 
 def test_penalties_and_processors_reach_sampling_params() -> None:
