@@ -212,6 +212,9 @@ class SimpleScheduler:
                 if scheduled.preempted or scheduled.preemption_deferred:
                     break  # short of blocks this step: admit nothing new
                 if not self._admit(req, need):
+                    if not self.kv_cache_manager.num_used_blocks and self.seq_slot_manager.num_free:
+                        self._fail(req, need, scheduled)  # an empty cache cannot hold it
+                        continue
                     break
                 served.append(req.scheduling_key)
             req.context_chunk_size = chunk
