@@ -183,6 +183,8 @@ class SamplingRequestFields(StrictRequestModel):
     ignore_eos: bool = False
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     include_stop_str_in_output: bool = False
+    # vLLM's scheduling priority: lower is admitted first and preempted last (default 0).
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0
 
     @field_validator("stop")
     @classmethod
