@@ -54,7 +54,9 @@ KV_LOOKAHEAD_TOKENS = 1
 # Share of the pool a new admission must leave free (at least one block), vLLM's 1%.
 WATERMARK_FRACTION = 0.01
 # The knobs that size the KV pool, for error messages.
-KV_POOL_KNOBS = "kv_cache_config.max_tokens (kv_cache_max_tokens) or kv_cache_free_gpu_memory_fraction"
+KV_POOL_KNOBS = (
+    "kv_cache_config.max_tokens (kv_cache_max_tokens) or kv_cache_free_gpu_memory_fraction"
+)
 
 
 @dataclass

@@ -10,7 +10,6 @@ skip; a request larger than the whole cache fails alone while the others finish.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -94,9 +93,7 @@ CASES = [("qwen2_vl", True), ("qwen3_5", False)]
 
 
 @pytest.mark.parametrize(("family", "with_image"), CASES)
-def test_small_cache_matches_large_cache(
-    family: str, with_image: bool, image: Image.Image
-) -> None:
+def test_small_cache_matches_large_cache(family: str, with_image: bool, image: Image.Image) -> None:
     with _llm(family, LARGE_KV_TOKENS) as big:
         inputs = _inputs(big, image, with_image)
         want = {seeded: _run(big, inputs, _params(seeded)) for seeded in (False, True)}
