@@ -138,3 +138,27 @@ def test_request_larger_than_the_cache_fails_alone() -> None:
             small.generate("hello", too_big)
         outs = [h.result() for h in handles]
         assert all(len(o.outputs[0].token_ids) == MAX_TOKENS for o in outs)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_guided_requests_survive_preemption(overlap: bool) -> None:
+    """The grammar matcher is kept (it has accepted exactly the outputs): after the recompute
+    the masks continue where they were, so the text equals the large cache's and still matches."""
+    pytest.importorskip("xgrammar")
+    from tensorrt_llm import GuidedDecodingParams
+
+    guided = GuidedDecodingParams(regex="[a-z]{20}")
+    params = SamplingParams(max_tokens=24, temperature=0.0, guided_decoding=guided)
+    kwargs: dict[str, Any] = dict(
+        device="cpu", executor_mode="inproc", max_batch_size=4, max_seq_len=64, tokens_per_block=4
+    )
+    ckpt = str(get_or_build_demo_checkpoint("qwen3"))
+    with LLM(ckpt, kv_cache_max_tokens=LARGE_KV_TOKENS, **kwargs) as big:
+        want = [o.outputs[0].text for o in big.generate(TEXTS, params)]
+    with LLM(
+        ckpt, kv_cache_max_tokens=64, disable_overlap_scheduler=not overlap, **kwargs
+    ) as small:
+        got = [o.outputs[0].text for o in small.generate(TEXTS, params)]
+        assert small.get_stats().num_preemptions > 0
+    assert got == want
+    assert all(len(text) == 20 and text.isalpha() for text in got)
