@@ -246,7 +246,11 @@ class SimpleScheduler:
             if group not in self._rotation:
                 self._rotation[group] = None
         queues = [waiting[group] for group in self._rotation]
-        fair = sorted(_interleave(queues), key=lambda r: (r.priority, not r.is_preempted))
+        fair: Iterable[LlmRequest] = _interleave(queues)
+        # NOTE: sorted only when some waiting request needs it: the common all-default case
+        # stays lazy (admission usually stops after a few of thousands waiting).
+        if any(r.priority or r.num_preemptions for q in queues for r in q):
+            fair = sorted(fair, key=lambda r: (r.priority, not r.is_preempted))
         return itertools.chain(admitted, fair)
 
     def _context_chunk(self, req: LlmRequest, budget: int) -> int:
@@ -282,8 +286,10 @@ class SimpleScheduler:
         requests not scheduled yet while the pool is short. `may_self`: the request may be its
         own victim (generation); otherwise it just waits. False: not scheduled this step."""
         kv = self.kv_cache_manager
-        taken = {id(r) for r in scheduled.all_requests}
+        taken: set[int] | None = None  # built on the first shortage only: O(batch) per call
         while not kv.ensure_capacity(req.request_id, need):
+            if taken is None:
+                taken = {id(r) for r in scheduled.all_requests}
             victims = [r for r in running if r.seq_slot is not None and id(r) not in taken]
             victim = victims[-1] if victims else req
             if victim is req and not may_self:

@@ -162,3 +162,40 @@ def test_guided_requests_survive_preemption(overlap: bool) -> None:
         assert small.get_stats().num_preemptions > 0
     assert got == want
     assert all(len(text) == 20 and text.isalpha() for text in got)
+
+
+def test_priority_picks_the_victims() -> None:
+    """Lower priority values run first: the most important request is never preempted, and the
+    first victim is the least important one running."""
+    prios = [1, 0, 0, -1]
+    params = [
+        SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, priority=p)
+        for p in prios
+    ]
+    with _llm("qwen2", SMALL_KV_TOKENS) as small:
+        scheduler = small._executor.scheduler
+        victims: list[int] = []
+        preempt = scheduler._preempt
+
+        def spy(req: Any, scheduled: Any) -> None:
+            victims.append(req.priority)
+            preempt(req, scheduled)
+
+        scheduler._preempt = spy
+        outs = small.generate(TEXTS, params)
+    assert all(len(o.outputs[0].token_ids) == MAX_TOKENS for o in outs)
+    assert victims and -1 not in victims and victims[0] == 1
+
+
+def test_process_mode_small_cache_matches() -> None:
+    """The engine in its own process: same outputs, and the preemption count reaches the stats."""
+    params = _params(False)
+    ckpt = str(get_or_build_demo_checkpoint("qwen2"))
+    kwargs: dict[str, Any] = dict(
+        device="cpu", max_batch_size=4, max_seq_len=MAX_SEQ_LEN, tokens_per_block=TPB
+    )
+    with LLM(ckpt, executor_mode="inproc", kv_cache_max_tokens=LARGE_KV_TOKENS, **kwargs) as big:
+        want = _run(big, TEXTS, params)
+    with LLM(ckpt, executor_mode="process", kv_cache_max_tokens=SMALL_KV_TOKENS, **kwargs) as small:
+        assert _run(small, TEXTS, params) == want
+        assert small.get_stats().num_preemptions > 0
