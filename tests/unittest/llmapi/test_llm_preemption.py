@@ -83,13 +83,13 @@ def _run(llm: LLM, inputs: list[Any], params: list[SamplingParams]) -> list[Any]
     for out in outs:
         completion = out.outputs[0]
         logprobs = [
-            round(next(iter(entry.values())).logprob, 4) for entry in completion.logprobs or []
+            next(iter(entry.values())).logprob for entry in completion.logprobs or []
         ]
         result.append((list(completion.token_ids), logprobs))
     return result
 
 
-CASES = [("qwen2_vl", True), ("qwen3_5", False)]
+CASES = [("qwen2_vl", True), ("qwen3_5", True), ("qwen3_5", False)]
 
 
 @pytest.mark.parametrize(("family", "with_image"), CASES)
@@ -102,7 +102,11 @@ def test_small_cache_matches_large_cache(family: str, with_image: bool, image: I
         with _llm(family, SMALL_KV_TOKENS, overlap) as small:
             for seeded in (False, True):
                 got = _run(small, inputs, _params(seeded))
-                assert got == want[seeded], (family, overlap, seeded)
+                case = (family, overlap, seeded)
+                assert [ids for ids, _ in got] == [ids for ids, _ in want[seeded]], case
+                # Recomputed KV / recurrent state differs from the incremental one by rounding.
+                for (_, lp), (_, ref) in zip(got, want[seeded], strict=True):
+                    assert lp == pytest.approx(ref, abs=1e-3), case
                 assert all(len(ids) == MAX_TOKENS for ids, _ in got)
             stats = small.get_stats()
             assert stats.num_preemptions > 0, "the small cache must force preemptions"
