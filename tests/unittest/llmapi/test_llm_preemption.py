@@ -82,9 +82,7 @@ def _run(llm: LLM, inputs: list[Any], params: list[SamplingParams]) -> list[Any]
     result = []
     for out in outs:
         completion = out.outputs[0]
-        logprobs = [
-            next(iter(entry.values())).logprob for entry in completion.logprobs or []
-        ]
+        logprobs = [next(iter(entry.values())).logprob for entry in completion.logprobs or []]
         result.append((list(completion.token_ids), logprobs))
     return result
 
