@@ -111,6 +111,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     logprobs: int | None = None
+    priority: int = 0
     _stop_token_set: frozenset[int] = field(init=False, repr=False, compare=False)
     # True when the sampler must process this request's logits (sampler_penalties.py).
     _needs_processing: bool = field(init=False, repr=False, compare=False)
@@ -202,6 +203,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= _MAX_SEED):
             raise ValueError(f"seed must be an int in [0, 2**64) or None, got {self.seed!r}")
+        if not _is_int(self.priority):
+            raise ValueError(f"priority must be an int, got {self.priority!r}")
 
     def _check_penalties(self) -> None:
         rep = self.repetition_penalty

@@ -34,6 +34,7 @@ UPSTREAM_BACKENDS = ("pytorch", "tensorrt", "_autodeploy")
 _LLM_FLAGS = (
     "max_batch_size",
     "max_num_tokens",
+    "enable_chunked_prefill",
     "max_seq_len",
     "kv_cache_free_gpu_memory_fraction",
     "limit_mm_per_prompt",
@@ -90,7 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served_model_name", default=None, help="model id (default: folder name)")
     p.add_argument("--max_batch_size", type=int, default=None)
-    p.add_argument("--max_num_tokens", type=int, default=None)
+    p.add_argument(
+        "--max_num_tokens", type=int, default=None, help="token budget of one step (decodes first)"
+    )
+    p.add_argument(
+        "--enable_chunked_prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="split long prompts over steps (default: on; --no-enable_chunked_prefill: off)",
+    )
     p.add_argument("--max_seq_len", type=int, default=None)
     p.add_argument("--kv_cache_free_gpu_memory_fraction", type=float, default=None)
     p.add_argument(

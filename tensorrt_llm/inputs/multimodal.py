@@ -47,6 +47,16 @@ def _move(value: Any, device: torch.device, pin_memory: bool) -> Any:
     return value
 
 
+def _copy_tree(value: Any) -> Any:
+    """New dicts and lists all the way down, the same tensors at the leaves: `to_device`
+    replaces leaves in place, which must not reach a copy."""
+    if isinstance(value, dict):
+        return {k: _copy_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copy_tree(v) for v in value)
+    return value
+
+
 def placeholder_spans(ids: Any, token_id: int) -> tuple[list[int], list[int]]:
     """(starts, lengths) of the runs of `token_id` in `ids`.
 
@@ -119,6 +129,10 @@ class MultimodalParams:
     runtime: MultimodalRuntimeData | None = None
     # Vision-tower outputs kept across prefill chunks of one request (set by the model).
     cached_embeddings: dict[str, Any] | None = None
+    # The payload as it was before its first device move: a preempted request is prefilled
+    # again from it (`keep_for_recompute`, `restore_for_recompute`). Host tensors only, shared
+    # with the original, so it costs no copy; it holds the host pixels for the request's life.
+    _recompute_data: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def to_device(
         self,
@@ -141,6 +155,18 @@ class MultimodalParams:
             parent, leaf = _get_path(data, path)
             if parent is not None:
                 parent[leaf] = _move(parent[leaf], device, pin_memory)
+
+    def keep_for_recompute(self) -> None:
+        """Remember the payload's structure and tensors before a device move (idempotent)."""
+        if self._recompute_data is None:
+            self._recompute_data = _copy_tree(self.multimodal_data)
+
+    def restore_for_recompute(self) -> None:
+        """Back to the payload `keep_for_recompute` saw, for a prefill from position 0."""
+        self.cached_embeddings = None
+        self.runtime = None
+        if self._recompute_data is not None:
+            self.multimodal_data = _copy_tree(self._recompute_data)
 
     def strip_for_generation(self) -> None:
         """Drop everything but the mRoPE delta once the context phase is over."""

@@ -86,7 +86,9 @@ class LlmArgs:
     # Hard cap on KV-cache tokens (None: size from the memory fraction only).
     kv_cache_max_tokens: int | None = None
     tokens_per_block: int = 32
-    enable_chunked_prefill: bool = False
+    # On by default: a long prompt then shares steps with decodes instead of stalling them,
+    # and a preempted request's recompute (prompt + outputs) may exceed max_num_tokens.
+    enable_chunked_prefill: bool = True
     attn_backend: str = "auto"
     # Decode CUDA graphs (a CudaGraphConfig, or a dict of its fields); None turns them off.
     cuda_graph_config: CudaGraphConfig | None = field(default_factory=CudaGraphConfig)

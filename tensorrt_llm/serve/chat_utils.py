@@ -206,6 +206,8 @@ def to_sampling_params(
         kwargs["top_k"] = max(int(request.top_k), 0)
     if request.seed is not None:
         kwargs["seed"] = int(request.seed)
+    if request.priority:
+        kwargs["priority"] = int(request.priority)
     if request.stop is not None:
         kwargs["stop"] = [request.stop] if isinstance(request.stop, str) else list(request.stop)
     if request.stop_token_ids:

@@ -107,6 +107,11 @@ _EXECUTOR_COUNTERS: tuple[tuple[str, str, str], ...] = (
         "Requests cancelled (e.g. client gone).",
         "num_cancelled",
     ),
+    (
+        "executor_preemptions_total",
+        "Running requests preempted (KV freed, recomputed later) because the KV cache ran out.",
+        "num_preemptions",
+    ),
 )
 
 

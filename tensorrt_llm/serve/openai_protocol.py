@@ -185,6 +185,8 @@ class SamplingRequestFields(StrictRequestModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    # vLLM's scheduling priority: lower is admitted first and preempted last (default 0).
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0
 
     @field_validator("stop")
     @classmethod

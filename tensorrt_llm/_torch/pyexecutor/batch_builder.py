@@ -17,6 +17,7 @@ import torch
 
 from ..._utils import async_tensor_h2d, maybe_pin_memory
 from ...inputs.multimodal import (
+    MROPE_POSITION_DELTAS,
     MROPE_POSITION_IDS,
     SPAN_MODALITIES,
     MultimodalParams,
@@ -97,7 +98,18 @@ class InputBatchBuilder:
             )
         if begin == 0:
             check_multimodal_request(req)
-        return pos[:, :, begin:end]
+        prompt_len = req.prompt_len
+        if end <= prompt_len:
+            return pos[:, :, begin:end]
+        # A recompute after preemption: the generated tokens past the prompt sit where decode
+        # put them, at their index plus the request's mRoPE delta (all three sections).
+        delta = params.get(MROPE_POSITION_DELTAS) if params is not None else None
+        offset = 0 if delta is None else delta.reshape(-1)[:1].to(pos.device, pos.dtype)
+        tail = torch.arange(max(begin, prompt_len), end, device=pos.device, dtype=pos.dtype)
+        tail = (tail + offset).view(1, 1, -1).expand(pos.shape[0], pos.shape[1], -1)
+        if begin >= prompt_len:
+            return tail
+        return torch.cat([pos[:, :, begin:prompt_len], tail], dim=-1)
 
     def _prepare_multimodal(
         self, req: LlmRequest, begin: int, end: int
@@ -108,6 +120,8 @@ class InputBatchBuilder:
         # Only called once `_context_positions` found the params (it raises without them).
         params = cast(MultimodalParams, req.multimodal_params)
         if begin == 0:
+            # A preempted request is prefilled again from the payload as it came (host).
+            params.keep_for_recompute()
             # Once per request: move the listed tensors (mRoPE keys always among them).
             params.to_device(
                 "multimodal_data",
@@ -196,7 +210,7 @@ class InputBatchBuilder:
         for i, req in enumerate(ctx):
             begin = req.context_current_position
             end = begin + req.context_chunk_size
-            ids_parts.append(req.prompt_token_array[begin:end])
+            ids_parts.append(req.context_token_array[begin:end])
             chunk_pos = self._context_positions(req, begin, end)
             if chunk_pos is not None:
                 mrope_ctx.append((offset, chunk_pos))

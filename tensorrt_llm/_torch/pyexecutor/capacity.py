@@ -148,8 +148,8 @@ def cap_max_seq_len(
     """The final max_seq_len: a default (`source` is not MAX_SEQ_LEN_USER) capped by the
     tokens the sized KV cache holds; the user's value as given (startup checked it fits).
 
-    NOTE: a request of the capped length takes the whole cache: the scheduler admits it alone
-    (it reserves prompt + max_tokens), so the limit is reachable, just not concurrently.
+    NOTE: a request of the capped length takes the whole cache: the scheduler preempts the
+    others as it grows (scheduler.py), so the limit is reachable, just not concurrently.
     """
     mpe = config_max_position_embeddings
     if source == MAX_SEQ_LEN_USER:

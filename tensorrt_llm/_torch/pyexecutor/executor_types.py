@@ -46,6 +46,8 @@ class ExecutorStats:
     num_completed: int = 0  # finished normally (stop / length)
     num_failed: int = 0  # errors, including validation failures
     num_cancelled: int = 0
+    # Requests sent back to waiting to be recomputed because the KV pool ran out (scheduler.py).
+    num_preemptions: int = 0
     last_step_num_tokens: int = 0
     last_step_time_s: float = 0.0
 

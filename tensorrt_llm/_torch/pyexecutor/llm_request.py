@@ -2,6 +2,10 @@
 
 Lifecycle: CONTEXT_INIT (prompt being prefilled, possibly over several chunks) ->
 GENERATION_IN_PROGRESS (one token per step) -> GENERATION_COMPLETE (finish_reason set).
+Preemption by recompute (`preempt`, the scheduler's) sends a request back to CONTEXT_INIT: its
+context becomes prompt + the tokens generated so far (`context_len`, `context_token_array`),
+prefilled again from position 0; the prompt and `output_token_ids` themselves never change, so
+penalties, logprobs, streaming and the seeded generator carry on as if nothing happened.
 The scheduler writes `context_chunk_size` and `seq_slot`; after the forward the executor
 advances `context_current_position` and applies the sampled tokens (`request_lifecycle.py`).
 `output_token_ids` holds real tokens only: a token the overlap scheduler launched the next step
@@ -78,7 +82,12 @@ class LlmRequest:
         self.state = LlmRequestState.CONTEXT_INIT
         self.seq_slot: int | None = None
         self.context_current_position = 0  # prompt tokens already prefilled (in the KV cache)
-        self.context_chunk_size = 0  # prompt tokens scheduled for the current step
+        self.context_chunk_size = 0  # context tokens scheduled for the current step
+        # Tokens the context phase prefills: the prompt, plus the generated tokens of a
+        # preempted request (they are recomputed, not sampled again).
+        self._context_len = self.prompt_len
+        self._context_tokens: np.ndarray | None = None  # prompt + outputs, once preempted
+        self.num_preemptions = 0
         self.output_token_ids: list[int] = []
         # One entry per output token (sampler_logprobs.SampledLogprobs) when the request asks
         # for logprobs, appended with the token (request_lifecycle.apply_new_tokens).
@@ -146,9 +155,29 @@ class LlmRequest:
         return self.prompt_len + self.sampling_params.max_tokens
 
     @property
+    def context_len(self) -> int:
+        """Tokens of the context phase: the prompt, or prompt + outputs after a preemption."""
+        return self._context_len
+
+    @property
+    def context_token_array(self) -> np.ndarray:
+        """Read-only int64 ids of the context phase (chunks slice this)."""
+        return self._prompt_array if self._context_tokens is None else self._context_tokens
+
+    @property
     def context_remaining_length(self) -> int:
-        """Prompt tokens not prefilled yet."""
-        return self.prompt_len - self.context_current_position
+        """Context tokens not prefilled yet."""
+        return self._context_len - self.context_current_position
+
+    @property
+    def priority(self) -> int:
+        """Scheduling priority (`SamplingParams.priority`): lower runs first, vLLM's way."""
+        return self.sampling_params.priority
+
+    @property
+    def is_preempted(self) -> bool:
+        """Waiting to be recomputed after a preemption (not admitted again yet)."""
+        return self.num_preemptions > 0 and self.seq_slot is None and self.is_context_init
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -195,19 +224,46 @@ class LlmRequest:
 
     @property
     def is_last_context_chunk(self) -> bool:
-        """True when the scheduled chunk reaches the prompt's end (this step samples a token)."""
-        return self.context_current_position + self.context_chunk_size >= self.prompt_len
+        """True when the scheduled chunk reaches the context's end (this step samples a token)."""
+        return self.context_current_position + self.context_chunk_size >= self._context_len
 
     def move_to_next_context_chunk(self) -> None:
         """Mark the scheduled chunk as prefilled. Safe to call twice (the chunk resets to 0)."""
         self.context_current_position = min(
-            self.prompt_len, self.context_current_position + self.context_chunk_size
+            self._context_len, self.context_current_position + self.context_chunk_size
         )
         self.context_chunk_size = 0
 
+    def preempt(self) -> None:
+        """Back to CONTEXT_INIT to be recomputed from scratch (the scheduler freed its KV
+        blocks and seq slot). The next token it samples is output number
+        `num_generated_tokens`, exactly as without the preemption.
+
+        NOTE: a token still in flight could not be recomputed (its value is on the device
+        only), so the scheduler never picks such a request.
+        """
+        if self.is_finished:
+            raise ValueError(f"request {self.request_id} is finished; cannot preempt it")
+        if self.num_in_flight_tokens:
+            raise ValueError(f"request {self.request_id} has a token in flight; cannot preempt")
+        self.state = LlmRequestState.CONTEXT_INIT
+        self.seq_slot = None
+        self.context_current_position = 0
+        self.context_chunk_size = 0
+        self._context_len = self.prompt_len + len(self.output_token_ids)
+        if self.output_token_ids:
+            tokens = np.concatenate(
+                [self._prompt_array, np.asarray(self.output_token_ids, dtype=np.int64)]
+            )
+            tokens.flags.writeable = False
+            self._context_tokens = tokens
+        self.num_preemptions += 1
+        if self.multimodal_params is not None:
+            self.multimodal_params.restore_for_recompute()
+
     def _enter_generation(self) -> None:
         if self.is_context_init:
-            self.context_current_position = self.prompt_len
+            self.context_current_position = self._context_len
             self.context_chunk_size = 0
             self.state = LlmRequestState.GENERATION_IN_PROGRESS
 

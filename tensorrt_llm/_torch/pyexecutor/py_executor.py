@@ -260,11 +260,18 @@ class PyExecutor:
     def _schedule(self) -> ScheduledRequests | None:
         """This step's batch, or None when the scheduler failed (everything active then fails)."""
         try:
-            return self.scheduler.schedule(self._active)
+            scheduled = self.scheduler.schedule(self._active)
         except Exception as exc:
             logger.exception("scheduler failed")
             self._fail_all(f"scheduler error: {type(exc).__name__}: {exc}")
             return None
+        for req in scheduled.failed:  # can never get its KV blocks: its resources are free
+            self._finish(req)
+        if scheduled.preempted:
+            logger.debug("preempted %s", [r.request_id for r in scheduled.preempted])
+            with self._stats_lock:
+                self._stats.num_preemptions += len(scheduled.preempted)
+        return scheduled
 
     def _record_step(self, scheduled: ScheduledRequests, start: float) -> None:
         with self._stats_lock:

@@ -10,7 +10,8 @@ Bookkeeping: when a step is launched, each sampled request counts one token in f
 (`LlmRequest.num_in_flight_tokens`), so lengths and positions are right for the next step before
 the value is known; `output_token_ids` only ever holds real tokens. A request that turns out to
 have stopped at step n was already launched in step n+1; that extra token is dropped (its KV
-write fits the reservation's spare token).
+write lands in the scheduler's look-ahead token). Preempting a request needs its tokens on the
+host, so a step whose scheduler wants a victim with a token in flight syncs first.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class OverlapPyExecutor(PyExecutor):
                 # (no overlap for this step, for guided batches only), then schedule.
                 self._process_pending()
         scheduled = self._schedule()
+        if scheduled is not None and scheduled.preemption_deferred and self._pending is not None:
+            # A preemption victim's last token is still in flight: it can only be recomputed
+            # once that token is on the host, so give up this step's overlap.
+            self._process_pending()
+            scheduled = self._schedule()
         if scheduled is None:
             return
         launched: _InFlight | None = None

@@ -20,7 +20,7 @@ def test_defaults(model_dir: str) -> None:
     args = LlmArgs.from_kwargs(model=model_dir)
     assert args.max_batch_size is None and args.max_num_tokens == 4096  # None: sized at startup
     assert args.kv_cache_free_gpu_memory_fraction == 0.9 and args.tokens_per_block == 32
-    assert args.dtype == "auto" and args.device == "auto" and not args.enable_chunked_prefill
+    assert args.dtype == "auto" and args.device == "auto" and args.enable_chunked_prefill
     assert args.max_seq_len is None and args.limit_mm_per_prompt is None
 
 

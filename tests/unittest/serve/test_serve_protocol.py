@@ -96,7 +96,11 @@ def test_sampling_params_conversion() -> None:
         2,
         7,
     )
-    assert sp.stop_strings == ["##"] and sp.is_greedy
+    assert sp.stop_strings == ["##"] and sp.is_greedy and sp.priority == 0
+    # vLLM's extra_body priority reaches the engine (lower runs first).
+    assert to_sampling_params(_chat(priority=-3), 4).priority == -3
+    completion = CompletionRequest.model_validate({"model": "m", "prompt": "hi", "priority": 2})
+    assert to_sampling_params(completion, 4).priority == 2
 
 
 def test_completion_prompt_forms() -> None:
@@ -135,6 +139,7 @@ def test_server_metrics_render() -> None:
         num_free_seq_slots=6,
         num_total_seq_slots=8,
         num_steps=10,
+        num_preemptions=4,
     )
     metrics = ServerMetrics('m"x', lambda: stats)
     metrics.on_http("/v1/completions", 200)
@@ -152,6 +157,7 @@ def test_server_metrics_render() -> None:
     assert samples[f"trtllm_num_requests_running{{{label}}}"] == 2
     assert samples[f"trtllm_kv_cache_usage_ratio{{{label}}}"] == 0.25
     assert samples[f"trtllm_seq_slots_free{{{label}}}"] == 6
+    assert samples[f"trtllm_executor_preemptions_total{{{label}}}"] == 4
     assert samples[f"trtllm_prompt_tokens_total{{{label}}}"] == 10
     assert samples[f"trtllm_generation_tokens_total{{{label}}}"] == 7
     assert samples[f"trtllm_inter_token_latency_seconds_count{{{label}}}"] == 3
@@ -171,6 +177,11 @@ def test_cli_parsing(tmp_path: object) -> None:
         ["ckpt", "--max_seq_len", "128", "--limit_mm_per_prompt", "image=3", "--device", "cpu"]
         + ["--kv_cache_dtype", "fp8", "--quantization", "fp8"]
     )
+    chunking = parse_args(["ckpt", "--no-enable_chunked_prefill", "--max_num_tokens", "64"])
+    assert llm_kwargs(chunking) == {"enable_chunked_prefill": False, "max_num_tokens": 64}
+    assert llm_kwargs(parse_args(["ckpt", "--enable_chunked_prefill"])) == {
+        "enable_chunked_prefill": True
+    }
     assert llm_kwargs(args) == {
         "max_seq_len": 128,
         "limit_mm_per_prompt": {"image": 3},

@@ -311,3 +311,25 @@ def test_required_tool_choice_gives_a_valid_call_from_the_random_model(served: S
     (call,) = choice.message.tool_calls
     assert call.function.name == "pick"
     assert json.loads(call.function.arguments)["color"] in ("red", "blue")
+
+
+def test_priority_extra_body_on_both_endpoints(served: ServeHandle) -> None:
+    """vLLM's `priority` (lower runs first) is accepted by both endpoints and changes no text."""
+    client = served.client()
+    ref = served.llm.generate("Once upon", SamplingParams(max_tokens=5, temperature=0.0))
+    done = client.completions.create(
+        model=served.model,
+        prompt="Once upon",
+        max_tokens=5,
+        temperature=0,
+        extra_body={"priority": -5},
+    )
+    assert done.choices[0].text == ref.outputs[0].text
+    chat = _chat(served, user("Hello"), max_tokens=3, extra_body={"priority": 7})
+    assert chat.usage.completion_tokens == 3
+    bad = httpx.post(
+        served.base_url + "/v1/completions",
+        json={"model": served.model, "prompt": "x", "priority": "high"},
+        timeout=30,
+    )
+    assert bad.status_code == 400 and "priority" in bad.text

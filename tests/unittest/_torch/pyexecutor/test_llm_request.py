@@ -1,13 +1,16 @@
-"""LlmRequest: validation, sizes, state transitions, chunk bookkeeping, token counts, metrics."""
+"""LlmRequest: validation, sizes, state transitions, chunk bookkeeping, token counts, metrics,
+preemption."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
+from tensorrt_llm.inputs.multimodal import MultimodalParams
 from tensorrt_llm.sampling_params import SamplingParams
 
 
@@ -95,3 +98,40 @@ def test_count_tokens_rejects_out_of_range() -> None:
         req.count_tokens_before(1, 4)
     with pytest.raises(ValueError, match="start"):
         req.count_tokens_in_range(1, 2, 1)
+
+
+def test_preempt_folds_the_outputs_into_the_context() -> None:
+    pixels = torch.ones(2, 3)
+    mm = MultimodalParams({"image": {"pixel_values": pixels}})
+    req = LlmRequest(0, [5, 6, 7], SamplingParams(max_tokens=6, priority=2), mm)
+    assert req.priority == 2 and req.context_len == 3
+    mm.keep_for_recompute()
+    mm.multimodal_data["image"]["pixel_values"] = pixels * 2  # a device move replaces leaves
+    req.context_chunk_size = 3
+    req.add_new_token(8)
+    req.add_new_token(9)
+    mm.strip_for_generation()
+    req.seq_slot = 1
+    req.preempt()
+    assert req.is_context_init and req.seq_slot is None and req.is_preempted
+    assert req.context_len == 5 and req.context_current_position == 0
+    assert req.context_token_array.tolist() == [5, 6, 7, 8, 9]
+    assert req.prompt_token_ids == [5, 6, 7] and req.output_token_ids == [8, 9]
+    assert mm.multimodal_data["image"]["pixel_values"] is pixels  # the payload as it came
+    # The recompute's last chunk samples output number 2; the prompt is untouched.
+    req.context_chunk_size = 5
+    assert req.is_last_context_chunk
+    req.add_new_token(4)
+    assert req.is_generation and req.output_token_ids == [8, 9, 4] and req.num_tokens == 6
+    assert not req.is_preempted and req.num_preemptions == 1
+
+
+def test_preempt_refuses_in_flight_and_finished() -> None:
+    req = LlmRequest(0, [1, 2], SamplingParams(max_tokens=4))
+    req.context_chunk_size = 2
+    req.add_in_flight_token()
+    with pytest.raises(ValueError, match="in flight"):
+        req.preempt()
+    req.finish("cancelled")
+    with pytest.raises(ValueError, match="finished"):
+        req.preempt()

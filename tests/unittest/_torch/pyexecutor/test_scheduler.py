@@ -1,4 +1,4 @@
-"""SimpleScheduler: batch/token limits, chunked prefill, FCFS, KV reservation, validation."""
+"""SimpleScheduler: batch/token limits, chunked prefill, FCFS, KV admission, validation."""
 
 from __future__ import annotations
 
@@ -21,10 +21,16 @@ def _sched(
     tpb: int = 4,
     max_blocks: int = 16,
     slots: int | None = None,
+    watermark: int | None = None,
 ) -> SimpleScheduler:
     kv = KVCacheManager(1, 1, 4, tpb, num_blocks, max_blocks, torch.float32, "cpu")
     return SimpleScheduler(
-        max_batch_size, max_num_tokens, chunked, kv, SeqSlotManager(slots or max_batch_size)
+        max_batch_size,
+        max_num_tokens,
+        chunked,
+        kv,
+        SeqSlotManager(slots or max_batch_size),
+        watermark_blocks=watermark,
     )
 
 
@@ -108,9 +114,9 @@ def test_generation_first_and_token_budget() -> None:
     assert out.num_tokens <= 6
 
 
-def test_kv_reservation_gates_admission_and_release_frees() -> None:
-    # 4 blocks of 4 tokens; each request reserves prompt 6 + max_tokens 2 = 8 tokens = 2 blocks.
-    s = _sched(max_num_tokens=100, num_blocks=4)
+def test_kv_admission_gates_and_release_frees() -> None:
+    # 4 blocks of 4 tokens; admission claims prompt 6 + the look-ahead token = 2 blocks.
+    s = _sched(max_num_tokens=100, num_blocks=4, watermark=0)
     reqs = [_req(i, 6, max_tokens=2) for i in range(3)]
     out = s.schedule(reqs)
     assert [r.request_id for r in out.context_requests] == [0, 1]
