@@ -15,7 +15,9 @@ Life of a guided request in the engine (all on the loop thread unless said other
 
 A step without guided requests does none of this: every hook returns at once while no guided
 request is live (`active`). The overlap executor needs a matcher to have seen the previous token
-before the next mask is built; `needs_sync` tells it to wait for that step first.
+before the next mask is built; `needs_sync` tells it to accept that step's tokens between the
+next forward and its sampling. A request that finished meanwhile (its token is dropped) gets
+no mask.
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ class GuidedDecoder:
         matchers: list[Any] = []
         for i, req in enumerate(requests):
             state = self._states.get(req.request_id)
-            if state is None:
+            if state is None or req.is_finished:  # finished: this row's token is dropped
                 continue
             self._check_fresh(req, state)
             rows.append(i)
@@ -221,7 +223,7 @@ class GuidedDecoder:
 
     def needs_sync(self, requests: list[LlmRequest]) -> bool:
         """True when one of `requests` (a launched step) is guided and still running: its
-        next mask needs that step's token first."""
+        next mask needs that step's token accepted first."""
         if not self._states:
             return False
         return any(r.request_id in self._states and not r.is_finished for r in requests)

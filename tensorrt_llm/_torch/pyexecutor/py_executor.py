@@ -313,11 +313,13 @@ class PyExecutor:
         self._finish(req)
 
     def _forward_and_sample(
-        self, scheduled: ScheduledRequests
+        self, scheduled: ScheduledRequests, before_sample: Callable[[], None] | None = None
     ) -> tuple[list[LlmRequest], SampledStep | None]:
         """Build the step's InputBatch, run it and sample on the device; returns (sampled
         requests, device tokens with the logprobs rows asked for). Each token is also kept at
-        its seq slot (SlotState).
+        its seq slot (SlotState). `before_sample` runs once the forward is launched, before
+        the guided masks are built (the overlap executor accepts the previous step's tokens
+        there while the GPU runs this forward).
 
         Rows that give a real token are the generation rows and the context rows whose chunk
         reaches the end of the prompt (`InputBatch.sample_rows`); the others are dropped
@@ -334,6 +336,8 @@ class PyExecutor:
         sampled = [everyone[i] for i in rows]
         if not sampled:
             return sampled, None
+        if before_sample is not None:
+            before_sample()
         slots = batch.attn_metadata.seq_slots
         if len(rows) != logits.shape[0]:
             index = async_tensor_h2d(rows, torch.int64, logits.device)

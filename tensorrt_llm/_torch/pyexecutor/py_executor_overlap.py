@@ -12,6 +12,12 @@ the value is known; `output_token_ids` only ever holds real tokens. A request th
 have stopped at step n was already launched in step n+1; that extra token is dropped (its KV
 write lands in the scheduler's look-ahead token). Preempting a request needs its tokens on the
 host, so a step whose scheduler wants a victim with a token in flight syncs first.
+
+Guided requests: step n+1's grammar masks need step n's tokens accepted by the matchers. The
+forward of step n+1 does not, so it is launched first; then the host waits for step n's tokens,
+applies them and advances the matchers (`_accept_pending`) while the GPU runs that forward, and
+only then builds the masks and launches the sampling. Responses for step n (finishing requests,
+freeing their resources) still wait until step n+1 is launched.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class _InFlight:
     host: torch.Tensor  # host copy of the step's tokens (+ logprobs), valid once `done` is
     done: torch.cuda.Event | None
     layout: LogprobLayout | None = None  # where the logprobs sit in `host` (None: no row asked)
+    accepted: bool = False  # its tokens are applied to the requests (responses not sent yet)
 
 
 class OverlapPyExecutor(PyExecutor):
@@ -53,12 +60,6 @@ class OverlapPyExecutor(PyExecutor):
 
     def _step(self) -> None:
         start = time.perf_counter()
-        guided = self.guided_decoder
-        if self._pending is not None and guided is not None:
-            if guided.needs_sync(self._pending.requests):
-                # A guided mask needs the previous token accepted first: wait for that step
-                # (no overlap for this step, for guided batches only), then schedule.
-                self._process_pending()
         scheduled = self._schedule()
         if scheduled is not None and scheduled.preemption_deferred and self._pending is not None:
             # A preemption victim's last token is still in flight: it can only be recomputed
@@ -94,7 +95,12 @@ class OverlapPyExecutor(PyExecutor):
         self._record_step(scheduled, start)
 
     def _launch(self, scheduled: ScheduledRequests) -> _InFlight:
-        sampled, step = self._forward_and_sample(scheduled)
+        guided, pending = self.guided_decoder, self._pending
+        # A guided mask needs the pending step's tokens: accept them between forward and
+        # sampling (see the module docstring).
+        sync = guided is not None and pending is not None and guided.needs_sync(pending.requests)
+        before_sample = self._accept_pending if sync else None
+        sampled, step = self._forward_and_sample(scheduled, before_sample)
         if step is None:  # only non-final prefill chunks ran: nothing to sample
             tokens = torch.empty(0, dtype=torch.int64, device=self.model_engine.device)
             step = SampledStep(tokens, tokens, None)
@@ -104,13 +110,16 @@ class OverlapPyExecutor(PyExecutor):
         release_prefilled_media(scheduled)
         advance_context_chunks(scheduled)
         for req in sampled:
-            req.add_in_flight_token()
+            if not req.is_finished:  # finished by the tokens accepted before sampling
+                req.add_in_flight_token()
         return _InFlight(sampled, host, done, step.layout)
 
-    def _process_pending(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is None:
+    def _accept_pending(self) -> None:
+        """Wait for the pending step's tokens and apply them (matchers advanced); no responses."""
+        pending = self._pending
+        if pending is None or pending.accepted:
             return
+        pending.accepted = True
         if pending.done is not None:
             pending.done.synchronize()
         # Requests cancelled or failed while in flight are skipped.
@@ -118,6 +127,12 @@ class OverlapPyExecutor(PyExecutor):
         apply_new_tokens(pending.requests, tokens, in_flight=True, logprobs=logprobs)
         if self.guided_decoder is not None:
             self.guided_decoder.advance(pending.requests)
+
+    def _process_pending(self) -> None:
+        self._accept_pending()
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
         for req in pending.requests:
             if req.request_id in self._callbacks or req in self._active:
                 if req.is_finished:

@@ -116,6 +116,36 @@ def test_min_tokens_yields_to_a_complete_structured_output(llm: LLM) -> None:
     assert out.finish_reason == "stop" and out.text in ("yes", "no")
 
 
+def test_overlap_accepts_tokens_while_the_next_forward_runs(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the overlap scheduler, step n's tokens reach the matchers after step n+1's forward
+    is launched and before its sampling (run, advance, sample), not before scheduling."""
+    executor = llm._executor
+    if not isinstance(executor, OverlapPyExecutor):
+        pytest.skip("the overlap executor's order")
+    events: list[str] = []
+
+    def spy(obj: Any, name: str) -> None:
+        real = getattr(obj, name)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            events.append(name)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(obj, name, wrapped)
+
+    spy(executor.model_engine, "run")
+    spy(executor.guided_decoder, "advance")
+    spy(executor.sampler, "sample_step")
+    out = llm.generate(PROMPTS[0], _guided(GuidedDecodingParams(json=SCHEMA), 9)).outputs[0]
+    monkeypatch.undo()
+    assert out.finish_reason == "stop"
+    jsonschema.validate(json.loads(out.text), SCHEMA)
+    steps = "".join(e[0] for e in events)  # r(un) a(dvance) s(ample_step)
+    assert steps.count("ras") >= len(out.token_ids) - 2, steps
+
+
 def _free_params() -> list[SamplingParams]:
     return [
         SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
