@@ -25,13 +25,11 @@ import numpy as np
 
 from ..sampling_params import SamplingParams
 from .metrics import RequestTiming, summarize
-from .peak import PeakSampler, llm_running, served_running
+from .peak import LLM_INTERVAL_S, SERVED_INTERVAL_S, PeakSampler, llm_running, served_running
 from .served import CHAT_PATH, ServedTarget, chat_body, stage_means, stage_sums, stream_timing
 from .sse_client import StreamResult, post_stream
 from .workload import Workload
 
-_PEAK_INTERVAL_S = 0.005
-_SERVED_PEAK_INTERVAL_S = 0.05
 _SEED_OFFSET = 3  # the draws' own stream: the prompts' generator stays as it is
 
 
@@ -103,7 +101,7 @@ def run_early_stop_llm(
 ) -> dict[str, float]:
     """One row: throughput and latencies of the stopped traces, the peak of running requests
     and how many tokens past its stop each request ran before the cancel landed (mean)."""
-    with PeakSampler(llm_running(llm), _PEAK_INTERVAL_S) as peak:
+    with PeakSampler(llm_running(llm), LLM_INTERVAL_S) as peak:
         start = time.perf_counter()
         results = asyncio.run(_llm_all(llm, prompts, params, stops, concurrency))
         wall = time.perf_counter() - start
@@ -140,7 +138,7 @@ def run_early_stop_served(
     bodies = [chat_body(target, c, workload.osl, workload.ignore_eos) for c in contents]
     before = stage_sums(target)
     reader = served_running(target.host, target.port)
-    with PeakSampler(reader, _SERVED_PEAK_INTERVAL_S) as peak:
+    with PeakSampler(reader, SERVED_INTERVAL_S) as peak:
         start = time.perf_counter()
         results = asyncio.run(_served_all(target, bodies, stops, concurrency))
         wall = time.perf_counter() - start

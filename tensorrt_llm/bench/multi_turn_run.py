@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from ..sampling_params import SamplingParams
 from .metrics import RequestTiming
 from .multi_turn import (
@@ -25,12 +27,14 @@ from .multi_turn import (
     summarize_turns,
     turn_messages,
 )
-from .peak import PeakSampler, llm_running, served_running
+from .peak import LLM_INTERVAL_S, SERVED_INTERVAL_S, PeakSampler, llm_running, served_running
 from .served import (
     CHAT_PATH,
     ServedTarget,
     messages_body,
     png_data_url,
+    stage_means,
+    stage_sums,
     stream_timing,
     workload_images,
 )
@@ -39,8 +43,6 @@ from .workload import Workload
 
 _PROBE_WORDS = 8
 _WARM_UP_SEED = 1000
-_PEAK_INTERVAL_S = 0.005  # in process: a stats copy, cheap
-_SERVED_PEAK_INTERVAL_S = 0.05  # served: a /metrics scrape the server renders
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ def run_multi_turn_llm(
     )
     asyncio.run(_llm_all(llm, warm, replace(params, max_tokens=min(8, workload.osl))))
     conversations = llm_conversations(llm, config, workload, words, spec, concurrency)
-    with PeakSampler(llm_running(llm), _PEAK_INTERVAL_S) as peak:
+    with PeakSampler(llm_running(llm), LLM_INTERVAL_S) as peak:
         start = time.perf_counter()
         samples = asyncio.run(_llm_all(llm, conversations, params))
         wall = time.perf_counter() - start
@@ -209,8 +211,12 @@ def run_multi_turn_served(
         target, config, workload, words, first_words, spec, concurrency
     )
     reader = served_running(target.host, target.port)
-    with PeakSampler(reader, _SERVED_PEAK_INTERVAL_S) as peak:
+    before = stage_sums(target)
+    with PeakSampler(reader, SERVED_INTERVAL_S) as peak:
         start = time.perf_counter()
         samples = asyncio.run(_served_all(target, conversations, workload))
         wall = time.perf_counter() - start
-    return run_row(samples, wall, concurrency, peak.peak), summarize_turns(samples, concurrency)
+    row = run_row(samples, wall, concurrency, peak.peak)
+    row["isl_mean"] = float(np.mean([s.prompt_tokens for s in samples]))  # every turn's
+    row.update(stage_means(before, stage_sums(target)))
+    return row, summarize_turns(samples, concurrency)

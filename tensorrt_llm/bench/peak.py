@@ -14,6 +14,8 @@ from types import TracebackType
 from typing import Any
 
 _RUNNING_GAUGE = "trtllm_num_requests_running"
+LLM_INTERVAL_S = 0.005  # in process a sample is a copy of the published stats: cheap
+SERVED_INTERVAL_S = 0.02  # served it is a /metrics scrape the server renders
 
 
 class PeakSampler:
