@@ -25,6 +25,13 @@ from .served import (
 from .workload import Workload, make_requests
 
 Rows = tuple[dict[str, float], list[dict[str, float]]]
+# The extra columns of --multi_turn / --max_tokens_dist runs (each row has those of its mode).
+_MODE_COLUMNS = ("prefix_hit_rate", "stop_tokens_mean", "overshoot_tokens_mean", "peak_running")
+
+
+def table_columns(rows: list[dict[str, float]], base: tuple[str, ...]) -> tuple[str, ...]:
+    """`base`, then the mode columns the rows carry."""
+    return (*base, *(c for c in _MODE_COLUMNS if rows and c in rows[0]))
 
 
 def add_workload_flags(p: argparse.ArgumentParser) -> None:

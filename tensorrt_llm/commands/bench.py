@@ -13,7 +13,8 @@ transformers' figures on the same GPU and the ratio. --output writes everything 
 folder (or the server at --served_url), driven with streaming OpenAI chat requests (images as
 PNG data URLs). --inprocess_too runs the in-process figures first and prints the served /
 in-process ratio per concurrency. --plot out.png draws throughput, TTFT and ITL against
-concurrency (the `plot` extra: matplotlib).
+concurrency (the `plot` extra: matplotlib). --multi_turn N (conversations, per-turn TTFT and
+prefix-cache hit rate) and --max_tokens_dist LO HI (early stops) shape the workload otherwise.
 
     trtllm-bench --model DIR prepare-dataset --output data.jsonl token-norm-dist ...
     trtllm-bench --model DIR throughput --dataset data.jsonl --concurrency 1 8 [--plot out.png]
@@ -47,13 +48,12 @@ from ..bench.workload_modes import (
     add_workload_flags,
     check_workload_flags,
     max_seq_len,
+    table_columns,
     wave_ours,
     wave_served,
 )
 
 _SERVED_COLUMNS = (*_COLUMNS, "isl_mean", *STAGE_COLUMNS)
-# The extra columns of --multi_turn / --max_tokens_dist runs (each row has those of its mode).
-_MODE_COLUMNS = ("prefix_hit_rate", "stop_tokens_mean", "overshoot_tokens_mean", "peak_running")
 # In-process defaults of knobs that the served mode leaves to trtllm-serve unless given.
 _INPROCESS_MAX_NUM_TOKENS = 8192
 _INPROCESS_KV_FRACTION = 0.8
@@ -189,10 +189,6 @@ def _graph_config(args: argparse.Namespace) -> dict[str, int | None] | None:
     return {"piecewise_max_tokens": args.piecewise_max_tokens}
 
 
-def _columns(rows: list[dict[str, float]], base: tuple[str, ...]) -> tuple[str, ...]:
-    return (*base, *(c for c in _MODE_COLUMNS if rows and c in rows[0]))
-
-
 def _run_ours(
     args: argparse.Namespace, folder: Path, config: Any, turns: list[dict[str, float]]
 ) -> list[dict[str, float]]:
@@ -225,7 +221,7 @@ def _run_ours(
             row, turn_rows = wave_ours(llm, config, folder, args, c, guided_schema(args))
             rows.append(row)
             turns.extend(turn_rows)
-            print(_table(rows[-1:], _columns(rows, _COLUMNS)), flush=True)
+            print(_table(rows[-1:], table_columns(rows, _COLUMNS)), flush=True)
             if turn_rows:
                 print(_table(turn_rows, TURN_COLUMNS), flush=True)
     finally:
@@ -294,7 +290,7 @@ def _run_served(
             row, turn_rows = wave_served(target, config, args, words, num_text, c, guided)
             rows.append(row)
             turns.extend(turn_rows)
-            print("served\n" + _table(rows[-1:], _columns(rows, _SERVED_COLUMNS)), flush=True)
+            print("served\n" + _table(rows[-1:], table_columns(rows, _SERVED_COLUMNS)), flush=True)
             if turn_rows:
                 print(_table(turn_rows, TURN_COLUMNS), flush=True)
     return rows
@@ -337,11 +333,11 @@ def _report(args: argparse.Namespace, result: dict[str, Any], hf: list[dict[str,
     """Print the tables and ratios, and add the ratios to `result`."""
     ours, served = result.get("ours"), result.get("served")
     if ours is not None:
-        print("\nours (in process)\n" + _table(ours, _columns(ours, _COLUMNS)))
+        print("\nours (in process)\n" + _table(ours, table_columns(ours, _COLUMNS)))
         if result.get("ours_turns"):
             print("per turn\n" + _table(result["ours_turns"], TURN_COLUMNS))
     if served is not None:
-        table = _table(served, _columns(served, _SERVED_COLUMNS))
+        table = _table(served, table_columns(served, _SERVED_COLUMNS))
         print("\nserved (trtllm-serve over HTTP)\n" + table)
         if result.get("served_turns"):
             print("per turn\n" + _table(result["served_turns"], TURN_COLUMNS))
@@ -385,13 +381,16 @@ def _main(args: argparse.Namespace, scratch: Path) -> int:
     # HF first: its model is freed before ours sizes the KV cache from free memory.
     hf = _run_hf(args, folder, config) if args.hf_baseline else []
     result: dict[str, Any] = {"args": vars(args)}
+    # --multi_turn's per-turn rows, in process and served.
+    turns: list[dict[str, float]] = []
+    served_turns: list[dict[str, float]] = []
     if not args.served or args.inprocess_too:
-        result["ours"] = _run_ours(args, folder, config, turns := [])
+        result["ours"] = _run_ours(args, folder, config, turns)
         if args.multi_turn:
             result["ours_turns"] = turns
         _free_accelerator()  # the served child sizes its KV cache from what is free now
     if args.served:
-        result["served"] = _run_served(args, folder, config, served_turns := [])
+        result["served"] = _run_served(args, folder, config, served_turns)
         if args.multi_turn:
             result["served_turns"] = served_turns
     _report(args, result, hf)
