@@ -72,5 +72,7 @@ def summarize(timings: list[RequestTiming], wall: float, concurrency: int) -> di
 def format_table(rows: list[dict[str, float]], columns: tuple[str, ...]) -> str:
     lines = [" | ".join(columns)]
     for row in rows:
-        lines.append(" | ".join(f"{row.get(c, float('nan')):.1f}" for c in columns))
+        # A rate (0..1) needs more digits than the milliseconds and tokens around it.
+        cells = (f"{row.get(c, float('nan')):.{3 if c.endswith('_rate') else 1}f}" for c in columns)
+        lines.append(" | ".join(cells))
     return "\n".join(lines)

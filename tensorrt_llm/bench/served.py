@@ -110,7 +110,7 @@ def build_contents(
     """Message contents: the in-process workload's images as data URLs, then `num_text` words."""
     rng = np.random.default_rng(workload.seed + 1)
     contents = []
-    for images in _images(config, workload):
+    for images in workload_images(config, workload):
         parts: list[dict[str, Any]] = [
             {"type": "image_url", "image_url": {"url": png_data_url(image)}} for image in images
         ]
@@ -121,7 +121,7 @@ def build_contents(
     return contents
 
 
-def _images(config: Any, workload: Workload) -> list[list[Any]]:
+def workload_images(config: Any, workload: Workload) -> list[list[Any]]:
     """The in-process workload's images (same generator and seed), per request."""
     # make_requests also draws token-id text, sized by isl; only its images are used here, so
     # ask for the smallest prompt that fits them.
@@ -137,9 +137,22 @@ def chat_body(
     ignore_eos: bool,
     guided_json: str | None = None,
 ) -> bytes:
+    """One user message with `content` (parts)."""
+    messages = [{"role": "user", "content": content}]
+    return messages_body(target, messages, max_tokens, ignore_eos, guided_json)
+
+
+def messages_body(
+    target: ServedTarget,
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+    ignore_eos: bool,
+    guided_json: str | None = None,
+) -> bytes:
+    """A streaming chat request of a whole conversation (e.g. a multi-turn history)."""
     body: dict[str, Any] = {
         "model": target.model,
-        "messages": [{"role": "user", "content": content}],
+        "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "ignore_eos": ignore_eos,
@@ -185,12 +198,12 @@ async def _run_wave(
     return list(await asyncio.gather(*(guarded(b) for b in bodies)))
 
 
-def _timing(res: StreamResult) -> RequestTiming:
+def stream_timing(res: StreamResult) -> RequestTiming:
     first = res.first_token if res.first_token is not None else res.end
     return RequestTiming(res.start, first, res.end, res.completion_tokens, res.last_token)
 
 
-def _stage_sums(target: ServedTarget) -> dict[str, tuple[float, float]] | None:
+def stage_sums(target: ServedTarget) -> dict[str, tuple[float, float]] | None:
     """{stage: (sum s, count)} from the server's /metrics; None if it has none."""
     from ..serve.metrics import parse_prometheus
 
@@ -239,12 +252,12 @@ def run_served_concurrency(
         chat_body(target, c, workload.osl, workload.ignore_eos, workload.guided_json)
         for c in contents
     ]
-    before = _stage_sums(target)
+    before = stage_sums(target)
     start = time.perf_counter()
     results = asyncio.run(_run_wave(target, bodies, concurrency))
-    row = summarize([_timing(r) for r in results], time.perf_counter() - start, concurrency)
+    row = summarize([stream_timing(r) for r in results], time.perf_counter() - start, concurrency)
     row["isl_mean"] = float(np.mean([r.prompt_tokens for r in results]))
-    row.update(stage_means(before, _stage_sums(target)))
+    row.update(stage_means(before, stage_sums(target)))
     return row
 
 

@@ -29,6 +29,11 @@ class StreamResult:
     prompt_tokens: int  # from the final usage chunk; -1 when the server sent none
     completion_tokens: int
     content_chunks: int
+    # usage.prompt_tokens_details.cached_tokens (prefix-cache hits); 0 when the server sent none.
+    cached_tokens: int = 0
+    text: str = ""  # the streamed content, with keep_text only (multi-turn history)
+    # The client closed the stream after `stop_after` content chunks (no usage chunk then).
+    stopped_early: bool = False
 
 
 async def _read_headers(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
@@ -74,9 +79,10 @@ def _event_data(event: bytes) -> bytes | None:
 class _StreamState:
     """What one stream's events say, with arrival times."""
 
-    def __init__(self, start: float) -> None:
+    def __init__(self, start: float, keep_text: bool = False) -> None:
         self.result = StreamResult(start, None, None, start, -1, 0, 0)
         self.done = False
+        self._pieces: list[str] | None = [] if keep_text else None
 
     def on_event(self, data: bytes, now: float) -> None:
         if data == b"[DONE]":
@@ -87,7 +93,9 @@ class _StreamState:
         if "error" in obj:
             raise ServedRequestError(f"stream ended with an error: {obj['error']}")
         for choice in obj.get("choices") or ():
-            if (choice.get("delta") or {}).get("content"):
+            if content := (choice.get("delta") or {}).get("content"):
+                if self._pieces is not None:
+                    self._pieces.append(content)
                 res = self.result
                 if res.first_token is None:
                     res.first_token = now
@@ -97,6 +105,12 @@ class _StreamState:
         if usage:
             self.result.prompt_tokens = int(usage["prompt_tokens"])
             self.result.completion_tokens = int(usage["completion_tokens"])
+            details = usage.get("prompt_tokens_details") or {}
+            self.result.cached_tokens = int(details.get("cached_tokens") or 0)
+
+    def finish_text(self) -> None:
+        if self._pieces is not None:
+            self.result.text = "".join(self._pieces)
 
 
 def _request_head(host: str, port: int, path: str, length: int) -> bytes:
@@ -106,8 +120,19 @@ def _request_head(host: str, port: int, path: str, length: int) -> bytes:
     ).encode("latin-1")
 
 
-async def post_stream(host: str, port: int, path: str, body: bytes) -> StreamResult:
-    """POST `body` (a streaming chat request) and time its SSE events."""
+async def post_stream(
+    host: str,
+    port: int,
+    path: str,
+    body: bytes,
+    keep_text: bool = False,
+    stop_after: int | None = None,
+) -> StreamResult:
+    """POST `body` (a streaming chat request) and time its SSE events.
+
+    keep_text: gather the streamed content into `text`. stop_after: close the connection once
+    that many content chunks arrived (the server aborts a request whose client is gone).
+    """
     start = time.perf_counter()
     reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
     try:
@@ -118,7 +143,7 @@ async def post_stream(host: str, port: int, path: str, body: bytes) -> StreamRes
         if status != 200:
             text = b"".join([p async for p in _body_pieces(reader, headers)])
             raise ServedRequestError(f"HTTP {status}: {text[:2000].decode(errors='replace')}")
-        state = _StreamState(start)
+        state = _StreamState(start, keep_text)
         buf = b""
         async for piece in _body_pieces(reader, headers):
             now = time.perf_counter()
@@ -130,6 +155,12 @@ async def post_stream(host: str, port: int, path: str, body: bytes) -> StreamRes
                 buf = buf[cut + 2 :]
                 if data is not None:
                     state.on_event(data, now)
+                if stop_after is not None and state.result.content_chunks >= stop_after:
+                    state.result.end = now
+                    state.result.stopped_early = True
+                    state.finish_text()
+                    return state.result
+        state.finish_text()
         if not state.done:
             state.result.end = time.perf_counter()
             raise ServedRequestError("the stream ended before [DONE]")

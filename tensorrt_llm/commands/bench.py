@@ -13,7 +13,8 @@ transformers' figures on the same GPU and the ratio. --output writes everything 
 folder (or the server at --served_url), driven with streaming OpenAI chat requests (images as
 PNG data URLs). --inprocess_too runs the in-process figures first and prints the served /
 in-process ratio per concurrency. --plot out.png draws throughput, TTFT and ITL against
-concurrency (the `plot` extra: matplotlib).
+concurrency (the `plot` extra: matplotlib). --multi_turn N (conversations, per-turn TTFT and
+prefix-cache hit rate) and --max_tokens_dist LO HI (early stops) shape the workload otherwise.
 
     trtllm-bench --model DIR prepare-dataset --output data.jsonl token-norm-dist ...
     trtllm-bench --model DIR throughput --dataset data.jsonl --concurrency 1 8 [--plot out.png]
@@ -38,19 +39,19 @@ from ..bench.hf_baseline import free_accelerator as _free_accelerator
 from ..bench.hf_baseline import hf_device as _hf_device
 from ..bench.metrics import RESULT_COLUMNS as _COLUMNS
 from ..bench.metrics import format_table as _table
+from ..bench.multi_turn import TURN_COLUMNS
 from ..bench.plot import plot_results, require_matplotlib
-from ..bench.runner import run_concurrency, warm_up
-from ..bench.served import (
-    STAGE_COLUMNS,
-    build_contents,
-    run_served_concurrency,
-    served_target,
-    single_token_words,
-    text_tokens_for_isl,
-    warm_up_served,
-)
+from ..bench.served import STAGE_COLUMNS, served_target, single_token_words, text_tokens_for_isl
 from ..bench.upstream_cli import is_upstream_form, run_upstream
 from ..bench.workload import Workload, make_requests, prepare_model_folder
+from ..bench.workload_modes import (
+    add_workload_flags,
+    check_workload_flags,
+    max_seq_len,
+    table_columns,
+    wave_ours,
+    wave_served,
+)
 
 _SERVED_COLUMNS = (*_COLUMNS, "isl_mean", *STAGE_COLUMNS)
 # In-process defaults of knobs that the served mode leaves to trtllm-serve unless given.
@@ -136,7 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--plot", default=None, help="throughput/TTFT/ITL vs concurrency as a PNG (matplotlib)"
     )
     _add_served_flags(p)
+    add_workload_flags(p)
     args = p.parse_args(argv)
+    check_workload_flags(p, args)
     if args.served_url:
         args.served = True
     if args.inprocess_too and not args.served:
@@ -186,7 +189,10 @@ def _graph_config(args: argparse.Namespace) -> dict[str, int | None] | None:
     return {"piecewise_max_tokens": args.piecewise_max_tokens}
 
 
-def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[str, float]]:
+def _run_ours(
+    args: argparse.Namespace, folder: Path, config: Any, turns: list[dict[str, float]]
+) -> list[dict[str, float]]:
+    """One row per concurrency; a --multi_turn run's per-turn rows go to `turns`."""
     from ..llmapi.llm import LLM
 
     max_batch = args.max_batch_size or max(args.concurrency)
@@ -201,7 +207,7 @@ def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[
         device=args.device,
         max_batch_size=max_batch,
         max_num_tokens=max_num_tokens,
-        max_seq_len=args.isl + args.osl + 8,
+        max_seq_len=max_seq_len(args),
         attn_backend=args.attn_backend,
         cuda_graph_config=_graph_config(args),
         kv_cache_free_gpu_memory_fraction=kv_fraction,
@@ -212,15 +218,12 @@ def _run_ours(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[
     rows = []
     try:
         for c in args.concurrency:
-            n = args.num_requests or max(c, 2)
-            workload = Workload(
-                args.isl, args.osl, args.images_per_request, args.image_size, n, args.ignore_eos,
-                guided_json=guided_schema(args),
-            )  # fmt: skip
-            prompts = make_requests(config, workload)
-            warm_up(llm, prompts, workload)
-            rows.append(run_concurrency(llm, prompts, workload, c))
-            print(_table(rows[-1:], _COLUMNS), flush=True)
+            row, turn_rows = wave_ours(llm, config, folder, args, c, guided_schema(args))
+            rows.append(row)
+            turns.extend(turn_rows)
+            print(_table(rows[-1:], table_columns(rows, _COLUMNS)), flush=True)
+            if turn_rows:
+                print(_table(turn_rows, TURN_COLUMNS), flush=True)
     finally:
         llm.shutdown()
     return rows
@@ -250,7 +253,7 @@ def serve_flags(args: argparse.Namespace, folder: Path) -> list[str]:
             "--piecewise_max_tokens so both modes run the engine's default graphs"
         )
     flags = [str(folder), "--load_format", "dummy", "--dtype", args.dtype, "--device", args.device]
-    flags += ["--max_seq_len", str(args.isl + args.osl + 8), "--attn_backend", args.attn_backend]
+    flags += ["--max_seq_len", str(max_seq_len(args)), "--attn_backend", args.attn_backend]
     flags += ["--kv_cache_dtype", args.kv_cache_dtype]
     if args.executor_mode:
         flags += ["--executor_mode", args.executor_mode]
@@ -269,7 +272,10 @@ def serve_flags(args: argparse.Namespace, folder: Path) -> list[str]:
     return flags + ["--timeout_graceful_shutdown", "2", *shlex.split(args.serve_args)]
 
 
-def _run_served(args: argparse.Namespace, folder: Path, config: Any) -> list[dict[str, float]]:
+def _run_served(
+    args: argparse.Namespace, folder: Path, config: Any, turns: list[dict[str, float]]
+) -> list[dict[str, float]]:
+    """As `_run_ours`, over HTTP."""
     words = single_token_words(folder / "tokenizer.json")
     flags = [] if args.served_url else serve_flags(args, folder)
     log = folder / "trtllm-serve.log"
@@ -280,15 +286,13 @@ def _run_served(args: argparse.Namespace, folder: Path, config: Any) -> list[dic
         )
         num_text = text_tokens_for_isl(target, config, probe, words)
         for c in args.concurrency:
-            n = args.num_requests or max(c, 2)
-            workload = Workload(
-                args.isl, args.osl, args.images_per_request, args.image_size, n, args.ignore_eos,
-                guided_json=guided_schema(args),
-            )  # fmt: skip
-            contents = build_contents(config, workload, words, num_text)
-            warm_up_served(target, contents)
-            rows.append(run_served_concurrency(target, contents, workload, c))
-            print("served\n" + _table(rows[-1:], _SERVED_COLUMNS), flush=True)
+            guided = guided_schema(args)
+            row, turn_rows = wave_served(target, config, args, words, num_text, c, guided)
+            rows.append(row)
+            turns.extend(turn_rows)
+            print("served\n" + _table(rows[-1:], table_columns(rows, _SERVED_COLUMNS)), flush=True)
+            if turn_rows:
+                print(_table(turn_rows, TURN_COLUMNS), flush=True)
     return rows
 
 
@@ -329,9 +333,14 @@ def _report(args: argparse.Namespace, result: dict[str, Any], hf: list[dict[str,
     """Print the tables and ratios, and add the ratios to `result`."""
     ours, served = result.get("ours"), result.get("served")
     if ours is not None:
-        print("\nours (in process)\n" + _table(ours, _COLUMNS))
+        print("\nours (in process)\n" + _table(ours, table_columns(ours, _COLUMNS)))
+        if result.get("ours_turns"):
+            print("per turn\n" + _table(result["ours_turns"], TURN_COLUMNS))
     if served is not None:
-        print("\nserved (trtllm-serve over HTTP)\n" + _table(served, _SERVED_COLUMNS))
+        table = _table(served, table_columns(served, _SERVED_COLUMNS))
+        print("\nserved (trtllm-serve over HTTP)\n" + table)
+        if result.get("served_turns"):
+            print("per turn\n" + _table(result["served_turns"], TURN_COLUMNS))
     if ours is not None and served is not None:
         result["served_vs_inprocess"] = _ratios(served, ours)
         for r in result["served_vs_inprocess"]:
@@ -372,11 +381,18 @@ def _main(args: argparse.Namespace, scratch: Path) -> int:
     # HF first: its model is freed before ours sizes the KV cache from free memory.
     hf = _run_hf(args, folder, config) if args.hf_baseline else []
     result: dict[str, Any] = {"args": vars(args)}
+    # --multi_turn's per-turn rows, in process and served.
+    turns: list[dict[str, float]] = []
+    served_turns: list[dict[str, float]] = []
     if not args.served or args.inprocess_too:
-        result["ours"] = _run_ours(args, folder, config)
+        result["ours"] = _run_ours(args, folder, config, turns)
+        if args.multi_turn:
+            result["ours_turns"] = turns
         _free_accelerator()  # the served child sizes its KV cache from what is free now
     if args.served:
-        result["served"] = _run_served(args, folder, config)
+        result["served"] = _run_served(args, folder, config, served_turns)
+        if args.multi_turn:
+            result["served_turns"] = served_turns
     _report(args, result, hf)
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=2), encoding="utf-8")

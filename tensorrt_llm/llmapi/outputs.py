@@ -71,6 +71,8 @@ class RequestOutput:
     inside the executor; other requests are unaffected. `error_code` says why, without parsing
     the message: "prompt_too_long" (it can never fit this engine), "shutting_down" or
     "engine_error".
+    `num_cached_tokens` (vLLM's name): prompt tokens whose KV came from the prefix cache instead
+    of a prefill; 0 until the engine has a prefix cache (nothing fills it yet).
     """
 
     request_id: int
@@ -80,6 +82,7 @@ class RequestOutput:
     finished: bool = False
     error: str | None = None
     error_code: str | None = None
+    num_cached_tokens: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -100,6 +103,7 @@ class RequestOutput:
             finished=self.finished,
             error=self.error,
             error_code=self.error_code,
+            num_cached_tokens=self.num_cached_tokens,
         )
 
 

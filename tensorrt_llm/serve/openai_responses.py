@@ -21,11 +21,18 @@ def now_s() -> int:
     return int(time.time())
 
 
+class PromptTokensDetails(OpenAIBaseModel):
+    # Prompt tokens served from the prefix cache (RequestOutput.num_cached_tokens; 0 until the
+    # engine has a prefix cache).
+    cached_tokens: int = 0
+
+
 class UsageInfo(OpenAIBaseModel):
     # NOTE: prompt_tokens is the full expanded prompt, vision tokens included.
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class ChatResponseMessage(OpenAIBaseModel):

@@ -27,6 +27,7 @@ from .openai_protocol import (
     UsageInfo,
     result_error,
 )
+from .openai_responses import PromptTokensDetails
 
 # The executor's "cancelled" has no OpenAI spelling; only aborted (disconnected) requests see it.
 _FINISH_REASON = {"stop": "stop", "length": "length", "cancelled": "abort", "error": "error"}
@@ -76,8 +77,12 @@ class RequestContext:
 def _usage(results: list[Any]) -> UsageInfo:
     prompt = sum(len(r.prompt_token_ids) for r in results)
     completion = sum(len(o.token_ids) for r in results for o in r.outputs)
+    cached = sum(getattr(r, "num_cached_tokens", 0) for r in results)
     return UsageInfo(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
     )
 
 

@@ -103,3 +103,27 @@ def test_error_event_and_truncated_stream_raise() -> None:
         _run(lambda _: [_HEAD, _chunked([_event(_delta("a")), error])])
     with pytest.raises(ServedRequestError, match="before \\[DONE\\]"):
         _run(lambda _: [_HEAD, _chunked([_event(_delta("a"))])])
+
+
+def test_text_cached_tokens_and_early_close() -> None:
+    deltas = [_event(_delta(t)) for t in ("a", " b", " c", " d")]
+    usage = {
+        "prompt_tokens": 9,
+        "completion_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 6},
+    }
+    tail = [_event({"choices": [], "usage": usage}), _event(b"[DONE]")]
+    wire = [_HEAD, *(_chunked([d])[:-5] for d in deltas + tail), b"0\r\n\r\n"]
+
+    def run(**kwargs: object) -> StreamResult:
+        async def client(port: int) -> StreamResult:
+            return await post_stream("127.0.0.1", port, "/v1/chat/completions", b"{}", **kwargs)  # type: ignore[arg-type]
+
+        return asyncio.run(_serve_once(lambda _: wire, client))[0]
+
+    whole = run(keep_text=True)
+    assert whole.text == "a b c d" and whole.cached_tokens == 6 and not whole.stopped_early
+    assert run().text == ""  # text is kept only when asked for
+    cut = run(keep_text=True, stop_after=2)
+    assert cut.stopped_early and cut.content_chunks == 2 and cut.text == "a b"
+    assert cut.prompt_tokens == -1 and cut.end == cut.last_token  # closed before the usage

@@ -103,3 +103,26 @@ def test_logprob_chunks_match_the_models(k: int) -> None:
     want = _model_json(completion, [choice_c], None)
     mine = _delta_choice(completion, 1, "y", "stop", logprobs=clp)
     assert _chunk_json(completion, [mine]) == want
+
+
+def test_usage_reports_the_prefix_cache_hits() -> None:
+    import json
+    from types import SimpleNamespace
+
+    from tensorrt_llm.serve.postprocess_handlers import _usage
+
+    def result(prompt: int, cached: int) -> SimpleNamespace:
+        out = SimpleNamespace(token_ids=[1, 2])
+        return SimpleNamespace(
+            prompt_token_ids=[0] * prompt, outputs=[out], num_cached_tokens=cached
+        )
+
+    usage = _usage([result(10, 4), result(6, 0)])
+    assert usage.prompt_tokens == 16 and usage.completion_tokens == 4
+    assert (
+        usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == 4
+    )
+    ctx = _ctx("chat", True)
+    chunk = json.loads(_chunk_json(ctx, [], usage=usage))
+    assert chunk["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
+    assert _chunk_json(ctx, [], usage=usage) == _model_json(ctx, [], usage)
