@@ -91,6 +91,14 @@ class BlockPool:
         """Blocks some request holds (what the KV usage gauge shows)."""
         return self.num_blocks - self.num_free_blocks
 
+    def free_blocks_after_hit(self, hit_blocks: Iterable[int]) -> int:
+        """`num_free_blocks` once `hit_blocks` are acquired: evictable hits stop being free.
+
+        The admission check of a request with a prefix hit: its new blocks must fit in this,
+        not in `num_free_blocks` (which still counts the hit blocks it is about to take).
+        """
+        return self.num_free_blocks - len({b for b in hit_blocks if b in self._evictable})
+
     def ref_count(self, block_id: int) -> int:
         return self._ref[block_id]
 

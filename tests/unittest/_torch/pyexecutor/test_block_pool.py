@@ -52,6 +52,18 @@ def test_hit_after_release_and_cap() -> None:
     pool.check_invariants()
 
 
+def test_free_blocks_after_hit_excludes_evictable_hits() -> None:
+    pool = BlockPool(5)
+    keys = _keys(3)
+    blocks = _fill(pool, keys)
+    pool.release(blocks[1:])  # blocks[0] still owned, blocks[1:] evictable
+    hit = pool.find_cached_prefix(keys)
+    assert pool.num_free_blocks == 4 and pool.free_blocks_after_hit(hit) == 2
+    pool.acquire(hit)
+    assert pool.num_free_blocks == 2
+    pool.check_invariants()
+
+
 def test_two_requests_share_a_prefix() -> None:
     pool = BlockPool(8)
     keys = _keys(3)
@@ -203,7 +215,7 @@ def test_random_operations_keep_invariants(seed: int) -> None:
             keys = prefixes[rng.randrange(len(prefixes))][: rng.randint(1, 6)]
             hit = pool.find_cached_prefix(keys, rng.randint(0, len(keys)))
             extra = len(keys) - len(hit)
-            if extra > pool.num_free_blocks - sum(pool.is_evictable(b) for b in hit):
+            if extra > pool.free_blocks_after_hit(hit):
                 continue  # not enough room once the hit blocks are taken back
             pool.acquire(hit)
             new = pool.allocate(extra)
