@@ -22,6 +22,7 @@ agree between the preprocessing workers, the engine process and runs of the engi
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -91,17 +92,26 @@ def hash_block_tokens(
 
 
 def block_extra_keys(
-    spans: Sequence[MediaSpan], block_start: int, block_end: int
+    spans: Sequence[MediaSpan],
+    block_start: int,
+    block_end: int,
+    ends: Sequence[int] | None = None,
 ) -> list[tuple[bytes, int]]:
     """(content hash, start offset) of the spans overlapping [block_start, block_end).
 
-    `spans` must be sorted by start (prompt order), as the input processor writes them.
+    `spans` must be sorted by start and not overlap (placeholder runs never do), so their ends
+    are sorted too and a bisection finds the first overlapping one: a long video has hundreds
+    of runs and a long prompt thousands of blocks. `ends` (the spans' ends, precomputed by a
+    caller that asks for many blocks) saves rebuilding that list per block.
     """
-    return [
-        (span.content_hash, span.start - block_start)
-        for span in spans
-        if span.start < block_end and span.end > block_start
-    ]
+    ends = [span.end for span in spans] if ends is None else ends
+    out: list[tuple[bytes, int]] = []
+    for i in range(bisect.bisect_right(ends, block_start), len(spans)):
+        span = spans[i]
+        if span.start >= block_end:
+            break
+        out.append((span.content_hash, span.start - block_start))
+    return out
 
 
 def max_reusable_blocks(prompt_len: int, tokens_per_block: int) -> int:
@@ -137,10 +147,15 @@ def compute_block_keys(
     keys = list(known)
     parent = keys[-1] if keys else root_key(cache_salt)
     ordered = sorted(spans, key=lambda s: s.start)
+    ends = [span.end for span in ordered]
+    for prev, span in zip(ordered, ordered[1:], strict=False):
+        if span.start < prev.end:
+            raise ValueError(f"media runs overlap: {prev} and {span}")
     for index in range(len(keys), num_full):
         begin = index * tokens_per_block
         end = begin + tokens_per_block
-        parent = hash_block_tokens(parent, tokens[begin:end], block_extra_keys(ordered, begin, end))
+        extra = block_extra_keys(ordered, begin, end, ends)
+        parent = hash_block_tokens(parent, tokens[begin:end], extra)
         keys.append(parent)
     return keys
 

@@ -102,6 +102,21 @@ def test_extra_keys_pick_overlapping_runs_with_relative_offsets() -> None:
     assert block_extra_keys(spans, 4, 8) == [(IMG_A, -2), (IMG_B, 1)]
     assert block_extra_keys(spans, 8, 12) == [(IMG_B, -3)]
     assert block_extra_keys(spans, 16, 20) == []
+    assert block_extra_keys(spans, 4, 5) == [(IMG_A, -2)]  # B starts at the block's end
+
+
+def test_extra_keys_match_a_linear_scan_over_many_runs() -> None:
+    """The bisection against the obvious definition, over a video-like run layout."""
+    spans = [MediaSpan(bytes([i]) * 32, 3 + 7 * i, 1 + i % 5) for i in range(60)]
+    for start in range(0, 440, 3):
+        hits = [s for s in spans if s.start < start + 4 and s.end > start]
+        expected = [(s.content_hash, s.start - start) for s in hits]
+        assert block_extra_keys(spans, start, start + 4) == expected
+
+
+def test_overlapping_runs_are_rejected() -> None:
+    with pytest.raises(ValueError, match="overlap"):
+        compute_block_keys([0] * 8, TPB, [MediaSpan(IMG_A, 0, 4), MediaSpan(IMG_B, 3, 2)])
 
 
 def test_salt_separates_chains() -> None:
