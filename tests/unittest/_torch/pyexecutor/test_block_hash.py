@@ -64,6 +64,19 @@ def test_only_full_blocks_get_keys_and_chain_extends() -> None:
         compute_block_keys(tokens[:TPB], TPB, known=keys)
 
 
+def test_chain_equals_block_by_block_hashing() -> None:
+    """The sliced whole-sequence encoding gives the one-block function's keys."""
+    tokens = _tokens(4 * TPB)
+    spans = [MediaSpan(IMG_A, 2, 7)]
+    keys = compute_block_keys(tokens, TPB, spans, cache_salt="s")
+    parent = root_key("s")
+    for i, key in enumerate(keys):
+        extra = block_extra_keys(spans, i * TPB, (i + 1) * TPB)
+        parent = hash_block_tokens(parent, tokens[i * TPB : (i + 1) * TPB], extra)
+        assert key == parent
+    assert compute_block_keys(tokens, TPB, spans, known=keys[:3]) == keys
+
+
 def test_chain_depends_on_every_earlier_token() -> None:
     tokens = _tokens(5 * TPB)
     base = compute_block_keys(tokens, TPB)
