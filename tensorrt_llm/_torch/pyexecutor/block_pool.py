@@ -148,7 +148,7 @@ class BlockPool:
         still run). Keys after the first miss are not looked at: a later block's KV depends on
         the missing one, so it could not be used even if present.
         """
-        limit = len(block_keys) if max_blocks is None else min(max_blocks, len(block_keys))
+        limit = len(block_keys) if max_blocks is None else max(0, min(max_blocks, len(block_keys)))
         out: list[int] = []
         if not self.enable_reuse:
             return out

@@ -45,6 +45,7 @@ def test_hit_after_release_and_cap() -> None:
     assert pool.find_cached_prefix(keys) == blocks
     # A 12-token prompt may reuse only 2 blocks: its last token must still run.
     assert pool.find_cached_prefix(keys, max_reusable_blocks(12, TPB)) == blocks[:2]
+    assert pool.find_cached_prefix(keys, 0) == [] and pool.find_cached_prefix(keys, -1) == []
     # The longest run of leading hits: a miss in the middle ends it.
     other = _keys(3, "x")
     assert pool.find_cached_prefix([keys[0], other[1], keys[2]]) == blocks[:1]
