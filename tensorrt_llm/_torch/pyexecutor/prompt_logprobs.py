@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -159,4 +160,3 @@ def split_step(
         results.append((req, entries))
         row += count
     return tokens, logprobs, results
-

@@ -322,8 +322,9 @@ class PyExecutor:
         if guided is not None:
             guided.prepare(scheduled)  # before any state is written: see RequestInputError
         batch = engine.build_batch(scheduled)
-        logits, prompt = engine.run_step(batch)
         plan = batch.prompt_logprobs
+        # Without a prompt-logprobs request the step is exactly `run` (graphs, last tokens).
+        logits, prompt = (engine.run(batch), None) if plan is None else engine.run_step(batch)
         rows = batch.sample_rows
         everyone = scheduled.all_requests  # built once: the property makes a new list
         sampled = [everyone[i] for i in rows]

@@ -24,9 +24,9 @@ import torch
 
 from ..._utils import async_tensor_d2h
 from .llm_request import LlmRequest
+from .prompt_logprobs import split_step
 from .py_executor import PyExecutor
 from .request_errors import run_isolated
-from .prompt_logprobs import split_step
 from .request_lifecycle import (
     advance_context_chunks,
     apply_new_tokens,

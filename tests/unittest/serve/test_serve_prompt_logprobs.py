@@ -96,9 +96,8 @@ def test_echo_with_logprobs_puts_the_prompt_tokens_first(served: ServeHandle) ->
 def test_streamed_echo_without_logprobs_leads_with_the_prompt(served: ServeHandle) -> None:
     chunks = [c for c in _completion(served, echo=True, stream=True) if c.choices]
     assert chunks[0].choices[0].text.startswith(PROMPT)
-    assert "".join(c.choices[0].text for c in chunks) == _completion(served, echo=True).choices[
-        0
-    ].text
+    whole = _completion(served, echo=True).choices[0].text
+    assert "".join(c.choices[0].text for c in chunks) == whole
 
 
 def _check_vllm_shape(served: ServeHandle, got: list[Any], want: Any, k: int) -> None:
