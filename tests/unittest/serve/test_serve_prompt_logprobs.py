@@ -150,3 +150,25 @@ def test_refused_combinations_are_400(served: ServeHandle, call: Any, word: str)
         result = call(served)
         list(result) if not hasattr(result, "choices") else None
     assert word in str(info.value)
+
+
+def test_streamed_echo_with_logprobs_and_n_leads_every_choice(served: ServeHandle) -> None:
+    """n = 2: only the first completion's engine request computes the prompt's logprobs; each
+    choice's first chunk still leads with the prompt and its entries."""
+    ids = list(_direct(served, PROMPT).prompt_token_ids)
+    texts: dict[int, str] = {}
+    tokens: dict[int, list[str]] = {}
+    first_null: dict[int, bool] = {}
+    stream = _completion(served, echo=True, logprobs=1, n=2, temperature=1, seed=5, stream=True)
+    for chunk in stream:
+        for choice in chunk.choices:
+            if choice.index not in texts:
+                assert choice.text.startswith(PROMPT)
+                first_null[choice.index] = choice.logprobs.token_logprobs[0] is None
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+            if choice.logprobs is not None:
+                tokens.setdefault(choice.index, []).extend(choice.logprobs.tokens)
+    assert sorted(texts) == [0, 1] and all(first_null.values())
+    for index in (0, 1):
+        assert tokens[index][: len(ids)] == [_text(served, t) for t in ids]
+        assert len(tokens[index]) == len(ids) + MAX_TOKENS
