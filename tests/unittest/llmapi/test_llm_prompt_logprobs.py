@@ -188,3 +188,28 @@ def test_multimodal_prompt_image_positions_get_entries(
     # Placeholders after position 0, split by a chunk boundary (a multiple of 8).
     assert image_rows[0] > 0 and image_rows[0] // 8 != image_rows[-1] // 8
     _check_entries(list(ids), result.prompt_logprobs, want, 2)
+
+
+@pytest.mark.parametrize(
+    "family,hf_class",
+    [
+        ("qwen3_5", "Qwen3_5ForConditionalGeneration"),  # DeltaNet layers: chunked state
+        ("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration"),  # MoE stack
+    ],
+)
+def test_hybrid_and_moe_stacks_over_chunks(tmp_path: Path, family: str, hf_class: str) -> None:
+    ckpt = write_tiny_checkpoint(family, tmp_path)
+    chunked = dict(KWARGS, max_num_tokens=8, enable_chunked_prefill=True)
+    with LLM(str(ckpt), executor_mode="inproc", **chunked) as llm:
+        result = llm.generate(PROMPTS[0], SamplingParams(max_tokens=2, prompt_logprobs=2))
+    ids = list(result.prompt_token_ids)
+    assert len(ids) > 2 * 8
+    hf = getattr(transformers, hf_class).from_pretrained(
+        ckpt, dtype=torch.float32, attn_implementation="eager"
+    )
+    kwargs: dict[str, Any] = {"input_ids": torch.tensor([ids])}
+    if "mm_token_type_ids" in inspect.signature(hf.forward).parameters:
+        kwargs["mm_token_type_ids"] = torch.zeros(1, len(ids), dtype=torch.int32)
+    with torch.no_grad():
+        logits = hf.eval()(**kwargs).logits[0]
+    _check_entries(ids, result.prompt_logprobs, _hf_prompt_logprobs(logits), 2)
