@@ -331,11 +331,12 @@ async def stream_response(ctx: RequestContext, results: list[Any]) -> AsyncItera
                 index = i * ctx.n + j
                 echo = ctx.echo and index not in echoed
                 if echo and ctx.logprobs is not None and snapshot.prompt_logprobs is None:
-                    if not out.finished:
+                    if not snapshot.finished:
                         # The prompt's logprobs come with the first completion's first token:
                         # this choice waits for them (its text keeps accumulating).
                         continue
-                    echo = False  # failed before the prompt ran: nothing to echo
+                    # The result ended without them (its first completion failed before the
+                    # prompt ran): the echo goes out with null prompt entries.
                 text = out.text[sent.get(index, 0) :]
                 sent[index] = len(out.text)
                 reason = _finish_reason(out.finish_reason) if index not in done else None
