@@ -112,6 +112,9 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     logprobs: int | None = None
     priority: int = 0
+    # vLLM's prompt_logprobs: per prompt position >= 1, that token's logprob given the ones
+    # before it plus the k most likely (pyexecutor/prompt_logprobs.py); position 0 has none.
+    prompt_logprobs: int | None = None
     _stop_token_set: frozenset[int] = field(init=False, repr=False, compare=False)
     # True when the sampler must process this request's logits (sampler_penalties.py).
     _needs_processing: bool = field(init=False, repr=False, compare=False)
@@ -134,12 +137,12 @@ class SamplingParams:
         self._check_stops()
         self._check_logit_filters()
         _check_token_id("end_id", self.end_id)
-        if self.logprobs is not None and (
-            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
-        ):
-            raise ValueError(
-                f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(
+                    f"{name} must be None or an int in [0, {MAX_LOGPROBS}], got {value!r}"
+                )
         _check_token_id("pad_id", self.pad_id)
         for name in (
             "include_stop_str_in_output", "ignore_eos", "detokenize", "skip_special_tokens",

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from ..inputs.multimodal import MultimodalParams
     from .attention_backend.interface import AttentionMetadata
+    from .pyexecutor.prompt_logprobs import PromptLogprobsPlan
 
 
 @dataclass
@@ -38,6 +39,9 @@ class InputBatch:
     sample_rows: list[int] = field(default_factory=list)
     # True: logits of every token `[T, vocab]` (parity tests); never captured in a graph.
     return_context_logits: bool = False
+    # The context rows whose prompt logprobs are asked for (None: no request asks; the step
+    # computes the LM head over the last tokens only, as always).
+    prompt_logprobs: PromptLogprobsPlan | None = None
 
     @property
     def num_tokens(self) -> int:

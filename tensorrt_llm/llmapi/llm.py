@@ -328,9 +328,11 @@ class LLM:
 
     @staticmethod
     def _child_params(sp: SamplingParams, index: int) -> SamplingParams:
-        """Completion `index` of an n > 1 request: its own seed, so samples differ."""
+        """Completion `index` of an n > 1 request: its own seed, so samples differ; only the
+        first computes the prompt logprobs (the same prompt: the others would repeat them)."""
         seed = None if sp.seed is None else (sp.seed + index) % _SEED_MOD
-        return replace(sp, n=1, seed=seed)
+        prompt_logprobs = sp.prompt_logprobs if index == 0 else None
+        return replace(sp, n=1, seed=seed, prompt_logprobs=prompt_logprobs)
 
     # ---- lifetime ------------------------------------------------------------------------------
     def shutdown(self, wait: bool = False) -> None:

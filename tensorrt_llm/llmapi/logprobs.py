@@ -22,6 +22,9 @@ class Logprob:
 
 # One dict per token: token id -> Logprob, the sampled token first, then the top-k.
 TokenLogprobs: TypeAlias = list[dict[int, Logprob]]
+# vLLM's prompt logprobs: one entry per prompt position, None for the first (nothing before it
+# to predict it from), then a dict as above with the prompt token first.
+PromptLogprobs: TypeAlias = list[dict[int, Logprob] | None]
 
 
 def token_logprob_dict(token_id: int, entry: Any) -> dict[int, Logprob]:
@@ -35,3 +38,12 @@ def token_logprob_dict(token_id: int, entry: Any) -> dict[int, Logprob]:
 
 def to_token_logprobs(token_ids: Sequence[int], entries: Iterable[Any]) -> TokenLogprobs:
     return [token_logprob_dict(t, e) for t, e in zip(token_ids, entries, strict=True)]
+
+
+def to_prompt_logprobs(prompt_ids: Sequence[int], entries: Sequence[Any]) -> PromptLogprobs:
+    """The engine's entries of prompt positions 1..L-1 -> vLLM's list (None at position 0)."""
+    if len(entries) != len(prompt_ids) - 1:
+        raise ValueError(f"{len(entries)} prompt logprob entries for {len(prompt_ids)} tokens")
+    out: PromptLogprobs = [None]
+    out.extend(token_logprob_dict(t, e) for t, e in zip(prompt_ids[1:], entries, strict=True))
+    return out

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .logprobs import TokenLogprobs, to_token_logprobs
+from .logprobs import PromptLogprobs, TokenLogprobs, to_token_logprobs
 
 # A decode that ends in U+FFFD stopped inside a multi-byte character: wait for more tokens.
 _REPLACEMENT_CHAR = "\ufffd"
@@ -38,6 +38,9 @@ class CompletionOutput:
     # the sum of the sampled tokens' logprobs.
     logprobs: TokenLogprobs = field(default_factory=list)
     cumulative_logprob: float | None = None
+    # With SamplingParams.prompt_logprobs (TensorRT-LLM keeps them here too): the request's
+    # `RequestOutput.prompt_logprobs`, the same list.
+    prompt_logprobs: PromptLogprobs | None = None
     # Lengths before the latest update, so streaming consumers can read just the delta.
     _last_text_len: int = field(default=0, repr=False)
     _last_token_ids_len: int = field(default=0, repr=False)
@@ -83,6 +86,9 @@ class RequestOutput:
     error: str | None = None
     error_code: str | None = None
     num_cached_tokens: int = 0
+    # vLLM's: with SamplingParams.prompt_logprobs, one entry per prompt token (None first),
+    # set with the first update after the prompt's prefill.
+    prompt_logprobs: PromptLogprobs | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -104,6 +110,7 @@ class RequestOutput:
             error=self.error,
             error_code=self.error_code,
             num_cached_tokens=self.num_cached_tokens,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 

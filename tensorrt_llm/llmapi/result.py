@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .logprobs import to_prompt_logprobs
 from .loop_waker import LoopWaker, waker_for
 from .outputs import CompletionOutput, CompletionState, RequestOutput
 
@@ -121,6 +122,12 @@ class GenerationResult(RequestOutput):
         if response.error is not None:
             self.error = response.error
             self.error_code = response.error_code
+        if response.prompt_logprobs is not None and self.prompt_logprobs is None:
+            # Only the first completion's engine request computes them (LLM._child_params).
+            prompt = to_prompt_logprobs(self.prompt_token_ids, response.prompt_logprobs)
+            self.prompt_logprobs = prompt
+            for out in self.outputs:
+                out.prompt_logprobs = prompt
         ids = response.new_token_ids
         text_ids = ids
         stop_token = response.finish_reason == "stop" and isinstance(response.stop_reason, int)

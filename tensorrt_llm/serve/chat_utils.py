@@ -224,6 +224,13 @@ def to_sampling_params(
         kwargs["bad_words"] = list(request.bad_words)
     if request.num_logprobs is not None:
         kwargs["logprobs"] = request.num_logprobs
+    prompt_logprobs = (
+        request.sampled_prompt_logprobs
+        if isinstance(request, CompletionRequest)
+        else request.prompt_logprobs
+    )
+    if prompt_logprobs is not None:
+        kwargs["prompt_logprobs"] = prompt_logprobs
     guided = guided_decoding(request)
     if guided is not None:
         kwargs["guided_decoding"] = guided

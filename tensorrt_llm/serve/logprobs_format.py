@@ -94,3 +94,55 @@ def completion_logprobs(
         "top_logprobs": top_logprobs,
     }
     return out, text_offset
+
+
+def prompt_logprobs_json(
+    entries: Sequence[dict[int, Any] | None], text_of: TokenTexts
+) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs`: per prompt position None (the first) or token id -> {logprob,
+    rank, decoded_token}, the prompt token first, then the top k."""
+    return [
+        None
+        if entry is None
+        else {
+            str(t): {"logprob": _value(lp.logprob), "rank": lp.rank, "decoded_token": text_of(t)}
+            for t, lp in entry.items()
+        }
+        for entry in entries
+    ]
+
+
+def echo_completion_logprobs(
+    prompt_ids: Sequence[int],
+    prompt_entries: Sequence[dict[int, Any] | None],
+    k: int,
+    text_of: TokenTexts,
+) -> tuple[dict[str, Any], int]:
+    """The echoed prompt's part of a text completion's logprobs (OpenAI's echo: the first
+    token has null logprob and top_logprobs; each later one its logprob and the top k) and the
+    text offset after it, where the generated tokens' part continues."""
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    offset = 0
+    for token_id, entry in zip(prompt_ids, prompt_entries, strict=True):
+        text = text_of(token_id)
+        offsets.append(offset)
+        offset += len(text)
+        tokens.append(text)
+        if entry is None:
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+            continue
+        token_logprobs.append(_value(entry[token_id].logprob))
+        # The prompt token plus the request's k (prompt_logprobs may have asked for more).
+        kept = [(t, lp) for t, lp in entry.items() if t == token_id or (lp.rank or 0) <= k]
+        top_logprobs.append({text_of(t): _value(lp.logprob) for t, lp in kept})
+    out = {
+        "text_offset": offsets,
+        "token_logprobs": token_logprobs,
+        "tokens": tokens,
+        "top_logprobs": top_logprobs,
+    }
+    return out, offset

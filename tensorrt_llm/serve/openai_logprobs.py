@@ -30,3 +30,15 @@ class CompletionLogprobs(OpenAIBaseModel):
     token_logprobs: list[float | None] = Field(default_factory=list)
     tokens: list[str] = Field(default_factory=list)
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class PromptLogprob(OpenAIBaseModel):
+    """vLLM's `Logprob` of one token of a prompt position (`prompt_logprobs` entries)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's `prompt_logprobs`: per prompt position None (the first) or token id -> its Logprob.
+PromptLogprobs = list[dict[str, PromptLogprob] | None]

@@ -188,6 +188,16 @@ class SamplingRequestFields(StrictRequestModel):
     # vLLM's scheduling priority: lower is admitted first and preempted last (default 0).
     priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0
 
+    # vLLM's: logprobs of the prompt tokens (+ the top k) in the response (not streamed).
+    prompt_logprobs: Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)] = None
+
+    @model_validator(mode="after")
+    def _check_prompt_logprobs(self) -> SamplingRequestFields:
+        # As vLLM: whole responses only (a stream has no place for them).
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs are not available when stream is true")
+        return self
+
     @field_validator("stop")
     @classmethod
     def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
@@ -383,9 +393,15 @@ class CompletionRequest(SamplingRequestFields):
             return [list(value)]  # one token-id prompt
         return list(value)
 
+    @property
+    def sampled_prompt_logprobs(self) -> int | None:
+        """SamplingParams.prompt_logprobs: the request's, or its logprobs when echo needs the
+        prompt tokens' logprobs too (the larger of the two when both are given)."""
+        if self.echo and self.logprobs is not None:
+            return max(self.logprobs, self.prompt_logprobs or 0)
+        return self.prompt_logprobs
+
     def unsupported_features(self) -> str | None:
-        if self.echo:
-            return "echo is not supported"
         if self.suffix:
             return "suffix is not supported"
         if self.best_of not in (None, self.n):

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .openai_logprobs import ChatChoiceLogprobs, CompletionLogprobs
+from .openai_logprobs import ChatChoiceLogprobs, CompletionLogprobs, PromptLogprobs
 from .protocol_base import OpenAIBaseModel
 
 
@@ -56,6 +56,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo
+    # vLLM's extension, with the request's `prompt_logprobs` (where vLLM puts it for chat).
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):
@@ -86,6 +88,8 @@ class CompletionChoice(OpenAIBaseModel):
     text: str
     finish_reason: str | None = None
     logprobs: CompletionLogprobs | None = None
+    # vLLM's extension, with the request's `prompt_logprobs` (never in stream chunks).
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):

@@ -98,6 +98,7 @@ class OpenAIServer:
             (lambda ids: tokenizer.decode(ids[-8:])) if tokenizer is not None else None
         )
         self._token_texts = TokenTexts(tokenizer)
+        self._tokenizer = tokenizer
         self.mm_limits = getattr(args, "limit_mm_per_prompt", None)
         if self.mm_limits is None:
             self.mm_limits = self.client.limit_mm_per_prompt or dict(DEFAULT_MM_LIMITS)
@@ -194,6 +195,15 @@ class OpenAIServer:
         self._check_request_size(len(prompts), body.n)
         return await self._generate(request, body, "completion", prompts, start)
 
+    def _prompt_text(self, result: Any) -> str:
+        """What echo prepends: the prompt string as given, or a token-id prompt decoded (as
+        vLLM does)."""
+        if result.prompt is not None:
+            return str(result.prompt)
+        if self._tokenizer is None:
+            return ""
+        return str(self._tokenizer.decode(list(result.prompt_token_ids)))
+
     def _check_request_size(self, num_prompts: int, n: int) -> None:
         if num_prompts > self.max_prompts:
             raise APIError(
@@ -237,6 +247,9 @@ class OpenAIServer:
             prompt_tail=self._prompt_tail,
             logprobs=body.num_logprobs,
             token_texts=self._token_texts,
+            echo=bool(getattr(body, "echo", False)),
+            echo_text=self._prompt_text,
+            prompt_logprobs=body.prompt_logprobs is not None,
         )
         max_tokens, explicit = self._max_tokens(body)
         param = "messages" if kind == "chat" else "prompt"

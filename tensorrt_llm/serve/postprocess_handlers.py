@@ -16,7 +16,13 @@ from typing import Any, Literal
 import pydantic_core
 
 from .choice_parsers import ChoiceParser, ChoiceParsing, MessageDelta
-from .logprobs_format import TokenTexts, chat_logprobs, completion_logprobs
+from .logprobs_format import (
+    TokenTexts,
+    chat_logprobs,
+    completion_logprobs,
+    echo_completion_logprobs,
+    prompt_logprobs_json,
+)
 from .metrics import ServerMetrics
 from .openai_protocol import (
     ChatCompletionChoice,
@@ -54,6 +60,32 @@ class RequestContext:
     # strings they are shown with.
     logprobs: int | None = None
     token_texts: TokenTexts | None = None
+    # Completions' echo: the prompt's text (`echo_text` of a result) leads each choice's text,
+    # and with logprobs the prompt tokens' entries lead its logprobs.
+    echo: bool = False
+    echo_text: Callable[[Any], str] | None = None
+    # The request's own prompt_logprobs: vLLM's `prompt_logprobs` list in the response.
+    prompt_logprobs: bool = False
+
+    def prompt_logprobs_of(self, result: Any) -> Any:
+        """The response's `prompt_logprobs` for `result` (None when not asked for)."""
+        if not self.prompt_logprobs or result.prompt_logprobs is None:
+            return None
+        assert self.token_texts is not None
+        return prompt_logprobs_json(result.prompt_logprobs, self.token_texts)
+
+    def echoed(self, result: Any) -> str:
+        return self.echo_text(result) if self.echo_text is not None else ""
+
+    def echo_logprobs(self, result: Any, entries: list[Any]) -> tuple[Any, int]:
+        """Completion logprobs of the echoed prompt, then of `entries` (offsets running on)."""
+        if self.logprobs is None or self.token_texts is None:
+            return None, 0
+        ids = result.prompt_token_ids
+        prompt = result.prompt_logprobs or [None] * len(ids)  # none: it failed first
+        head, offset = echo_completion_logprobs(ids, prompt, self.logprobs, self.token_texts)
+        tail, offset = completion_logprobs(entries, self.token_texts, offset)
+        return {key: head[key] + tail[key] for key in head}, offset
 
     def choice_parser(self, result: Any) -> ChoiceParser | None:
         if self.parsing is None:
@@ -147,20 +179,35 @@ def build_response(
             _chat_choice(ctx, results[0], j, out) for j, out in enumerate(results[0].outputs)
         ]
         return ChatCompletionResponse(
-            id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
+            id=ctx.request_id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=choices,
+            usage=usage,
+            prompt_logprobs=ctx.prompt_logprobs_of(results[0]),
         )
     choices_c = [
-        CompletionChoice(
-            index=i * ctx.n + j,
-            text=out.text,
-            finish_reason=_finish_reason(out.finish_reason),
-            logprobs=ctx.whole_logprobs(out),
-        )
+        _completion_choice(ctx, result, i * ctx.n + j, out)
         for i, result in enumerate(results)
         for j, out in enumerate(result.outputs)
     ]
     return CompletionResponse(
         id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices_c, usage=usage
+    )
+
+
+def _completion_choice(ctx: RequestContext, result: Any, index: int, out: Any) -> CompletionChoice:
+    text, logprobs = out.text, ctx.whole_logprobs(out)
+    if ctx.echo:
+        text = ctx.echoed(result) + text
+        if logprobs is not None:
+            logprobs = ctx.echo_logprobs(result, out.logprobs)[0]
+    return CompletionChoice(
+        index=index,
+        text=text,
+        finish_reason=_finish_reason(out.finish_reason),
+        logprobs=logprobs,
+        prompt_logprobs=ctx.prompt_logprobs_of(result),
     )
 
 
@@ -235,7 +282,9 @@ def _delta_choice(
             "tool_calls": fields.tool_calls or None,
         }
         return {"index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
-    return {"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs}
+    choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs}
+    choice["prompt_logprobs"] = None  # never streamed (the request model refuses that)
+    return choice
 
 
 async def _merge(results: list[Any], ctx: RequestContext) -> AsyncIterator[tuple[int, Any]]:
@@ -279,11 +328,20 @@ async def stream_response(ctx: RequestContext, results: list[Any]) -> AsyncItera
         # Per choice: logprob entries sent, and the completion text offset reached.
         sent_lp: dict[int, tuple[int, int]] = {}
         done: set[int] = set()
+        echoed: set[int] = set()  # choices whose echoed prompt went out
         parsers: dict[int, ChoiceParser | None] = {}
         async for i, snapshot in _merge(results, ctx):
             choices = []
             for j, out in enumerate(snapshot.outputs):
                 index = i * ctx.n + j
+                echo = ctx.echo and index not in echoed
+                if echo and ctx.logprobs is not None and snapshot.prompt_logprobs is None:
+                    if not snapshot.finished:
+                        # The prompt's logprobs come with the first completion's first token:
+                        # this choice waits for them (its text keeps accumulating).
+                        continue
+                    # The result ended without them (its first completion failed before the
+                    # prompt ran): the echo goes out with null prompt entries.
                 text = out.text[sent.get(index, 0) :]
                 sent[index] = len(out.text)
                 reason = _finish_reason(out.finish_reason) if index not in done else None
@@ -294,6 +352,12 @@ async def stream_response(ctx: RequestContext, results: list[Any]) -> AsyncItera
                 if ctx.logprobs is not None and len(out.logprobs) > count:
                     logprobs, offset = ctx.choice_logprobs(out.logprobs[count:], offset)
                     sent_lp[index] = (len(out.logprobs), offset)
+                if echo:  # the first chunk of the choice leads with the prompt
+                    echoed.add(index)
+                    text = ctx.echoed(results[i]) + text
+                    if ctx.logprobs is not None:
+                        logprobs, offset = ctx.echo_logprobs(snapshot, out.logprobs[count:])
+                        sent_lp[index] = (len(out.logprobs), offset)
                 if index not in parsers:
                     parsers[index] = ctx.choice_parser(results[i])
                 parser = parsers[index]

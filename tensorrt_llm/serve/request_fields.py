@@ -25,7 +25,8 @@ def _empty(v: Any) -> bool:
 # OpenAI / vLLM request fields this server does not implement yet, each with the values that
 # ask for nothing (accepted: clients send some of them with their defaults).
 NOT_IMPLEMENTED_FIELDS: dict[str, Any] = {
-    "prompt_logprobs": _off(None, 0),
+    # vLLM's chat `echo` (the last message echoed back); completions implement theirs.
+    "echo": _off(None, False),
     "functions": _empty,
     "function_call": _off(None, "none", "auto"),
     "guided_decoding_backend": _off(None),

@@ -97,6 +97,15 @@ class EngineModel(Protocol):
         or `[T, vocab]` with `batch.return_context_logits`."""
         ...
 
+    def forward_hidden(self, batch: InputBatch) -> torch.Tensor:
+        """The eager step up to the final norm: hidden states of every token `[T, hidden]`
+        (steps with prompt logprobs; `lm_logits` then runs the LM head over chosen rows)."""
+        ...
+
+    def lm_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The LM head: `[n, hidden]` -> `[n, vocab]`."""
+        ...
+
     def per_slot_state(self) -> dict[str, torch.Tensor]:
         """Device tensors with one row per seq slot plus the dummy slot (`seq_slots.py`): the
         mRoPE delta cache, the recurrent conv/SSM rows. `SlotState` checks their size."""

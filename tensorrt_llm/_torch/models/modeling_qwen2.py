@@ -290,6 +290,14 @@ class Qwen2TextForCausalLM(nn.Module):
             return_context_logits=batch.return_context_logits,
         )
 
+    def forward_hidden(self, batch: InputBatch) -> torch.Tensor:
+        """Final-normed hidden states of every token `[T, hidden]` (prompt logprobs)."""
+        return self.model(batch.attn_metadata, batch.input_ids, batch.position_ids)
+
+    def lm_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The LM head over the given rows of hidden states."""
+        return self.lm_head(hidden_states)
+
     def per_slot_state(self) -> dict[str, torch.Tensor]:
         """Device tensors with one row per seq slot plus the dummy slot (none here)."""
         return {}

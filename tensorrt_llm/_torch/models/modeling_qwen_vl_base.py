@@ -227,6 +227,22 @@ class QwenVLModelBase(nn.Module):
             return_context_logits=batch.return_context_logits,
         )
 
+    def forward_hidden(self, batch: InputBatch) -> torch.Tensor:
+        """Final-normed hidden states of every token `[T, hidden]` (prompt logprobs)."""
+        md = batch.attn_metadata
+        inputs = self.stack_inputs(md, batch.input_ids, batch.position_ids, batch.multimodal_params)
+        return self.llm.model(
+            md,
+            inputs_embeds=inputs.inputs_embeds,
+            position_ids=inputs.position_ids,
+            cos_sin=inputs.cos_sin,
+            deepstack_embeds=inputs.deepstack_embeds,
+        )
+
+    def lm_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The LM head over the given rows of hidden states."""
+        return self.llm.lm_logits(hidden_states)
+
     def forward(
         self,
         attn_metadata: AttentionMetadata,

@@ -29,6 +29,7 @@ from ..input_batch import InputBatch
 from .input_buffers import InputBuffers
 from .llm_request import LlmRequest
 from .multimodal_checks import check_multimodal_request
+from .prompt_logprobs import plan_prompt_logprobs
 from .request_errors import RequestInputError
 from .request_lifecycle import sample_rows
 from .scheduler import ScheduledRequests
@@ -295,4 +296,5 @@ class InputBatchBuilder:
             multimodal_params=mm_params,
             sample_rows=sample_rows(scheduled),
             return_context_logits=return_context_logits,
+            prompt_logprobs=plan_prompt_logprobs(ctx, self.device),
         )

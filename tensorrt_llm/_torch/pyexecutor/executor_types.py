@@ -29,6 +29,9 @@ class LlmResponse:
     error_code: str | None = None  # llm_request.ERROR_CODES, set with `error`
     # One sampler_logprobs.SampledLogprobs per new token when the request asks for logprobs.
     new_logprobs: list[Any] | None = None
+    # With prompt_logprobs: every prompt entry (SampledLogprobs of positions 1..L-1), once, in
+    # the first response after the prompt's last chunk.
+    prompt_logprobs: list[Any] | None = None
 
 
 @dataclass

@@ -92,6 +92,10 @@ class LlmRequest:
         # One entry per output token (sampler_logprobs.SampledLogprobs) when the request asks
         # for logprobs, appended with the token (request_lifecycle.apply_new_tokens).
         self.output_logprobs: list[Any] = []
+        # With SamplingParams.prompt_logprobs: one entry per prompt position >= 1, appended
+        # chunk by chunk (prompt_logprobs.py); sent once, with the first response after.
+        self.prompt_logprobs: list[Any] = []
+        self._prompt_logprobs_sent = False
         # Sampled on the device, value not on the host yet (overlap scheduler): they count in
         # positions and lengths, and the next step reads them from the SlotState token pool.
         self.num_in_flight_tokens = 0
@@ -148,6 +152,16 @@ class LlmRequest:
         if num_tokens <= 0:
             return []
         return self.output_logprobs[-num_tokens:]
+
+    def take_prompt_logprobs(self) -> list[Any] | None:
+        """The prompt entries once all are in and not sent yet (then marked sent), else
+        None (also for requests that did not ask)."""
+        if self.sampling_params.prompt_logprobs is None or self._prompt_logprobs_sent:
+            return None
+        if len(self.prompt_logprobs) < self.prompt_len - 1:
+            return None
+        self._prompt_logprobs_sent = True
+        return self.prompt_logprobs
 
     @property
     def max_num_tokens(self) -> int:

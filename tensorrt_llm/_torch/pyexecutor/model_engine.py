@@ -16,6 +16,7 @@ from torch import nn
 from ..input_batch import InputBatch
 from .batch_builder import InputBatchBuilder
 from .input_buffers import InputBuffers
+from .prompt_logprobs import compute_prompt_logprobs
 from .request_lifecycle import release_prefilled_media
 from .scheduler import ScheduledRequests
 from .slot_state import SlotState
@@ -94,6 +95,29 @@ class PyTorchModelEngine:
         if piecewise is not None and piecewise.can_run(batch):
             return piecewise.run(batch)
         return self.model.forward_batch(batch)
+
+    @torch.inference_mode()
+    def run_step(self, batch: InputBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`run`, plus the packed prompt logprobs (device int64, `prompt_logprobs.py`) when a
+        request of the step asks for them (None otherwise: exactly `run`).
+
+        Such a step keeps the stack's hidden states of every token: the piecewise graphs give
+        them (their LM head runs eagerly anyway), else the eager path does. The decode graph
+        never sees such a step (it has context rows). The last-token logits come from the same
+        hidden states, so they equal `run`'s."""
+        plan = batch.prompt_logprobs
+        if plan is None or batch.return_context_logits:
+            return self.run(batch), None
+        piecewise = self.piecewise_graph_runner
+        if piecewise is not None and piecewise.can_run(batch):
+            hidden = piecewise.run_hidden(batch)
+        else:
+            hidden = self.model.forward_hidden(batch)
+        md = batch.attn_metadata
+        last = md.cu_seqlens_q[1 : md.num_seqs + 1] - 1
+        logits = self.model.lm_logits(hidden.index_select(0, last.to(hidden.device)))
+        payload = compute_prompt_logprobs(hidden, plan, self.model.lm_logits, self.vocab_size)
+        return logits, payload
 
     def forward(
         self, scheduled: ScheduledRequests, return_context_logits: bool = False

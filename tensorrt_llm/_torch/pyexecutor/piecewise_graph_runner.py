@@ -220,6 +220,16 @@ class PiecewiseCUDAGraphRunner:
         )
         return self.model.compute_logits(self.replay(md, inputs), md)
 
+    @torch.inference_mode()
+    def run_hidden(self, batch: InputBatch) -> torch.Tensor:
+        """`run` without the LM head: the stack's hidden states of every token (steps with
+        prompt logprobs). NOTE: graph memory; consume it before the next replay."""
+        md = batch.attn_metadata
+        inputs = self.model.stack_inputs(
+            md, batch.input_ids, batch.position_ids, batch.multimodal_params
+        )
+        return self.replay(md, inputs)
+
     def replay(self, attn_metadata: AttentionMetadata, inputs: StackInputs) -> torch.Tensor:
         """The stack's final-normed hidden states `[num_tokens, hidden]` for this step."""
         num_tokens = attn_metadata.num_tokens

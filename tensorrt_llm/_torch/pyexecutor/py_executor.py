@@ -39,6 +39,7 @@ from .llm_request import (
     ERROR_SHUTTING_DOWN,
     LlmRequest,
 )
+from .prompt_logprobs import attach
 from .request_errors import run_isolated
 from .request_lifecycle import apply_step_results
 from .sampler_logprobs import SampledStep
@@ -330,12 +331,18 @@ class PyExecutor:
         if guided is not None:
             guided.prepare(scheduled)  # before any state is written: see RequestInputError
         batch = engine.build_batch(scheduled)
-        logits = engine.run(batch)
+        plan = batch.prompt_logprobs
+        # Without a prompt-logprobs request the step is exactly `run` (graphs, last tokens).
+        logits, prompt = (engine.run(batch), None) if plan is None else engine.run_step(batch)
         rows = batch.sample_rows
         everyone = scheduled.all_requests  # built once: the property makes a new list
         sampled = [everyone[i] for i in rows]
         if not sampled:
-            return sampled, None
+            if prompt is None or plan is None:
+                return sampled, None
+            # Only non-final chunks ran: the step's copy carries their prompt entries alone.
+            none = torch.empty(0, dtype=torch.int64, device=logits.device)
+            return sampled, attach(SampledStep(none, none, None), prompt, plan.layout)
         if before_sample is not None:
             before_sample()
         slots = batch.attn_metadata.seq_slots
@@ -347,15 +354,17 @@ class PyExecutor:
             logits = guided.mask_logits(logits, sampled)
         step = self.sampler.sample_step(logits, sampled)
         engine.slot_state.record_tokens(slots, step.tokens)
+        if prompt is not None and plan is not None:
+            step = attach(step, prompt, plan.layout)
         return sampled, step
 
     def _run_step(self, scheduled: ScheduledRequests) -> None:
         sampled, step = self._forward_and_sample(scheduled)
         host_tokens: list[int] = []
-        logprobs = None
+        logprobs = prompt = None
         if step is not None:
-            host_tokens, logprobs = self.sampler.step_to_host(step)  # the one sync
-        apply_step_results(scheduled, sampled, host_tokens, logprobs)
+            host_tokens, logprobs, prompt = self.sampler.step_results(step)  # the one sync
+        apply_step_results(scheduled, sampled, host_tokens, logprobs, prompt)
         if self.guided_decoder is not None:
             self.guided_decoder.advance(sampled)
 
@@ -388,6 +397,7 @@ class PyExecutor:
             error=req.error,
             error_code=req.error_code,
             new_logprobs=req.logprobs_tail(len(new)),
+            prompt_logprobs=req.take_prompt_logprobs(),
         )
 
     def _deliver(self, callback: ResponseCallback | None, response: LlmResponse) -> None:

@@ -31,10 +31,16 @@ import torch
 
 from ..._utils import async_tensor_d2h
 from .llm_request import LlmRequest
+from .prompt_logprobs import split_step
 from .py_executor import PyExecutor
 from .request_errors import run_isolated
-from .request_lifecycle import advance_context_chunks, apply_new_tokens, release_prefilled_media
-from .sampler_logprobs import LogprobLayout, SampledStep, unpack
+from .request_lifecycle import (
+    advance_context_chunks,
+    apply_new_tokens,
+    apply_prompt_logprobs,
+    release_prefilled_media,
+)
+from .sampler_logprobs import SampledStep
 from .scheduler import ScheduledRequests
 
 logger = logging.getLogger(__name__)
@@ -47,7 +53,7 @@ class _InFlight:
     requests: list[LlmRequest]  # the sampled requests, in token order
     host: torch.Tensor  # host copy of the step's tokens (+ logprobs), valid once `done` is
     done: torch.cuda.Event | None
-    layout: LogprobLayout | None = None  # where the logprobs sit in `host` (None: no row asked)
+    step: SampledStep  # where the logprobs (output and prompt) sit in `host`
     accepted: bool = False  # its tokens are applied to the requests (responses not sent yet)
 
 
@@ -112,7 +118,7 @@ class OverlapPyExecutor(PyExecutor):
         for req in sampled:
             if not req.is_finished:  # finished by the tokens accepted before sampling
                 req.add_in_flight_token()
-        return _InFlight(sampled, host, done, step.layout)
+        return _InFlight(sampled, host, done, step)
 
     def _accept_pending(self) -> None:
         """Wait for the pending step's tokens and apply them (matchers advanced); no responses."""
@@ -123,7 +129,9 @@ class OverlapPyExecutor(PyExecutor):
         if pending.done is not None:
             pending.done.synchronize()
         # Requests cancelled or failed while in flight are skipped.
-        tokens, logprobs = unpack(pending.host, pending.layout)
+        tokens, logprobs, prompt = split_step(pending.host, pending.step)
+        # Prompt entries first: the response carrying the first token also carries them.
+        apply_prompt_logprobs(prompt)
         apply_new_tokens(pending.requests, tokens, in_flight=True, logprobs=logprobs)
         if self.guided_decoder is not None:
             self.guided_decoder.advance(pending.requests)

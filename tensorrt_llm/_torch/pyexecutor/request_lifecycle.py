@@ -30,12 +30,23 @@ def apply_step_results(
     sampled: Sequence[LlmRequest],
     new_tokens: Sequence[int],
     logprobs: Sequence[Any] | None = None,
+    prompt_logprobs: Sequence[tuple[LlmRequest, list[Any]]] | None = None,
 ) -> None:
     """Everything a finished step (tokens on the host) does to its requests: media of finished
-    prefills released, chunks advanced, tokens appended and token stops applied."""
+    prefills released, chunks advanced, prompt logprob entries appended, tokens appended and
+    token stops applied."""
     release_prefilled_media(scheduled)
     advance_context_chunks(scheduled)
+    apply_prompt_logprobs(prompt_logprobs)
     apply_new_tokens(sampled, new_tokens, logprobs=logprobs)
+
+
+def apply_prompt_logprobs(results: Sequence[tuple[LlmRequest, list[Any]]] | None) -> None:
+    """Append each request's prompt logprob entries of a step (steps are applied in order,
+    so chunks arrive in order); a request that finished meanwhile takes none."""
+    for req, entries in results or ():
+        if not req.is_finished:
+            req.prompt_logprobs.extend(entries)
 
 
 def apply_new_tokens(

@@ -22,7 +22,8 @@ import torch
 
 from ..._utils import async_tensor_d2h, async_tensor_h2d
 from .llm_request import LlmRequest
-from .sampler_logprobs import SampledLogprobs, SampledStep, unpack, with_logprobs
+from .prompt_logprobs import PromptResults, split_step
+from .sampler_logprobs import SampledLogprobs, SampledStep, with_logprobs
 from .sampler_penalties import LogitProcessors
 
 _MIN_TEMPERATURE = 1e-5  # avoids inf logits for tiny positive temperatures
@@ -176,14 +177,22 @@ class TorchSampler:
     ) -> tuple[list[int], list[SampledLogprobs | None] | None]:
         """`to_host` of a `sample_step` output: its one copy (tokens and logprobs together),
         split into the tokens and the per-row logprobs (None when no row asked)."""
-        if step.layout is None:
-            return self.to_host(step.tokens), None
+        tokens, logprobs, _ = self.step_results(step)
+        return tokens, logprobs
+
+    def step_results(
+        self, step: SampledStep
+    ) -> tuple[list[int], list[SampledLogprobs | None] | None, PromptResults | None]:
+        """`step_to_host` plus the prompt logprobs the step carries (`prompt_logprobs.py`),
+        from the same single copy."""
+        if step.layout is None and step.prompt is None:
+            return self.to_host(step.tokens), None, None
         packed = step.packed
         if packed.device.type != "cpu":
             host, done = async_tensor_d2h(packed)
             cast("torch.cuda.Event", done).synchronize()
             packed = host
-        return unpack(packed, step.layout)
+        return split_step(packed, step)
 
     def release(self, request_id: int) -> None:
         """Drop a request's generator and token history (called for finished requests)."""

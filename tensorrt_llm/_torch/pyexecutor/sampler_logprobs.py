@@ -17,12 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from ..._utils import async_tensor_h2d
 from .llm_request import LlmRequest
+
+if TYPE_CHECKING:
+    from .prompt_logprobs import PromptLogprobLayout
 
 
 class SampledLogprobs(NamedTuple):
@@ -52,13 +55,15 @@ class SampledStep(NamedTuple):
     tokens: torch.Tensor  # int64 [B]: the token pool, the next step's inputs
     packed: torch.Tensor  # int64: what the host copy takes (`tokens` when layout is None)
     layout: LogprobLayout | None
+    # Prompt logprobs appended behind the rest (prompt_logprobs.py), None when none asked.
+    prompt: PromptLogprobLayout | None = None
 
 
-def _float_bits(x: torch.Tensor) -> torch.Tensor:
+def float_bits(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(torch.int32).to(torch.int64)
 
 
-def _bits_float(x: torch.Tensor) -> torch.Tensor:
+def bits_float(x: torch.Tensor) -> torch.Tensor:
     # The int64 values are sign-extended int32s, so the narrowing cast is exact.
     return x.to(torch.int32).view(torch.float32)
 
@@ -87,10 +92,10 @@ def with_logprobs(
     logp = torch.log_softmax(logits.float(), dim=-1)
     token_lp = logp.gather(1, picked.unsqueeze(1))  # [R, 1]
     rank = (logp > token_lp).sum(dim=-1, keepdim=True) + 1
-    parts = [_float_bits(token_lp), rank]
+    parts = [float_bits(token_lp), rank]
     if width:
         top_lp, top_ids = logp.topk(width, dim=-1)
-        parts += [top_ids, _float_bits(top_lp)]
+        parts += [top_ids, float_bits(top_lp)]
     payload = torch.cat(parts, dim=1).reshape(-1)
     packed = torch.cat([tokens, payload])
     return SampledStep(tokens, packed, LogprobLayout(tokens.shape[0], rows, ks, width))
@@ -106,10 +111,10 @@ def unpack(
     n, width = layout.num_tokens, layout.width
     tokens = host[:n].tolist()
     block = host[n:].view(len(layout.rows), 2 + 2 * width)
-    token_lp = _bits_float(block[:, 0]).tolist()
+    token_lp = bits_float(block[:, 0]).tolist()
     ranks = block[:, 1].tolist()
     top_ids = block[:, 2 : 2 + width].tolist()
-    top_lp = _bits_float(block[:, 2 + width :].contiguous()).tolist()
+    top_lp = bits_float(block[:, 2 + width :].contiguous()).tolist()
     out: list[SampledLogprobs | None] = [None] * n
     for i, (row, k) in enumerate(zip(layout.rows, layout.ks, strict=True)):
         out[row] = SampledLogprobs(

@@ -115,7 +115,13 @@ def test_completion_prompt_forms() -> None:
         with pytest.raises(ValidationError):
             prompts(bad)
     echo = CompletionRequest.model_validate({"model": "m", "prompt": "a", "echo": True})
-    assert echo.unsupported_features() == "echo is not supported"
+    assert echo.unsupported_features() is None and echo.sampled_prompt_logprobs is None
+    with_lp = {"model": "m", "prompt": "a", "echo": True, "logprobs": 2}
+    assert CompletionRequest.model_validate(with_lp).sampled_prompt_logprobs == 2
+    both = {**with_lp, "prompt_logprobs": 5}
+    assert CompletionRequest.model_validate(both).sampled_prompt_logprobs == 5
+    with pytest.raises(ValidationError, match="stream"):
+        CompletionRequest.model_validate({**both, "stream": True})
 
 
 def test_histogram_is_cumulative_and_renders() -> None:

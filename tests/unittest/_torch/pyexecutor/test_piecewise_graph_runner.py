@@ -111,6 +111,7 @@ class _EagerPieces:
 
     can_run = PiecewiseCUDAGraphRunner.can_run
     run = PiecewiseCUDAGraphRunner.run
+    run_hidden = PiecewiseCUDAGraphRunner.run_hidden
 
     def __init__(self, model, bucket: int) -> None:
         self.model = model.as_piecewise()
@@ -184,3 +185,31 @@ def test_padded_pieces_give_the_eager_tokens(family: str, tmp_path: Path) -> Non
     layers = len(engine.model.llm.model.layers)
     assert pieces.runs >= 2 and pieces.attention_calls == pieces.runs * layers
     assert pieces.deepstack_runs == (1 if family == "qwen3_vl" else 0)
+
+
+def test_prompt_logprobs_through_the_pieces(tmp_path: Path) -> None:
+    """A step with a prompt-logprobs request takes the stack's hidden states from the pieces
+    (`run_hidden`): the same entries and tokens as the eager path, a batch companion that asks
+    for none unchanged."""
+    ckpt = str(write_tiny_checkpoint("qwen2_5_vl", tmp_path / "vl"))
+    params = [
+        SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=2),
+        SamplingParams(max_tokens=3, temperature=0.0),
+    ]
+    with LLM(model=ckpt, max_batch_size=2, executor_mode="inproc") as llm:
+        eager = llm.generate(PROMPTS, params, use_tqdm=False)
+        engine = llm._executor.model_engine
+        pieces = _EagerPieces(engine.model, bucket=96)
+        engine.piecewise_graph_runner = pieces
+        got = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert pieces.runs >= 1
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in eager]
+    assert got[1].prompt_logprobs is None
+    mine, want = got[0].prompt_logprobs, eager[0].prompt_logprobs
+    assert mine is not None and want is not None and len(mine) == len(want) > 2
+    assert mine[0] is None
+    for a, b in zip(mine[1:], want[1:], strict=True):
+        assert a is not None and b is not None and list(a) == list(b)
+        assert [v.logprob for v in a.values()] == pytest.approx(
+            [v.logprob for v in b.values()], abs=1e-5
+        )

@@ -47,6 +47,7 @@ class _FakeBatch:
         self.sample_rows = sample_rows(scheduled)
         slots = [req.seq_slot for req in scheduled.all_requests]
         self.attn_metadata = SimpleNamespace(seq_slots=torch.tensor(slots, dtype=torch.long))
+        self.prompt_logprobs = None  # no request asks (prompt_logprobs.py)
 
 
 class _FakeSlotState:
