@@ -9,6 +9,7 @@ plain: `num_requests` single-turn requests, `concurrency` in flight (runner.py /
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +95,23 @@ def max_seq_len(args: argparse.Namespace) -> int:
     return args.isl + args.osl + 8
 
 
+# Warm-up prompts come from another seed than the measured ones, and every wave has its own
+# seed (its concurrency): with prefix caching on (the default), a prompt seen before would be
+# a cache hit and skip its prefill, and the wave would time the cache, not the engine.
+_WARM_UP_SEED = 1_000_003
+
+
 def _workload(args: argparse.Namespace, concurrency: int, guided: str | None) -> Workload:
     n = args.num_requests or max(concurrency, 2)
     return Workload(
         args.isl, args.osl, args.images_per_request, args.image_size, n, args.ignore_eos,
-        guided_json=guided,
+        seed=concurrency, guided_json=guided,
     )  # fmt: skip
+
+
+def _warm_up_workload(workload: Workload) -> Workload:
+    """Four requests shaped like the wave's, none of them in it."""
+    return replace(workload, seed=workload.seed + _WARM_UP_SEED, num_requests=4)
 
 
 def _stops(args: argparse.Namespace, workload: Workload) -> list[int]:
@@ -117,7 +129,7 @@ def wave_ours(
         spec = MultiTurnSpec(args.multi_turn, args.turn_tokens)
         return run_multi_turn_llm(llm, config, workload, words, spec, c)
     prompts = make_requests(config, workload)
-    warm_up(llm, prompts, workload)
+    warm_up(llm, make_requests(config, _warm_up_workload(workload)), workload)
     if args.max_tokens_dist:
         stops = _stops(args, workload)
         return run_early_stop_llm(llm, prompts, sampling_params(workload), stops, c), []
@@ -139,7 +151,7 @@ def wave_served(
         spec = MultiTurnSpec(args.multi_turn, args.turn_tokens)
         return run_multi_turn_served(target, config, workload, words, num_text, spec, c)
     contents = build_contents(config, workload, words, num_text)
-    warm_up_served(target, contents)
+    warm_up_served(target, build_contents(config, _warm_up_workload(workload), words, num_text))
     if args.max_tokens_dist:
         stops = _stops(args, workload)
         return run_early_stop_served(target, contents, workload, stops, c), []
