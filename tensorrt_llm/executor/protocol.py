@@ -97,6 +97,7 @@ def response_to_tuple(r: LlmResponse) -> tuple[Any, ...]:
         r.error,
         r.error_code,
         r.new_logprobs,
+        r.num_cached_tokens,
     )
 
 

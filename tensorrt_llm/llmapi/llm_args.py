@@ -86,6 +86,10 @@ class LlmArgs:
     # Hard cap on KV-cache tokens (None: size from the memory fraction only).
     kv_cache_max_tokens: int | None = None
     tokens_per_block: int = 32
+    # KV block reuse (prefix caching): full blocks of finished or preempted requests stay
+    # cached and a request with the same prefix (same tokens, same images) skips their
+    # prefill. None: on, except on hybrid models (Qwen3.5 / 3.6), where True is an error.
+    enable_block_reuse: bool | None = None
     # On by default: a long prompt then shares steps with decodes instead of stalling them,
     # and a preempted request's recompute (prompt + outputs) may exceed max_num_tokens.
     enable_chunked_prefill: bool = True
@@ -150,6 +154,9 @@ class LlmArgs:
             raise ValueError(
                 f"kv_cache_free_gpu_memory_fraction must be a number in (0, 1], got {frac!r}"
             )
+        if self.enable_block_reuse not in (None, True, False):
+            reuse = self.enable_block_reuse
+            raise ValueError(f"enable_block_reuse must be a bool or None, got {reuse!r}")
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -247,6 +254,21 @@ class LlmArgs:
                 f"cuda_graph_config captures batch size {config.largest(self.max_batch_size)}, "
                 f"more than max_batch_size {self.max_batch_size}"
             )
+
+    def resolve_block_reuse(self, config: Any) -> bool:
+        """Whether KV block reuse is on for the checkpoint whose HF `config` this is: the
+        user's choice, else on unless the model is hybrid; True on a hybrid model is an error."""
+        from .._torch.config_utils import is_hybrid_model
+
+        hybrid = config is not None and is_hybrid_model(config)
+        if self.enable_block_reuse and hybrid:
+            raise ValueError(
+                "kv_cache_config.enable_block_reuse=True is not supported for hybrid models "
+                f"({self.model}: linear-attention layers): a prefix hit would skip the "
+                "recurrent (conv / SSM) state of the cached tokens, and snapshots of that state "
+                "per block are not implemented yet; leave it unset or False"
+            )
+        return not hybrid if self.enable_block_reuse is None else self.enable_block_reuse
 
     def resolve_device(self) -> torch.device:
         """'auto' picks CUDA when present, else the CPU."""
@@ -358,6 +380,7 @@ class LlmArgs:
             cuda_graph_padding_enabled=graphs.enable_padding if graphs is not None else False,
             piecewise_max_tokens=graphs.piecewise_max_tokens if graphs is not None else 0,
             max_seq_len_source=max_seq_len_source,
+            enable_block_reuse=self.resolve_block_reuse(config),
         )
 
 

@@ -121,6 +121,10 @@ class GenerationResult(RequestOutput):
         if response.error is not None:
             self.error = response.error
             self.error_code = response.error_code
+        if index == 0:
+            # The prompt is shared by the n completions; the first one's hit is the prompt's
+            # (later ones may hit the blocks the first one just wrote).
+            self.num_cached_tokens = response.num_cached_tokens
         ids = response.new_token_ids
         text_ids = ids
         stop_token = response.finish_reason == "stop" and isinstance(response.stop_reason, int)

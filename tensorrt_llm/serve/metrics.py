@@ -112,6 +112,16 @@ _EXECUTOR_COUNTERS: tuple[tuple[str, str, str], ...] = (
         "Running requests preempted (KV freed, recomputed later) because the KV cache ran out.",
         "num_preemptions",
     ),
+    (
+        "prefix_cache_queries_total",
+        "Prompt tokens looked up in the prefix cache (KV block reuse) at first admission.",
+        "prefix_cache_queries",
+    ),
+    (
+        "prefix_cache_hits_total",
+        "Of the prefix-cache queries, prompt tokens whose KV came from the cache.",
+        "prefix_cache_hits",
+    ),
 )
 
 

@@ -29,6 +29,8 @@ class LlmResponse:
     error_code: str | None = None  # llm_request.ERROR_CODES, set with `error`
     # One sampler_logprobs.SampledLogprobs per new token when the request asks for logprobs.
     new_logprobs: list[Any] | None = None
+    # Prompt tokens whose KV the request's first admission took from the prefix cache.
+    num_cached_tokens: int = 0
 
 
 @dataclass
@@ -48,6 +50,10 @@ class ExecutorStats:
     num_cancelled: int = 0
     # Requests sent back to waiting to be recomputed because the KV pool ran out (scheduler.py).
     num_preemptions: int = 0
+    # Prefix cache, in tokens: prompt tokens looked up at first admission, and of those the
+    # ones whose KV came from the cache (0 and 0 with block reuse off).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     last_step_num_tokens: int = 0
     last_step_time_s: float = 0.0
 

@@ -38,6 +38,7 @@ from .capacity import (
 from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
 from .engine_config import MAX_SEQ_LEN_USER, CudaGraphConfig, EngineConfig
 from .guided_decoder import GuidedDecoder
+from .kv_cache_reuse import KvCacheReuse
 from .kv_cache_creator import (
     KVCacheSpec,
     choose_num_blocks,
@@ -327,13 +328,25 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         config.tokens_per_block,
         sizing.describe(),
     )
-    kv = spec.make_manager(config.tokens_per_block, num_blocks, blocks_per_seq, device)
+    reuse_on = config.enable_block_reuse
+    if reuse_on and engine.model.is_hybrid:  # LlmArgs.resolve_block_reuse refuses it first
+        raise ValueError("enable_block_reuse is not supported for hybrid models")
+    kv = spec.make_manager(
+        config.tokens_per_block, num_blocks, blocks_per_seq, device, enable_block_reuse=reuse_on
+    )
     engine.set_kv_cache_manager(kv)
     # NOTE: the engine and the model keep `num_slots` rows (the dummy slot is the last one);
     # the scheduler hands out only the first `max_batch_size` of them.
     slots = SeqSlotManager(max_batch_size)
+    vision = getattr(config.pretrained_config, "vision_config", None)
+    merge = int(getattr(vision, "spatial_merge_size", None) or 1)
     scheduler = SimpleScheduler(
-        max_batch_size, config.max_num_tokens, config.enable_chunked_prefill, kv, slots
+        max_batch_size,
+        config.max_num_tokens,
+        config.enable_chunked_prefill,
+        kv,
+        slots,
+        reuse=KvCacheReuse(kv, merge) if reuse_on else None,
     )
     sampler = TorchSampler(engine.vocab_size, device)
     if config.use_cuda_graph:
@@ -375,5 +388,6 @@ def startup_summary(
         f"({str(config.kv_cache_dtype).removeprefix('torch.')}) "
         f"decode_graphs={graphs.batch_sizes if graphs is not None else 'off'} "
         f"piecewise_graphs={piecewise.buckets[-1] if piecewise is not None else 'off'} "
-        f"quantization={quant} overlap={not config.disable_overlap_scheduler}"
+        f"quantization={quant} overlap={not config.disable_overlap_scheduler} "
+        f"block_reuse={config.enable_block_reuse}"
     )
