@@ -59,6 +59,9 @@ _BOOL_FIELDS = (
 # cache is a full batch at max_seq_len, not sized from memory) it is capped here so that the KV
 # cache of a default LLM(...) stays a sane size.
 DEFAULT_MAX_SEQ_LEN_CAP = 8192
+# vision_embedding_cache_mib when not given, (off CUDA, on CUDA): on CUDA it is taken from the
+# memory the KV cache is sized from; the CPU's cache is not sized from memory at all.
+DEFAULT_VISION_EMBEDDING_CACHE_MIB = (64, 512)
 # Used when neither the user nor the config gives a context length.
 FALLBACK_MAX_SEQ_LEN = 4096
 
@@ -90,6 +93,10 @@ class LlmArgs:
     # cached and a request with the same prefix (same tokens, same images) skips their
     # prefill. None: on, except on hybrid models (Qwen3.5 / 3.6), where True is an error.
     enable_block_reuse: bool | None = None
+    # With block reuse: MiB of vision-tower outputs kept by image content hash, so a repeated
+    # image whose KV was evicted (or a hit ending inside an image) skips the tower. Reserved
+    # before the KV cache is sized on CUDA. None: 512 on CUDA, 64 on the CPU; 0: off.
+    vision_embedding_cache_mib: int | None = None
     # On by default: a long prompt then shares steps with decodes instead of stalling them,
     # and a preempted request's recompute (prompt + outputs) may exceed max_num_tokens.
     enable_chunked_prefill: bool = True
@@ -149,6 +156,9 @@ class LlmArgs:
         if self.attn_backend == "flash_attn":
             self._validate_flash_attn()
         _check_int("seed", self.seed, 0, allow_none=True)
+        _check_int(
+            "vision_embedding_cache_mib", self.vision_embedding_cache_mib, 0, allow_none=True
+        )
         frac = self.kv_cache_free_gpu_memory_fraction
         if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0.0 < frac <= 1.0:
             raise ValueError(
@@ -270,6 +280,13 @@ class LlmArgs:
             )
         return not hybrid if self.enable_block_reuse is None else self.enable_block_reuse
 
+    def resolve_vision_embedding_cache_bytes(self, device: torch.device) -> int:
+        """The vision-embedding cache's bound (used only with block reuse and a tower)."""
+        mib = self.vision_embedding_cache_mib
+        if mib is None:
+            mib = DEFAULT_VISION_EMBEDDING_CACHE_MIB[device.type == "cuda"]
+        return mib * 2**20
+
     def resolve_device(self) -> torch.device:
         """'auto' picks CUDA when present, else the CPU."""
         if self.device == "auto":
@@ -381,6 +398,7 @@ class LlmArgs:
             piecewise_max_tokens=graphs.piecewise_max_tokens if graphs is not None else 0,
             max_seq_len_source=max_seq_len_source,
             enable_block_reuse=self.resolve_block_reuse(config),
+            vision_embedding_cache_bytes=self.resolve_vision_embedding_cache_bytes(device),
         )
 
 

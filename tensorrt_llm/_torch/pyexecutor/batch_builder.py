@@ -130,7 +130,9 @@ class InputBatchBuilder:
                 pin_memory=True,
                 target_keywords=self.device_paths,
             )
-        runtime = MultimodalRuntimeData(request_id=req.request_id)
+        runtime = MultimodalRuntimeData(
+            request_id=req.request_id, num_prefix_hit_tokens=req.kv_start_position
+        )
         rows: dict[str, np.ndarray] = {}
         for kind in SPAN_MODALITIES:
             spans = params.spans(kind)

@@ -66,7 +66,8 @@ class KvCacheReuse:
             except Exception as exc:  # no hashes (a request built by hand), bad spans, ...
                 logger.debug("request %s: no KV reuse (%s)", req.request_id, exc)
                 spans = None
-            if spans is not None and any(b.start < a.end for a, b in zip(spans, spans[1:])):
+            pairs = zip(spans or [], (spans or [])[1:], strict=False)
+            if any(b.start < a.end for a, b in pairs):
                 spans = None  # overlapping runs: compute_block_keys would raise
             # Placeholder runs that no hashed item covers (precomputed embeddings) would key
             # as plain text: every image would then look the same.

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ...inputs.multimodal import MultimodalParams
 from ..models.modeling_auto import get_model_class
 from ..models.modeling_utils import ModelConfig
+from ..models.vision_embedding_cache import VisionEmbeddingCache
 from ..modules.fp8_block_model import (
     apply_fp8_block_config_,
     fill_dummy_fp8_block_,
@@ -38,7 +39,6 @@ from .capacity import (
 from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
 from .engine_config import MAX_SEQ_LEN_USER, CudaGraphConfig, EngineConfig
 from .guided_decoder import GuidedDecoder
-from .kv_cache_reuse import KvCacheReuse
 from .kv_cache_creator import (
     KVCacheSpec,
     choose_num_blocks,
@@ -46,6 +46,7 @@ from .kv_cache_creator import (
     kv_tokens_upper_bound,
     run_capacity_probe,
 )
+from .kv_cache_reuse import KvCacheReuse
 from .model_engine import PyTorchModelEngine
 from .piecewise_graph_runner import (
     DEFAULT_PIECEWISE_MAX_TOKENS,
@@ -301,6 +302,11 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     dummies = _dummy_requests(input_processor, engine, engine_max_seq_len, has_vision)
     peak = run_capacity_probe(engine, spec, dummies, config.tokens_per_block)
     activation = max(0, peak - torch.cuda.memory_allocated(device)) if peak else 0
+    reuse_on = config.enable_block_reuse
+    embed_cache_bytes = config.vision_embedding_cache_bytes if reuse_on and has_vision else 0
+    if embed_cache_bytes:
+        # Its tensors grow as images arrive: reserved like the probe's peak, before KV sizing.
+        cast(Any, engine.model).vision_embedding_cache = VisionEmbeddingCache(embed_cache_bytes)
     num_blocks = choose_num_blocks(
         spec,
         device,
@@ -309,7 +315,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         engine.max_blocks_per_seq,
         config.kv_cache_free_gpu_memory_fraction,
         config.kv_cache_max_tokens,
-        activation_peak_bytes=activation,
+        activation_peak_bytes=activation + embed_cache_bytes,
         seq_len_capped_after=config.max_seq_len_source != MAX_SEQ_LEN_USER,
     )
     seq_len = _final_max_seq_len(config, engine, num_blocks, max(len(d[0]) for d in dummies))
@@ -328,7 +334,6 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         config.tokens_per_block,
         sizing.describe(),
     )
-    reuse_on = config.enable_block_reuse
     if reuse_on and engine.model.is_hybrid:  # LlmArgs.resolve_block_reuse refuses it first
         raise ValueError("enable_block_reuse is not supported for hybrid models")
     kv = spec.make_manager(

@@ -82,7 +82,8 @@ def reference() -> dict[str, list[int]]:
     with _llm(False) as off:
         want = {f"text-{s}": _ids(off.generate(TEXT, _params(s))) for s in (False, True)}
         for seed in (0, 1):
-            want[f"image-{seed}"] = _ids(off.generate(_image_prompt(off, _image(seed)), _params(False)))
+            image = _image_prompt(off, _image(seed))
+            want[f"image-{seed}"] = _ids(off.generate(image, _params(False)))
         for i, text in enumerate(OTHER_TEXTS):
             want[f"other-{i}"] = _ids(off.generate(text, _params(False)))
         assert off.generate(TEXT, _params(False)).num_cached_tokens == 0
@@ -176,3 +177,43 @@ def test_hybrid_model_keeps_reuse_off() -> None:
             out = default.generate(TEXT, _params(False))
             assert out.num_cached_tokens == 0
             assert _ids(out) == _ids(off.generate(TEXT, _params(False)))
+
+
+def _count_tower_patches(llm: LLM) -> list[int]:
+    """Patches the vision tower encodes from now on (a one-item list, updated in place)."""
+    model = llm._executor.model_engine.model
+    seen = [0]
+    real = model._run_tower
+
+    def counting(pixels: torch.Tensor, grid: torch.Tensor) -> Any:
+        seen[0] += pixels.shape[0]
+        return real(pixels, grid)
+
+    model._run_tower = counting
+    return seen
+
+
+@pytest.mark.parametrize("embedding_cache_mib", [None, 0])
+def test_tower_skipped_for_cached_images(embedding_cache_mib: int | None, reference: dict) -> None:
+    """A repeat whose hit covers the image skips the tower; once the image's KV is evicted the
+    vision-embedding cache still spares the tower (unless it is off)."""
+    with _llm(True, kv_tokens=96, vision_embedding_cache_mib=embedding_cache_mib) as llm:
+        seen = _count_tower_patches(llm)
+        image = _image_prompt(llm, _image(0))
+        first = llm.generate(image, _params(False))
+        encoded = seen[0]
+        assert encoded > 0
+        again = llm.generate(image, _params(False))
+        assert seen[0] == encoded, "the hit covers the image: no tower run"
+        assert again.num_cached_tokens == _full_hit(len(again.prompt_token_ids))
+        for text in OTHER_TEXTS:  # evict the image's KV blocks
+            llm.generate(text, _params(False))
+        late = llm.generate(image, _params(False))
+        image_start = late.prompt_token_ids.index(llm.input_processor.image_token_id)
+        assert late.num_cached_tokens <= image_start
+        assert _ids(first) == _ids(again) == _ids(late) == reference["image-0"]
+        cache = llm._executor.model_engine.model.vision_embedding_cache
+        if embedding_cache_mib == 0:
+            assert cache is None and seen[0] == 2 * encoded
+        else:
+            assert cache.hits == 1 and seen[0] == encoded
