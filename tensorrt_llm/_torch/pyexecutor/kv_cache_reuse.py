@@ -124,6 +124,15 @@ class KvCacheReuse:
             # to hash yet, so only host-known tokens count.
             self._register(req, req.prompt_len + req.num_generated_tokens, tpb)
 
+    def register_finished(self, req: LlmRequest) -> None:
+        """Register what a request that stopped normally wrote, before its blocks are freed:
+        with the overlap executor its last tokens reach the host after its last launch, so
+        `register_step` never saw them. Every token but the last has its KV written (each was
+        the input of a launched step); failed and cancelled requests are left as they are."""
+        if req.finish_reason in ("stop", "length") and req.num_generated_tokens:
+            written = req.prompt_len + req.num_generated_tokens - 1
+            self._register(req, written, self.tokens_per_block)
+
     def _register(self, req: LlmRequest, written: int, tpb: int) -> None:
         if req.block_reuse_off:
             return

@@ -407,6 +407,9 @@ class PyExecutor:
         """
         rid = req.request_id
         try:
+            reuse = getattr(self.scheduler, "reuse", None)
+            if reuse is not None:
+                reuse.register_finished(req)
             self.scheduler.release_resources(req)
         except Exception:
             logger.exception("freeing resources of request %s failed", rid)

@@ -165,6 +165,28 @@ def test_process_mode_reports_cached_tokens(reference: dict) -> None:
         assert first.num_cached_tokens == 0
         assert again.num_cached_tokens == _full_hit(len(again.prompt_token_ids))
         assert llm.get_stats().prefix_cache_hits == again.num_cached_tokens
+        # Media hashes cross the process boundary with the request.
+        image = _image_prompt(llm, _image(0))
+        llm.generate(image, _params(False))
+        repeat = llm.generate(image, _params(False))
+        assert repeat.num_cached_tokens == _full_hit(len(repeat.prompt_token_ids))
+        assert _ids(repeat) == reference["image-0"]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_next_turn_hits_the_generated_blocks(overlap: bool) -> None:
+    """Prompt + answer as the next prompt: the answer's full blocks were registered as they
+    filled (with the overlap executor a step late), so the hit reaches into them."""
+    with _llm(True, overlap=overlap) as llm:
+        # Several answer lengths, so the answer's end falls on every offset in a block.
+        for max_tokens in range(9, 9 + TPB):
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+            first = llm.generate(f"{max_tokens} {TEXT}", params)
+            history = list(first.prompt_token_ids) + _ids(first)
+            follow = llm.generate({"prompt_token_ids": history + [5, 6, 7]}, params)
+            # The last answer token's KV is never written (nothing ran after it).
+            assert follow.num_cached_tokens == (len(history) - 1) // TPB * TPB, max_tokens
+            assert follow.num_cached_tokens > _full_hit(len(first.prompt_token_ids))
 
 
 def test_hybrid_model_keeps_reuse_off() -> None:
