@@ -93,7 +93,11 @@ _EXECUTOR_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("num_requests_running", "Requests holding a seq slot in the executor.", "num_running"),
     ("num_requests_waiting", "Requests accepted but not yet scheduled.", "num_waiting"),
     ("kv_cache_usage_ratio", "Fraction of KV-cache blocks in use (0..1).", "kv_cache_usage"),
-    ("kv_cache_free_blocks", "Free KV-cache blocks.", "num_free_kv_blocks"),
+    (
+        "kv_cache_free_blocks",
+        "Free KV-cache blocks (cached prefix blocks no request holds included).",
+        "num_free_kv_blocks",
+    ),
     ("kv_cache_total_blocks", "Total KV-cache blocks.", "num_total_kv_blocks"),
     ("seq_slots_free", "Free sequence slots.", "num_free_seq_slots"),
     ("seq_slots_total", "Total sequence slots.", "num_total_seq_slots"),
