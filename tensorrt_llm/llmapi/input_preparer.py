@@ -41,6 +41,8 @@ class PreparedRequest:
     prompt_token_ids: list[int]
     multimodal_params: MultimodalParams | None
     sampling_params: SamplingParams
+    # The prompt's `cache_salt` (prefix-cache isolation; None: the shared namespace).
+    cache_salt: str | None = None
 
 
 class InputPreparer:
@@ -118,11 +120,15 @@ class InputPreparer:
             prompt_token_ids=list(ids),
             multimodal_params=mm_params,
             sampling_params=sampling_params,
+            cache_salt=prompt.get("cache_salt"),
         )
 
     def _check_prompt_fields(self, prompt: dict[str, Any]) -> None:
         """Field types first, then a prompt too long by its byte count alone, untokenized."""
         text = prompt.get("prompt")
+        salt = prompt.get("cache_salt")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
         if "prompt_token_ids" in prompt:
             prompt["prompt_token_ids"] = check_prompt_token_ids(prompt["prompt_token_ids"])
         elif isinstance(text, list):

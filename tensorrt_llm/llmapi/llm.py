@@ -321,6 +321,7 @@ class LLM:
             if mm is not None and i > 0:
                 mm = copy.deepcopy(mm)  # the executor moves and strips each request's own copy
             request = LlmRequest(rid, prepared.prompt_token_ids, child_sp, mm)
+            request.cache_salt = prepared.cache_salt
             # The n completions of one input share a group unless the caller gave one.
             request.scheduling_group = (
                 ("llm", child_ids[0]) if scheduling_group is None else scheduling_group

@@ -89,7 +89,7 @@ class KvCacheReuse:
         want = num_tokens // tpb
         if want > len(keys):
             tokens = _token_prefix(req, want * tpb)
-            keys = compute_block_keys(tokens, tpb, spans, None, known=keys)
+            keys = compute_block_keys(tokens, tpb, spans, req.cache_salt, known=keys)
             req.block_keys = keys
         return keys[:want] if want < len(keys) else keys
 

@@ -105,6 +105,8 @@ class LlmRequest:
         # and the prompt tokens its first admission found cached (`num_cached_tokens`, vLLM's
         # name, reported with the final response).
         self.block_keys: list[bytes] = []
+        # Mixed into the root of the keys: only requests of the same salt share blocks.
+        self.cache_salt: str | None = None
         self.reuse_media_spans: list[Any] | None = None
         self.block_reuse_off = False
         self.num_cached_tokens = 0

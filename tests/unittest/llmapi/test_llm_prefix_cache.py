@@ -107,6 +107,20 @@ def test_repeated_prompt_hits_and_matches_reuse_off(overlap: bool, reference: di
         assert stats.prefix_cache_queries == 4 * len(again.prompt_token_ids)
 
 
+def test_cache_salt_separates_the_namespaces(reference: dict) -> None:
+    with _llm(True) as llm:
+        llm.generate(TEXT, _params(False))
+        salted = {"prompt": TEXT, "cache_salt": "tenant-a"}
+        first = llm.generate(salted, _params(False))
+        again = llm.generate(salted, _params(False))
+        other = llm.generate({"prompt": TEXT, "cache_salt": "tenant-b"}, _params(False))
+        assert first.num_cached_tokens == other.num_cached_tokens == 0
+        assert again.num_cached_tokens == _full_hit(len(again.prompt_token_ids))
+        assert _ids(first) == _ids(again) == _ids(other) == reference["text-False"]
+        with pytest.raises(ValueError, match="cache_salt must be a non-empty string"):
+            llm.generate({"prompt": TEXT, "cache_salt": ""}, _params(False))
+
+
 def test_another_image_hits_only_the_blocks_before_it(reference: dict) -> None:
     with _llm(True) as llm:
         first = llm.generate(_image_prompt(llm, _image(0)), _params(False))
@@ -171,6 +185,10 @@ def test_process_mode_reports_cached_tokens(reference: dict) -> None:
         repeat = llm.generate(image, _params(False))
         assert repeat.num_cached_tokens == _full_hit(len(repeat.prompt_token_ids))
         assert _ids(repeat) == reference["image-0"]
+        # The salt crosses it too.
+        salted = {"prompt": TEXT, "cache_salt": "s"}
+        assert llm.generate(salted, _params(False)).num_cached_tokens == 0
+        assert llm.generate(salted, _params(False)).num_cached_tokens == again.num_cached_tokens
 
 
 @pytest.mark.parametrize("overlap", [True, False])

@@ -9,6 +9,11 @@ from serve_helpers import ServeHandle, metric, wait_until_idle
 TPB = 32
 
 
+def _full(prompt_tokens: int) -> int:
+    """A repeat's hit: every whole block but the one holding the last prompt token."""
+    return (prompt_tokens - 1) // TPB * TPB
+
+
 def test_repeated_chat_reports_cached_tokens(served: ServeHandle) -> None:
     client = served.client()
     # Unique words, so no other test of the session cached this conversation's tail.
@@ -24,10 +29,27 @@ def test_repeated_chat_reports_cached_tokens(served: ServeHandle) -> None:
     prompt = second.usage.prompt_tokens
     assert prompt == first.usage.prompt_tokens and prompt > 2 * TPB
     cached = second.usage.prompt_tokens_details.cached_tokens
-    # Every whole block but the one holding the last prompt token (it must run for logits).
-    assert cached == (prompt - 1) // TPB * TPB
+    assert cached == _full(prompt)
     assert first.usage.prompt_tokens_details.cached_tokens < cached
     assert second.choices[0].message.content == first.choices[0].message.content
+    # Another tenant's salt shares nothing, not even the chat template's first blocks.
+    salted = client.chat.completions.create(
+        model=served.model,
+        messages=messages,
+        max_tokens=4,
+        temperature=0.0,
+        extra_body={"cache_salt": "tenant-b"},
+    )
+    assert salted.usage.prompt_tokens_details.cached_tokens == 0
+    assert salted.choices[0].message.content == first.choices[0].message.content
+    completion = client.completions.create(
+        model=served.model, prompt=text, max_tokens=2, extra_body={"cache_salt": "tenant-b"}
+    )
+    again = client.completions.create(
+        model=served.model, prompt=text, max_tokens=2, extra_body={"cache_salt": "tenant-b"}
+    )
+    assert completion.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == _full(again.usage.prompt_tokens)
     after = wait_until_idle(served)
     queries = metric(after, "trtllm_prefix_cache_queries_total") - metric(
         before, "trtllm_prefix_cache_queries_total"
