@@ -257,3 +257,34 @@ def test_tower_skipped_for_cached_images(embedding_cache_mib: int | None, refere
             assert cache is None and seen[0] == 2 * encoded
         else:
             assert cache.hits == 1 and seen[0] == encoded
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_media_hashed_once_on_the_host_only_with_reuse(reuse: bool) -> None:
+    from tensorrt_llm.inputs.media_hash import MULTIMODAL_HASHES
+    from tensorrt_llm.inputs.registry import create_input_processor
+    from tensorrt_llm.llmapi.input_preparer import InputPreparer
+    from tensorrt_llm.llmapi.llm_args import LlmArgs
+
+    ckpt = str(get_or_build_demo_checkpoint())
+    args = LlmArgs(model=ckpt, device="cpu", enable_block_reuse=reuse)
+    processor = create_input_processor(ckpt)
+    preparer = InputPreparer(args, processor.tokenizer, processor, MAX_SEQ_LEN)
+    prompt = processor.default_multimodal_prompt("Describe it.", num_images=1)
+    prepared = preparer.prepare(
+        {"prompt": prompt, "multi_modal_data": {"image": [_image(0)]}}, _params(False)
+    )
+    assert prepared.multimodal_params is not None
+    hashes = prepared.multimodal_params.multimodal_data.get(MULTIMODAL_HASHES)
+    assert (hashes is not None) == reuse
+    if reuse:
+        assert len(hashes["image"]) == 1 and len(bytes.fromhex(hashes["image"][0])) == 32
+
+
+def test_n_completions_report_the_first_ones_hit(reference: dict) -> None:
+    with _llm(True) as llm:
+        llm.generate(TEXT, _params(False))
+        params = SamplingParams(n=2, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+        out = llm.generate(TEXT, params)
+        assert out.num_cached_tokens == _full_hit(len(out.prompt_token_ids))
+        assert [list(o.token_ids) for o in out.outputs] == [reference["text-False"]] * 2
