@@ -32,6 +32,7 @@ from .._torch.pyexecutor.engine_config import check_int as _check_int
 from .._torch.quantization import QUANTIZATION_MODES, resolve_quant_config
 from ..inputs.validation import check_mm_processor_kwargs
 from .generation_defaults import GENERATION_CONFIG_MODES
+from .reuse_args import resolve_block_reuse, vision_embedding_cache_bytes
 from .upstream_args import KvCacheConfig, apply_upstream_fields
 
 DTYPES: dict[str, torch.dtype | None] = {
@@ -59,9 +60,6 @@ _BOOL_FIELDS = (
 # cache is a full batch at max_seq_len, not sized from memory) it is capped here so that the KV
 # cache of a default LLM(...) stays a sane size.
 DEFAULT_MAX_SEQ_LEN_CAP = 8192
-# vision_embedding_cache_mib when not given, (off CUDA, on CUDA): on CUDA it is taken from the
-# memory the KV cache is sized from; the CPU's cache is not sized from memory at all.
-DEFAULT_VISION_EMBEDDING_CACHE_MIB = (64, 512)
 # Used when neither the user nor the config gives a context length.
 FALLBACK_MAX_SEQ_LEN = 4096
 
@@ -266,26 +264,8 @@ class LlmArgs:
             )
 
     def resolve_block_reuse(self, config: Any) -> bool:
-        """Whether KV block reuse is on for the checkpoint whose HF `config` this is: the
-        user's choice, else on unless the model is hybrid; True on a hybrid model is an error."""
-        from .._torch.config_utils import is_hybrid_model
-
-        hybrid = config is not None and is_hybrid_model(config)
-        if self.enable_block_reuse and hybrid:
-            raise ValueError(
-                "kv_cache_config.enable_block_reuse=True is not supported for hybrid models "
-                f"({self.model}: linear-attention layers): a prefix hit would skip the "
-                "recurrent (conv / SSM) state of the cached tokens, and snapshots of that state "
-                "per block are not implemented yet; leave it unset or False"
-            )
-        return not hybrid if self.enable_block_reuse is None else self.enable_block_reuse
-
-    def resolve_vision_embedding_cache_bytes(self, device: torch.device) -> int:
-        """The vision-embedding cache's bound (used only with block reuse and a tower)."""
-        mib = self.vision_embedding_cache_mib
-        if mib is None:
-            mib = DEFAULT_VISION_EMBEDDING_CACHE_MIB[device.type == "cuda"]
-        return mib * 2**20
+        """Block reuse for the checkpoint whose HF `config` this is (reuse_args.py)."""
+        return resolve_block_reuse(self.enable_block_reuse, self.model, config)
 
     def resolve_device(self) -> torch.device:
         """'auto' picks CUDA when present, else the CPU."""
@@ -398,7 +378,9 @@ class LlmArgs:
             piecewise_max_tokens=graphs.piecewise_max_tokens if graphs is not None else 0,
             max_seq_len_source=max_seq_len_source,
             enable_block_reuse=self.resolve_block_reuse(config),
-            vision_embedding_cache_bytes=self.resolve_vision_embedding_cache_bytes(device),
+            vision_embedding_cache_bytes=vision_embedding_cache_bytes(
+                self.vision_embedding_cache_mib, device
+            ),
         )
 
 
