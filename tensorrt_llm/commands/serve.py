@@ -35,6 +35,7 @@ _LLM_FLAGS = (
     "max_batch_size",
     "max_num_tokens",
     "enable_chunked_prefill",
+    "enable_block_reuse",
     "max_seq_len",
     "kv_cache_free_gpu_memory_fraction",
     "limit_mm_per_prompt",
@@ -99,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="split long prompts over steps (default: on; --no-enable_chunked_prefill: off)",
+    )
+    p.add_argument(
+        "--enable_block_reuse",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="prefix caching: reuse the KV of cached prompt prefixes (default: on, off for "
+        "hybrid models; --no-enable_block_reuse: off); also kv_cache_config.enable_block_reuse",
     )
     p.add_argument("--max_seq_len", type=int, default=None)
     p.add_argument("--kv_cache_free_gpu_memory_fraction", type=float, default=None)

@@ -41,6 +41,7 @@ class RequestMsg:
     sampling_params: SamplingParams
     multimodal_data: dict[str, Any] | None
     scheduling_group: Hashable | None
+    cache_salt: str | None = None
 
     @classmethod
     def from_llm_request(
@@ -55,17 +56,20 @@ class RequestMsg:
             sampling_params=request.sampling_params,
             multimodal_data=narrow_pixels(data, pixel_dtype) if data else data,
             scheduling_group=request.scheduling_group,
+            cache_salt=request.cache_salt,
         )
 
     def to_llm_request(self) -> LlmRequest:
         mm = MultimodalParams(self.multimodal_data) if self.multimodal_data else None
-        return LlmRequest(
+        request = LlmRequest(
             self.request_id,
             self.prompt_token_ids,
             self.sampling_params,
             mm,
             scheduling_group=self.scheduling_group,
         )
+        request.cache_salt = self.cache_salt
+        return request
 
 
 def narrow_pixels(data: dict[str, Any], dtype: torch.dtype | None) -> dict[str, Any]:
@@ -98,6 +102,7 @@ def response_to_tuple(r: LlmResponse) -> tuple[Any, ...]:
         r.error_code,
         r.new_logprobs,
         r.prompt_logprobs,
+        r.num_cached_tokens,
     )
 
 

@@ -22,11 +22,14 @@ class TextPrompt(_TextPromptRequired, total=False):
     mm_processor_kwargs: per-request processor overrides (min_pixels, max_pixels, fps, ...).
     chat_template_kwargs: extra variables for the chat template of a message-list prompt
       (e.g. {"enable_thinking": False} for Qwen3 / Qwen3.5 / Qwen3.6).
+    cache_salt: (vLLM's field) requests share cached KV blocks only with requests of the same
+      salt, so one tenant cannot probe another's prompts through prefix-cache timing.
     """
 
     multi_modal_data: dict[str, Any] | None
     mm_processor_kwargs: dict[str, Any] | None
     chat_template_kwargs: dict[str, Any] | None
+    cache_salt: str | None
 
 
 class _TokensPromptRequired(TypedDict):
@@ -38,6 +41,7 @@ class TokensPrompt(_TokensPromptRequired, total=False):
 
     multi_modal_data: dict[str, Any] | None
     mm_processor_kwargs: dict[str, Any] | None
+    cache_salt: str | None
 
 
 PromptInputs = str | TextPrompt | TokensPrompt
@@ -76,6 +80,7 @@ _PROMPT_KEYS = frozenset(
         "multi_modal_data",
         "mm_processor_kwargs",
         "chat_template_kwargs",
+        "cache_salt",
     }
 )
 # Arguments of `apply_chat_template` itself, which the kwargs must not override.

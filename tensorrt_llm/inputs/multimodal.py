@@ -110,6 +110,9 @@ class MultimodalRuntimeData:
     image_rows: torch.Tensor | None = None
     video_rows: torch.Tensor | None = None
     request_id: int | None = None  # names the request in input errors
+    # Prompt tokens of the request's cached prefix (KV block reuse): items whose placeholder
+    # runs all end by then are not encoded.
+    num_prefix_hit_tokens: int = 0
 
 
 @dataclass

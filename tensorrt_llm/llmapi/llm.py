@@ -96,6 +96,8 @@ class LLM:
             tokenizer=self._tokenizer,
             trust_remote_code=self.args.trust_remote_code,
         )
+        # Raises now (not in the engine process) for block reuse asked of a hybrid model.
+        self.args.resolve_block_reuse(getattr(self.input_processor, "config", None))
         if self.args.executor_mode == "process":
             # The engine builds and runs in a child process; this process keeps the
             # tokenizer and the input processor (it never loads the model).
@@ -319,6 +321,7 @@ class LLM:
             if mm is not None and i > 0:
                 mm = copy.deepcopy(mm)  # the executor moves and strips each request's own copy
             request = LlmRequest(rid, prepared.prompt_token_ids, child_sp, mm)
+            request.cache_salt = prepared.cache_salt
             # The n completions of one input share a group unless the caller gave one.
             request.scheduling_group = (
                 ("llm", child_ids[0]) if scheduling_group is None else scheduling_group

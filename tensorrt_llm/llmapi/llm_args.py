@@ -32,6 +32,7 @@ from .._torch.pyexecutor.engine_config import check_int as _check_int
 from .._torch.quantization import QUANTIZATION_MODES, resolve_quant_config
 from ..inputs.validation import check_mm_processor_kwargs
 from .generation_defaults import GENERATION_CONFIG_MODES
+from .reuse_args import resolve_block_reuse, vision_embedding_cache_bytes
 from .upstream_args import KvCacheConfig, apply_upstream_fields
 
 DTYPES: dict[str, torch.dtype | None] = {
@@ -86,6 +87,14 @@ class LlmArgs:
     # Hard cap on KV-cache tokens (None: size from the memory fraction only).
     kv_cache_max_tokens: int | None = None
     tokens_per_block: int = 32
+    # KV block reuse (prefix caching): full blocks of finished or preempted requests stay
+    # cached and a request with the same prefix (same tokens, same images) skips their
+    # prefill. None: on, except on hybrid models (Qwen3.5 / 3.6), where True is an error.
+    enable_block_reuse: bool | None = None
+    # With block reuse: MiB of vision-tower outputs kept by image content hash, so a repeated
+    # image whose KV was evicted (or a hit ending inside an image) skips the tower. Reserved
+    # before the KV cache is sized on CUDA. None: 512 on CUDA, 64 on the CPU; 0: off.
+    vision_embedding_cache_mib: int | None = None
     # On by default: a long prompt then shares steps with decodes instead of stalling them,
     # and a preempted request's recompute (prompt + outputs) may exceed max_num_tokens.
     enable_chunked_prefill: bool = True
@@ -145,11 +154,17 @@ class LlmArgs:
         if self.attn_backend == "flash_attn":
             self._validate_flash_attn()
         _check_int("seed", self.seed, 0, allow_none=True)
+        _check_int(
+            "vision_embedding_cache_mib", self.vision_embedding_cache_mib, 0, allow_none=True
+        )
         frac = self.kv_cache_free_gpu_memory_fraction
         if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0.0 < frac <= 1.0:
             raise ValueError(
                 f"kv_cache_free_gpu_memory_fraction must be a number in (0, 1], got {frac!r}"
             )
+        if self.enable_block_reuse not in (None, True, False):
+            reuse = self.enable_block_reuse
+            raise ValueError(f"enable_block_reuse must be a bool or None, got {reuse!r}")
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -247,6 +262,10 @@ class LlmArgs:
                 f"cuda_graph_config captures batch size {config.largest(self.max_batch_size)}, "
                 f"more than max_batch_size {self.max_batch_size}"
             )
+
+    def resolve_block_reuse(self, config: Any) -> bool:
+        """Block reuse for the checkpoint whose HF `config` this is (reuse_args.py)."""
+        return resolve_block_reuse(self.enable_block_reuse, self.model, config)
 
     def resolve_device(self) -> torch.device:
         """'auto' picks CUDA when present, else the CPU."""
@@ -358,6 +377,10 @@ class LlmArgs:
             cuda_graph_padding_enabled=graphs.enable_padding if graphs is not None else False,
             piecewise_max_tokens=graphs.piecewise_max_tokens if graphs is not None else 0,
             max_seq_len_source=max_seq_len_source,
+            enable_block_reuse=self.resolve_block_reuse(config),
+            vision_embedding_cache_bytes=vision_embedding_cache_bytes(
+                self.vision_embedding_cache_mib, device
+            ),
         )
 
 

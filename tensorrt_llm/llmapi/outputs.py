@@ -75,7 +75,8 @@ class RequestOutput:
     the message: "prompt_too_long" (it can never fit this engine), "shutting_down" or
     "engine_error".
     `num_cached_tokens` (vLLM's name): prompt tokens whose KV came from the prefix cache instead
-    of a prefill; 0 until the engine has a prefix cache (nothing fills it yet).
+    of a prefill at the request's first admission (kv_cache_config.enable_block_reuse); with
+    n > 1, the first completion's. Whole KV blocks only, and never the prompt's last token.
     """
 
     request_id: int

@@ -128,6 +128,10 @@ class GenerationResult(RequestOutput):
             self.prompt_logprobs = prompt
             for out in self.outputs:
                 out.prompt_logprobs = prompt
+        if index == 0:
+            # The prompt is shared by the n completions; the first one's hit is the prompt's
+            # (later ones may hit the blocks the first one just wrote).
+            self.num_cached_tokens = response.num_cached_tokens
         ids = response.new_token_ids
         text_ids = ids
         stop_token = response.finish_reason == "stop" and isinstance(response.stop_reason, int)

@@ -26,15 +26,15 @@ class KvCacheConfig:
     max_tokens: -> `kv_cache_max_tokens` (None: sized from memory only).
     dtype: -> `kv_cache_dtype` ("auto" or "fp8").
     tokens_per_block: -> `tokens_per_block` (None: 32).
-    enable_block_reuse: prefix caching; not implemented yet, so True is an error (the default
-      here is False, where TensorRT-LLM's is True).
+    enable_block_reuse: -> `enable_block_reuse` (prefix caching; None: on for full-attention
+      models, off for hybrid ones, where True is an error).
     """
 
     free_gpu_memory_fraction: float | None = None
     max_tokens: int | None = None
     dtype: str = "auto"
     tokens_per_block: int | None = None
-    enable_block_reuse: bool = False
+    enable_block_reuse: bool | None = None
 
 
 # KvCacheConfig field -> (LlmArgs field, LlmArgs default)
@@ -43,6 +43,7 @@ _KV_FIELDS = {
     "max_tokens": "kv_cache_max_tokens",
     "dtype": "kv_cache_dtype",
     "tokens_per_block": "tokens_per_block",
+    "enable_block_reuse": "enable_block_reuse",
 }
 
 
@@ -76,11 +77,6 @@ def apply_upstream_fields(args: LlmArgs) -> None:
     if args.kv_cache_config is None:
         return
     config = _kv_cache_config(args.kv_cache_config)
-    if config.enable_block_reuse:
-        raise ValueError(
-            "kv_cache_config.enable_block_reuse=True: prefix caching (KV block reuse) is not "
-            "supported yet; leave it False"
-        )
     defaults = {f.name: f.default for f in dataclasses.fields(type(args))}
     for ours, flat in _KV_FIELDS.items():
         value = getattr(config, ours)

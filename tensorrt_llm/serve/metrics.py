@@ -93,7 +93,11 @@ _EXECUTOR_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("num_requests_running", "Requests holding a seq slot in the executor.", "num_running"),
     ("num_requests_waiting", "Requests accepted but not yet scheduled.", "num_waiting"),
     ("kv_cache_usage_ratio", "Fraction of KV-cache blocks in use (0..1).", "kv_cache_usage"),
-    ("kv_cache_free_blocks", "Free KV-cache blocks.", "num_free_kv_blocks"),
+    (
+        "kv_cache_free_blocks",
+        "Free KV-cache blocks (cached prefix blocks no request holds included).",
+        "num_free_kv_blocks",
+    ),
     ("kv_cache_total_blocks", "Total KV-cache blocks.", "num_total_kv_blocks"),
     ("seq_slots_free", "Free sequence slots.", "num_free_seq_slots"),
     ("seq_slots_total", "Total sequence slots.", "num_total_seq_slots"),
@@ -111,6 +115,16 @@ _EXECUTOR_COUNTERS: tuple[tuple[str, str, str], ...] = (
         "executor_preemptions_total",
         "Running requests preempted (KV freed, recomputed later) because the KV cache ran out.",
         "num_preemptions",
+    ),
+    (
+        "prefix_cache_queries_total",
+        "Prompt tokens looked up in the prefix cache (KV block reuse) at first admission.",
+        "prefix_cache_queries",
+    ),
+    (
+        "prefix_cache_hits_total",
+        "Of the prefix-cache queries, prompt tokens whose KV came from the cache.",
+        "prefix_cache_hits",
     ),
 )
 

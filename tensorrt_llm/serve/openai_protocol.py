@@ -164,6 +164,8 @@ class SamplingRequestFields(StrictRequestModel):
     seed: Annotated[int | None, Field(ge=0, le=_MAX_SEED)] = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stream: bool = False
+    # Extension (vLLM): prefix-cache isolation; only requests of the same salt share KV blocks.
+    cache_salt: Annotated[str | None, Field(min_length=1, max_length=1024)] = None
     stream_options: StreamOptions | None = None
     presence_penalty: Annotated[float | None, Field(ge=-2.0, le=2.0)] = None
     frequency_penalty: Annotated[float | None, Field(ge=-2.0, le=2.0)] = None

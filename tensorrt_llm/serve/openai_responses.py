@@ -22,8 +22,8 @@ def now_s() -> int:
 
 
 class PromptTokensDetails(OpenAIBaseModel):
-    # Prompt tokens served from the prefix cache (RequestOutput.num_cached_tokens; 0 until the
-    # engine has a prefix cache).
+    # Prompt tokens served from the prefix cache (RequestOutput.num_cached_tokens; 0 with
+    # kv_cache_config.enable_block_reuse off).
     cached_tokens: int = 0
 
 

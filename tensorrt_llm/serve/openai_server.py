@@ -181,6 +181,8 @@ class OpenAIServer:
         kwargs = template_kwargs(body)
         if kwargs:
             prompt["chat_template_kwargs"] = kwargs
+        if body.cache_salt is not None:
+            prompt["cache_salt"] = body.cache_salt
         return await self._generate(request, body, "chat", [prompt], start, parsing)
 
     async def _completions(self, request: Request) -> Response:
@@ -192,6 +194,9 @@ class OpenAIServer:
             {"prompt_token_ids": p} if isinstance(p, list) else {"prompt": p}
             for p in body.prompts()
         ]
+        if body.cache_salt is not None:
+            for prompt in prompts:
+                prompt["cache_salt"] = body.cache_salt
         self._check_request_size(len(prompts), body.n)
         return await self._generate(request, body, "completion", prompts, start)
 

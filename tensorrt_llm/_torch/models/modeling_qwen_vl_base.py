@@ -25,6 +25,8 @@ from .modeling_qwen2 import Qwen2DecoderLayer, Qwen2Model, Qwen2TextForCausalLM
 from .modeling_utils import ModelConfig
 from .qwen_vl_mrope import _prepare_qwen_vl_mrope_config, apply_generation_deltas
 from .qwen_vl_vision_inputs import MODALITIES, VisionTower, chunk_embeddings, split_vl_weights
+from .vision_embedding_cache import VisionEmbeddingCache
+from .vision_step_encoder import encode_modality
 
 if TYPE_CHECKING:  # annotations only; the model classes import this module
     from ..input_batch import InputBatch
@@ -78,6 +80,8 @@ class QwenVLModelBase(nn.Module):
         # across steps so media steps allocate nothing; the capacity probe's largest step sizes
         # it at startup, before the KV cache takes the rest of the memory.
         self._deepstack_scratch: torch.Tensor | None = None
+        # Tower outputs by media content hash (prefix caching); set by the executor creator.
+        self.vision_embedding_cache: VisionEmbeddingCache | None = None
         self.vocab_size: int = text_config.vocab_size
         # NOTE: one entry per seq slot plus a dummy slot (the last) that is never written, so
         # padded rows and requests without a delta read 0.
@@ -116,7 +120,8 @@ class QwenVLModelBase(nn.Module):
 
     def _encode_step_media(self, multimodal_params: Sequence[MultimodalParams]) -> None:
         """Run the vision tower once per modality for every request of the step still lacking
-        embeddings, and cache each request's share on its params.
+        embeddings, and cache each request's share on its params (items inside a prefix hit
+        are skipped, items in the embedding cache are not encoded: vision_step_encoder.py).
 
         NOTE: one packed tower call for all images of the step (each image is its own
         cu_seqlens segment), instead of one call per request: per-request calls made the host,
@@ -139,16 +144,16 @@ class QwenVLModelBase(nn.Module):
                     f"it cannot take {kind} inputs",
                 )
             dtype = next(self.visual.parameters()).dtype
-            grids = [p.get(f"{kind}.{grid_key}").cpu() for p in owners]
-            pixels = torch.cat([p.get(f"{kind}.{pix_key}") for p in owners]).to(dtype)
-            main, stack = self._run_tower(pixels, torch.cat(grids))
-            counts = [int(g.prod(dim=-1).sum()) // merge**2 for g in grids]
-            mains = main.split(counts)
-            stacks = [level.split(counts) for level in stack]
-            for i, params in enumerate(owners):
-                # Every owner is in `todo`, whose cached_embeddings were set to {} above.
-                cached = cast("dict[str, Any]", params.cached_embeddings)
-                cached[kind] = (mains[i], [lvl[i] for lvl in stacks])
+            encode_modality(
+                self._run_tower,
+                owners,
+                kind,
+                pix_key,
+                grid_key,
+                merge,
+                dtype,
+                self.vision_embedding_cache,
+            )
 
     def _merge_vision(
         self,

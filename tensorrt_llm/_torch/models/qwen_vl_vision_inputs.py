@@ -37,9 +37,10 @@ def chunk_embeddings(
     embeds = params.cached_embeddings or {}
     if kind not in embeds:
         raise RequestInputError(rid, f"prompt has {kind} placeholder tokens but no {kind} data")
-    main, stack = embeds[kind]
+    # `skipped`: vision tokens of leading items inside the prefix hit, never encoded.
+    main, stack, skipped = embeds[kind]
     spans = params.spans(kind)
-    total = int(spans[1].sum()) if spans is not None else -1
+    total = int(spans[1].sum()) - skipped if spans is not None else -1
     if total != main.shape[0]:
         raise RequestInputError(
             rid,
@@ -49,6 +50,9 @@ def chunk_embeddings(
     index = getattr(runtime, f"{kind}_rows")
     if index is None or index.shape[0] != count:
         raise RequestInputError(rid, f"{kind} rows of the chunk do not match its span count")
+    begin -= skipped
+    if begin < 0:
+        raise RequestInputError(rid, f"{kind} chunk starts inside an item that was skipped")
     return index, main[begin : begin + count], [d[begin : begin + count] for d in stack]
 
 

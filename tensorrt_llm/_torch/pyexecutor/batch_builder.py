@@ -97,7 +97,8 @@ class InputBatchBuilder:
                 "no mrope_config.mrope_position_ids; every request to an mRoPE model must come "
                 "through its input processor",
             )
-        if begin == 0:
+        # The first chunk of this admission (after a prefix hit it starts past position 0).
+        if begin == req.kv_start_position:
             check_multimodal_request(req)
         prompt_len = req.prompt_len
         if end <= prompt_len:
@@ -120,7 +121,7 @@ class InputBatchBuilder:
         from tokens)."""
         # Only called once `_context_positions` found the params (it raises without them).
         params = cast(MultimodalParams, req.multimodal_params)
-        if begin == 0:
+        if begin == req.kv_start_position:
             # A preempted request is prefilled again from the payload as it came (host).
             params.keep_for_recompute()
             # Once per request: move the listed tensors (mRoPE keys always among them).
@@ -130,7 +131,9 @@ class InputBatchBuilder:
                 pin_memory=True,
                 target_keywords=self.device_paths,
             )
-        runtime = MultimodalRuntimeData(request_id=req.request_id)
+        runtime = MultimodalRuntimeData(
+            request_id=req.request_id, num_prefix_hit_tokens=req.kv_start_position
+        )
         rows: dict[str, np.ndarray] = {}
         for kind in SPAN_MODALITIES:
             spans = params.spans(kind)

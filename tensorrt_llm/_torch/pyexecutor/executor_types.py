@@ -32,6 +32,8 @@ class LlmResponse:
     # With prompt_logprobs: every prompt entry (SampledLogprobs of positions 1..L-1), once, in
     # the first response after the prompt's last chunk.
     prompt_logprobs: list[Any] | None = None
+    # Prompt tokens whose KV the request's first admission took from the prefix cache.
+    num_cached_tokens: int = 0
 
 
 @dataclass
@@ -51,6 +53,10 @@ class ExecutorStats:
     num_cancelled: int = 0
     # Requests sent back to waiting to be recomputed because the KV pool ran out (scheduler.py).
     num_preemptions: int = 0
+    # Prefix cache, in tokens: prompt tokens looked up at first admission, and of those the
+    # ones whose KV came from the cache (0 and 0 with block reuse off).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     last_step_num_tokens: int = 0
     last_step_time_s: float = 0.0
 

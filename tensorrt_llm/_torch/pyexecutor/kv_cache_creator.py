@@ -51,6 +51,7 @@ class KVCacheSpec:
         num_blocks: int,
         max_blocks_per_seq: int,
         device: torch.device,
+        enable_block_reuse: bool = False,
     ) -> KVCacheManager:
         return KVCacheManager(
             self.num_layers,
@@ -61,6 +62,7 @@ class KVCacheSpec:
             max_blocks_per_seq,
             dtype=self.dtype,
             device=device,
+            enable_block_reuse=enable_block_reuse,
         )
 
 

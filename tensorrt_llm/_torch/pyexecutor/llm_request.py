@@ -104,6 +104,18 @@ class LlmRequest:
         self.stop_reason: int | None = None
         self.error: str | None = None
         self.error_code: str | None = None  # one of ERROR_CODES once `error` is set
+        # KV block reuse (kv_cache_reuse.py): the keys of its full blocks so far, its media
+        # runs with their hashes (None: not looked at yet), whether it takes no part in reuse,
+        # and the prompt tokens its first admission found cached (`num_cached_tokens`, vLLM's
+        # name, reported with the final response).
+        self.block_keys: list[bytes] = []
+        # Mixed into the root of the keys: only requests of the same salt share blocks.
+        self.cache_salt: str | None = None
+        self.reuse_media_spans: list[Any] | None = None
+        self.block_reuse_off = False
+        self.num_cached_tokens = 0
+        # Where this admission's prefill starts: the end of the cached prefix it hit, else 0.
+        self.kv_start_position = 0
 
         # time.perf_counter() stamps, for TTFT / ITL / latency metrics.
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
@@ -234,7 +246,8 @@ class LlmRequest:
 
     @property
     def is_first_context_chunk(self) -> bool:
-        return self.context_current_position == 0
+        """The scheduled chunk is the first this admission runs (it starts after any hit)."""
+        return self.context_current_position == self.kv_start_position
 
     @property
     def is_last_context_chunk(self) -> bool:
@@ -263,6 +276,7 @@ class LlmRequest:
         self.state = LlmRequestState.CONTEXT_INIT
         self.seq_slot = None
         self.context_current_position = 0
+        self.kv_start_position = 0
         self.context_chunk_size = 0
         self._context_len = self.prompt_len + len(self.output_token_ids)
         if self.output_token_ids:

@@ -337,6 +337,11 @@ class PyExecutor:
         rows = batch.sample_rows
         everyone = scheduled.all_requests  # built once: the property makes a new list
         sampled = [everyone[i] for i in rows]
+        reuse = getattr(self.scheduler, "reuse", None)
+        if reuse is not None:
+            # The step's KV writes are queued ahead of anything a later step runs: its full
+            # blocks may be found from now on (before the results change the requests).
+            reuse.register_step(scheduled)
         if not sampled:
             if prompt is None or plan is None:
                 return sampled, None
@@ -398,6 +403,7 @@ class PyExecutor:
             error_code=req.error_code,
             new_logprobs=req.logprobs_tail(len(new)),
             prompt_logprobs=req.take_prompt_logprobs(),
+            num_cached_tokens=req.num_cached_tokens,
         )
 
     def _deliver(self, callback: ResponseCallback | None, response: LlmResponse) -> None:
@@ -411,6 +417,9 @@ class PyExecutor:
         """
         rid = req.request_id
         try:
+            reuse = getattr(self.scheduler, "reuse", None)
+            if reuse is not None:
+                reuse.register_finished(req)
             self.scheduler.release_resources(req)
         except Exception:
             logger.exception("freeing resources of request %s failed", rid)
@@ -444,6 +453,10 @@ class PyExecutor:
             self._stats.kv_cache_usage = kv.usage
             self._stats.num_free_kv_blocks = kv.num_free_blocks
             self._stats.num_total_kv_blocks = kv.num_blocks
+            prefix = getattr(kv, "prefix_cache_stats", None)
+            if prefix is not None:
+                self._stats.prefix_cache_queries = prefix.queries
+                self._stats.prefix_cache_hits = prefix.hits
             return ExecutorStats(**vars(self._stats))
 
     def _publish_stats(self) -> None:

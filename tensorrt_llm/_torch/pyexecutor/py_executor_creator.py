@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ...inputs.multimodal import MultimodalParams
 from ..models.modeling_auto import get_model_class
 from ..models.modeling_utils import ModelConfig
+from ..models.vision_embedding_cache import VisionEmbeddingCache
 from ..modules.fp8_block_model import (
     apply_fp8_block_config_,
     fill_dummy_fp8_block_,
@@ -45,6 +46,7 @@ from .kv_cache_creator import (
     kv_tokens_upper_bound,
     run_capacity_probe,
 )
+from .kv_cache_reuse import KvCacheReuse
 from .model_engine import PyTorchModelEngine
 from .piecewise_graph_runner import (
     DEFAULT_PIECEWISE_MAX_TOKENS,
@@ -300,6 +302,11 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     dummies = _dummy_requests(input_processor, engine, engine_max_seq_len, has_vision)
     peak = run_capacity_probe(engine, spec, dummies, config.tokens_per_block)
     activation = max(0, peak - torch.cuda.memory_allocated(device)) if peak else 0
+    reuse_on = config.enable_block_reuse
+    embed_cache_bytes = config.vision_embedding_cache_bytes if reuse_on and has_vision else 0
+    if embed_cache_bytes:
+        # Its tensors grow as images arrive: reserved like the probe's peak, before KV sizing.
+        cast(Any, engine.model).vision_embedding_cache = VisionEmbeddingCache(embed_cache_bytes)
     num_blocks = choose_num_blocks(
         spec,
         device,
@@ -308,7 +315,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         engine.max_blocks_per_seq,
         config.kv_cache_free_gpu_memory_fraction,
         config.kv_cache_max_tokens,
-        activation_peak_bytes=activation,
+        activation_peak_bytes=activation + embed_cache_bytes,
         seq_len_capped_after=config.max_seq_len_source != MAX_SEQ_LEN_USER,
     )
     seq_len = _final_max_seq_len(config, engine, num_blocks, max(len(d[0]) for d in dummies))
@@ -327,13 +334,24 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         config.tokens_per_block,
         sizing.describe(),
     )
-    kv = spec.make_manager(config.tokens_per_block, num_blocks, blocks_per_seq, device)
+    if reuse_on and engine.model.is_hybrid:  # LlmArgs.resolve_block_reuse refuses it first
+        raise ValueError("enable_block_reuse is not supported for hybrid models")
+    kv = spec.make_manager(
+        config.tokens_per_block, num_blocks, blocks_per_seq, device, enable_block_reuse=reuse_on
+    )
     engine.set_kv_cache_manager(kv)
     # NOTE: the engine and the model keep `num_slots` rows (the dummy slot is the last one);
     # the scheduler hands out only the first `max_batch_size` of them.
     slots = SeqSlotManager(max_batch_size)
+    vision = getattr(config.pretrained_config, "vision_config", None)
+    merge = int(getattr(vision, "spatial_merge_size", None) or 1)
     scheduler = SimpleScheduler(
-        max_batch_size, config.max_num_tokens, config.enable_chunked_prefill, kv, slots
+        max_batch_size,
+        config.max_num_tokens,
+        config.enable_chunked_prefill,
+        kv,
+        slots,
+        reuse=KvCacheReuse(kv, merge) if reuse_on else None,
     )
     sampler = TorchSampler(engine.vocab_size, device)
     if config.use_cuda_graph:
@@ -375,5 +393,6 @@ def startup_summary(
         f"({str(config.kv_cache_dtype).removeprefix('torch.')}) "
         f"decode_graphs={graphs.batch_sizes if graphs is not None else 'off'} "
         f"piecewise_graphs={piecewise.buckets[-1] if piecewise is not None else 'off'} "
-        f"quantization={quant} overlap={not config.disable_overlap_scheduler}"
+        f"quantization={quant} overlap={not config.disable_overlap_scheduler} "
+        f"block_reuse={config.enable_block_reuse}"
     )

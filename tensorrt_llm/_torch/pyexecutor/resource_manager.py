@@ -8,6 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .block_hash import BlockKey
+from .block_pool import BlockPool, PrefixCacheStats
+
 
 class SeqSlotManager:
     """Hands out seq slots in [0, max_num_slots), always the lowest free one.
@@ -59,8 +62,14 @@ class KVCacheManager:
     Each layer buffer is [num_blocks, 2, tokens_per_block, num_kv_heads, head_dim] (index 0 = K,
     1 = V). A request owns a list of block ids sized for its claimed token count; token t of
     the request lives at slot `blocks[t // tokens_per_block] * tokens_per_block + t % tpb`.
-    NOTE: num_free_blocks + sum of owned blocks == num_blocks at all times, and no block is
-    owned twice.
+
+    Block ids come from a `BlockPool`. With `enable_block_reuse` a request's full blocks are
+    registered under their content keys once written (`register_blocks`), stay cached after
+    `free` (evictable, reclaimed least recently used first when allocation needs them) and a
+    later request with the same prefix starts from them (`add_cached_prefix`); a shared block
+    is owned by every request that uses it. Without reuse the pool is a plain free list.
+    NOTE: num_free_blocks (evictable cached blocks included) + blocks some request owns ==
+    num_blocks at all times.
     """
 
     def __init__(
@@ -73,6 +82,7 @@ class KVCacheManager:
         max_blocks_per_seq: int,
         dtype: torch.dtype = torch.float16,
         device: torch.device | str = "cpu",
+        enable_block_reuse: bool = False,
     ) -> None:
         for name, value in (
             ("num_layers", num_layers),
@@ -92,6 +102,8 @@ class KVCacheManager:
         self.max_blocks_per_seq = max_blocks_per_seq
         self.dtype = dtype
         self.device = torch.device(device)
+        self.enable_block_reuse = enable_block_reuse
+        self.pool = BlockPool(num_blocks, enable_reuse=enable_block_reuse)
         shape = (num_blocks, 2, tokens_per_block, num_kv_heads, head_dim)
         # Zeros, not empty: a kernel that reads a padded position must not pick up NaN garbage.
         self._buffers = [
@@ -100,10 +112,12 @@ class KVCacheManager:
         self.reset()
 
     def reset(self) -> None:
-        """Forget every request (buffers are kept, contents are stale)."""
-        # Popped from the end, so low block ids go out first (deterministic layouts in tests).
-        self._free_blocks: list[int] = list(range(self.num_blocks - 1, -1, -1))
+        """Forget every request and every cached block (buffers are kept, contents are stale)."""
+        self.pool.reset()
         self._blocks: dict[int, list[int]] = {}
+        # Leading blocks of each request already registered (or taken from the cache), so
+        # registration never rescans a long request's blocks.
+        self._num_registered: dict[int, int] = {}
         self._block_arrays: dict[int, np.ndarray] = {}
         self._num_tokens: dict[int, int] = {}
 
@@ -126,11 +140,17 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_blocks)
+        """Blocks an allocation can get now (cached blocks no request holds included)."""
+        return self.pool.num_free_blocks
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free_blocks)
+        """Blocks some request holds."""
+        return self.pool.num_used_blocks
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self.pool.stats
 
     @property
     def usage(self) -> float:
@@ -175,7 +195,7 @@ class KVCacheManager:
         """Whether the request could grow to `total_tokens` now (free blocks and per-seq cap)."""
         if self.blocks_for_tokens(total_tokens) > self.max_blocks_per_seq:
             return False
-        return self._extra_blocks(request_id, total_tokens) <= len(self._free_blocks)
+        return self._extra_blocks(request_id, total_tokens) <= self.pool.num_free_blocks
 
     def ensure_capacity(self, request_id: int, total_tokens: int) -> bool:
         """Grow the request's blocks to cover `total_tokens`; never shrinks.
@@ -191,11 +211,11 @@ class KVCacheManager:
                 f"max_blocks_per_seq * tokens_per_block = {self.max_tokens_per_seq}"
             )
         extra = self._extra_blocks(request_id, total_tokens)
-        if extra > len(self._free_blocks):
+        new = self.pool.allocate(extra)
+        if new is None:
             return False
         blocks = self._blocks.setdefault(request_id, [])
-        for _ in range(extra):
-            blocks.append(self._free_blocks.pop())
+        blocks.extend(new)
         if extra:
             self._block_arrays.pop(request_id, None)
         self._num_tokens[request_id] = max(self._num_tokens.get(request_id, 0), total_tokens)
@@ -208,13 +228,52 @@ class KVCacheManager:
         return self.ensure_capacity(request_id, self.get_num_tokens(request_id) + num_tokens)
 
     def free(self, request_id: int) -> None:
-        """Return all of the request's blocks. An unknown request is ignored (cleanup paths)."""
+        """Drop the request's hold on its blocks: registered ones stay cached (evictable), the
+        others are free again. An unknown request is ignored (cleanup paths)."""
         self._block_arrays.pop(request_id, None)
         blocks = self._blocks.pop(request_id, None)
         self._num_tokens.pop(request_id, None)
+        self._num_registered.pop(request_id, None)
         if blocks:
-            # Reversed so that a freed request's lowest block is handed out first again.
-            self._free_blocks.extend(reversed(blocks))
+            # The pool releases the tail first, so the tail is evicted before the shared head.
+            self.pool.release(blocks)
+
+    # ---- prefix reuse ------------------------------------------------------------------------
+    def find_cached_prefix(self, block_keys: Sequence[BlockKey], max_blocks: int) -> list[int]:
+        """Cached blocks of the longest leading run of `block_keys` (no side effects)."""
+        return self.pool.find_cached_prefix(block_keys, max_blocks)
+
+    def free_blocks_after_hit(self, hit_blocks: Sequence[int]) -> int:
+        """`num_free_blocks` once `hit_blocks` are taken (see `BlockPool`)."""
+        return self.pool.free_blocks_after_hit(hit_blocks)
+
+    def add_cached_prefix(self, request_id: int, hit_blocks: Sequence[int]) -> None:
+        """Start a request that holds no blocks yet from cached blocks: they become its first
+        blocks, their tokens already computed."""
+        if self._blocks.get(request_id):
+            raise ValueError(f"request {request_id} already holds blocks; a hit comes first")
+        self.pool.acquire(hit_blocks)
+        self._blocks[request_id] = list(hit_blocks)
+        self._block_arrays.pop(request_id, None)
+        self._num_tokens[request_id] = len(hit_blocks) * self.tokens_per_block
+        self._num_registered[request_id] = len(hit_blocks)
+
+    def num_registered_blocks(self, request_id: int) -> int:
+        return self._num_registered.get(request_id, 0)
+
+    def register_blocks(self, request_id: int, block_keys: Sequence[BlockKey]) -> None:
+        """Make the request's leading blocks findable under `block_keys` (one key per full,
+        written block, in order); blocks registered before are skipped."""
+        blocks = self._blocks.get(request_id)
+        if not blocks or not self.enable_block_reuse:
+            return
+        start = self._num_registered.get(request_id, 0)
+        stop = min(len(block_keys), len(blocks))
+        for i in range(start, stop):
+            # False (another block holds this key): this one stays unkeyed; nothing to do.
+            self.pool.register(blocks[i], block_keys[i])
+        if stop > start:
+            self._num_registered[request_id] = stop
 
     # ---- step tensors ------------------------------------------------------------------------
     def get_block_table(

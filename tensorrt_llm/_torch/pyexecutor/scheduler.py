@@ -34,6 +34,10 @@ Policy:
   behind it, and its group keeps its place at the head of the rotation. A step that had to
   preempt admits nothing new. The most important running request always gets its blocks
   (everything less important gives way), so every request finishes.
+- Prefix reuse (`reuse`, a `KvCacheReuse`; None: off): a waiting request is matched against
+  the cached blocks before its first chunk is sized, so the chunk and the admission check
+  count only what the hit leaves to compute; the hit blocks become its first blocks (a hit
+  that would not fit takes no reference). A resume after preemption is matched again.
 - Chunking: with `enable_chunked_prefill` (the default) the head context takes whatever
   budget is left; without it a prompt runs whole or waits. A recompute always may chunk: its
   prompt + outputs may exceed `max_num_tokens` even when the prompt alone did not.
@@ -46,6 +50,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from .kv_cache_reuse import KvCacheReuse
 from .llm_request import ERROR_PROMPT_TOO_LONG, LlmRequest
 from .resource_manager import KVCacheManager, SeqSlotManager
 
@@ -124,6 +129,7 @@ class SimpleScheduler:
         kv_cache_manager: KVCacheManager,
         seq_slot_manager: SeqSlotManager,
         watermark_blocks: int | None = None,
+        reuse: KvCacheReuse | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -137,6 +143,7 @@ class SimpleScheduler:
         if watermark_blocks is None:
             watermark_blocks = max(1, int(kv_cache_manager.num_blocks * WATERMARK_FRACTION))
         self.watermark_blocks = watermark_blocks
+        self.reuse = reuse
         self.num_preemptions = 0  # over the scheduler's life (metrics)
         # Groups with waiting requests, in turn order (see the module policy).
         self._rotation: OrderedDict[Hashable, None] = OrderedDict()
@@ -203,17 +210,21 @@ class SimpleScheduler:
         for req in self._context_order(requests, running):
             if scheduled.batch_size >= self.max_batch_size:
                 break
+            waiting = req.seq_slot is None
+            if waiting and (scheduled.preempted or scheduled.preemption_deferred):
+                break  # short of blocks this step: admit nothing new
+            hit = self._match(req) if waiting else []
             chunk = self._context_chunk(req, budget)
             if chunk == 0:
+                self._unmatch(req)
                 break  # the head blocks the rest: no starvation (module docstring)
             need = kv_tokens_for_chunk(req, chunk)
-            if req.seq_slot is not None:
+            if not waiting:
                 if not self._grow(req, need, running, scheduled, may_self=False):
                     break
             else:
-                if scheduled.preempted or scheduled.preemption_deferred:
-                    break  # short of blocks this step: admit nothing new
-                if not self._admit(req, need):
+                if not self._admit(req, need, hit):
+                    self._unmatch(req)
                     if not self.kv_cache_manager.num_used_blocks and self.seq_slot_manager.num_free:
                         self._fail(req, need, scheduled)  # an empty cache cannot hold it
                         continue
@@ -259,19 +270,41 @@ class SimpleScheduler:
             return remaining
         return budget if self.enable_chunked_prefill or req.num_preemptions else 0
 
-    def _admit(self, req: LlmRequest, need: int) -> bool:
-        """Give a waiting request a seq slot and its first chunk's blocks, leaving the
-        watermark free unless nothing else holds KV."""
+    def _match(self, req: LlmRequest) -> list[int]:
+        """A waiting request's cached prefix; its context provisionally starts after it, so
+        the chunk is sized on what is left (`_unmatch` undoes it when it is not admitted)."""
+        if self.reuse is None:
+            return []
+        hit = self.reuse.match(req)
+        req.context_current_position = req.kv_start_position = (
+            len(hit) * self.kv_cache_manager.tokens_per_block
+        )
+        return hit
+
+    @staticmethod
+    def _unmatch(req: LlmRequest) -> None:
+        if req.seq_slot is None:
+            req.context_current_position = req.kv_start_position = 0
+
+    def _admit(self, req: LlmRequest, need: int, hit: list[int]) -> bool:
+        """Give a waiting request a seq slot, its cached prefix `hit` and its first chunk's
+        blocks, leaving the watermark free unless nothing else holds KV."""
         kv = self.kv_cache_manager
         if self.seq_slot_manager.num_free == 0:
             return False
-        extra = kv.blocks_for_tokens(need)
+        extra = kv.blocks_for_tokens(need) - len(hit)
         reserve = self.watermark_blocks if kv.num_used_blocks else 0
-        if extra + reserve > kv.num_free_blocks:
+        # Evictable hit blocks stop being free once taken: count what is left after that.
+        if extra + reserve > kv.free_blocks_after_hit(hit):
             return False
+        if hit:
+            kv.add_cached_prefix(req.request_id, hit)
         if not kv.ensure_capacity(req.request_id, need):
+            kv.free(req.request_id)
             return False
         req.seq_slot = self.seq_slot_manager.acquire(req.request_id)
+        if self.reuse is not None:
+            self.reuse.on_admitted(req, hit)
         return True
 
     def _grow(

@@ -25,10 +25,19 @@ def test_kv_cache_config_maps_onto_the_flat_fields(ckpt: str) -> None:
     assert LlmArgs(model=ckpt, kv_cache_config=KvCacheConfig()).kv_cache_dtype == "auto"
 
 
+def test_enable_block_reuse_maps_and_defaults_on(ckpt: str) -> None:
+    off = LlmArgs(model=ckpt, kv_cache_config={"enable_block_reuse": False})
+    assert off.enable_block_reuse is False
+    assert LlmArgs(model=ckpt, kv_cache_config=KvCacheConfig()).enable_block_reuse is None
+    # The demo checkpoint is full attention: None resolves to on.
+    assert LlmArgs(model=ckpt).to_engine_config().enable_block_reuse is True
+    assert off.to_engine_config().enable_block_reuse is False
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"kv_cache_config": KvCacheConfig(enable_block_reuse=True)}, "prefix caching"),
+        ({"kv_cache_config": {"enable_block_reuse": "yes"}}, "enable_block_reuse must be"),
         ({"kv_cache_config": {"host_cache_size": 1}}, r"unknown kv_cache_config field\(s\)"),
         ({"kv_cache_config": 3}, "must be a KvCacheConfig"),
         (

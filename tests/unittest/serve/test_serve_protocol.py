@@ -185,6 +185,11 @@ def test_cli_parsing(tmp_path: object) -> None:
     )
     chunking = parse_args(["ckpt", "--no-enable_chunked_prefill", "--max_num_tokens", "64"])
     assert llm_kwargs(chunking) == {"enable_chunked_prefill": False, "max_num_tokens": 64}
+    assert llm_kwargs(parse_args(["ckpt", "--no-enable_block_reuse"])) == {
+        "enable_block_reuse": False
+    }
+    assert llm_kwargs(parse_args(["ckpt", "--enable_block_reuse"])) == {"enable_block_reuse": True}
+    assert "enable_block_reuse" not in llm_kwargs(parse_args(["ckpt"]))
     assert llm_kwargs(parse_args(["ckpt", "--enable_chunked_prefill"])) == {
         "enable_chunked_prefill": True
     }

@@ -130,7 +130,7 @@ def test_extra_llm_api_options_refused(capsys: pytest.CaptureFixture[str], tmp_p
         ("dtype: float64\n", "dtype must be one of"),
         ("max_batch_size: 0\n", "max_batch_size"),
         ("kv_cache_config: {free_gpu_memory_fraction: 1.5}\n", "free_gpu_memory_fraction"),
-        ("kv_cache_config: {enable_block_reuse: true}\n", "prefix caching"),
+        ("kv_cache_config: {enable_block_reuse: 2}\n", "enable_block_reuse must be"),
         ("kv_cache_config: {pages: 3}\n", "unknown kv_cache_config field"),
         ("cuda_graph_config: {sizes: [1]}\n", "unknown cuda_graph_config field"),
         ("tensor_parallel_size: 2\n", "more than one is not supported yet"),
