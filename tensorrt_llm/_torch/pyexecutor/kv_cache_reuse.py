@@ -96,6 +96,8 @@ class KvCacheReuse:
     # ---- admission ---------------------------------------------------------------------------
     def match(self, req: LlmRequest) -> list[int]:
         """Cached blocks the request's context may start from (no side effects)."""
+        if req.sampling_params.prompt_logprobs is not None:
+            return []  # every prompt position's logits are needed: nothing may be skipped
         cap = max_reusable_blocks(req.context_len, self.tokens_per_block)
         if cap == 0:
             return []

@@ -288,3 +288,25 @@ def test_n_completions_report_the_first_ones_hit(reference: dict) -> None:
         out = llm.generate(TEXT, params)
         assert out.num_cached_tokens == _full_hit(len(out.prompt_token_ids))
         assert [list(o.token_ids) for o in out.outputs] == [reference["text-False"]] * 2
+
+
+def test_prompt_logprobs_requests_take_no_hit() -> None:
+    # Their logprobs need every prompt position's logits: a hit would skip positions.
+    with _llm(None) as llm:
+        plain = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        asking = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, prompt_logprobs=1)
+        first = llm.generate(TEXT, asking)
+        llm.generate(TEXT, plain)
+        again = llm.generate(TEXT, asking)
+        assert llm.generate(TEXT, plain).num_cached_tokens > 0  # the prompt is cached
+        assert again.num_cached_tokens == 0
+        assert len(again.prompt_logprobs) == len(again.prompt_token_ids)
+        got = [
+            None if e is None else {t: lp.logprob for t, lp in e.items()}
+            for e in again.prompt_logprobs
+        ]
+        want = [
+            None if e is None else {t: lp.logprob for t, lp in e.items()}
+            for e in first.prompt_logprobs
+        ]
+        assert got == want
