@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(args.log_level)
     from ..llmapi.llm import LLM
     from ..serve.lifecycle import make_server
-    from ..serve.openai_server import build_app
+    from ..serve.app import build_app
 
     model_dir = resolve_model_dir(args)
     try:

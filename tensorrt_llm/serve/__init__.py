@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .openai_server import build_app
+from .app import build_app
 
 __all__ = ["build_app"]

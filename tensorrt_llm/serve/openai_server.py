@@ -1,7 +1,6 @@
-"""FastAPI app of `trtllm-serve`: OpenAI-compatible chat/text completions over the LLM API.
-
-`build_app(llm, args)` returns the app; `commands/serve.py` runs it under `TrtllmServer`
-(lifecycle.py), whose shutdown drains the app's requests first. Bodies are read with a size cap
+"""`OpenAIServer`: the request handlers of `trtllm-serve`, OpenAI-compatible chat/text
+completions over the LLM API. `app.build_app(llm, args)` puts them behind FastAPI routes;
+`TrtllmServer`'s shutdown (lifecycle.py) drains the app's requests first. Bodies are read with a size cap
 and a deadline and parsed by hand (request_body.py), so every malformed body is a 4xx.
 """
 
@@ -9,32 +8,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi import Request
+from fastapi.responses import Response
 
-from .. import __version__
 from ..llmapi.engine_client import EngineClient
 from .chat_options import ChatParsers, template_kwargs
 from .chat_utils import check_mm_limits, resolve_messages, to_sampling_params
 from .choice_parsers import ChoiceParsing
 from .http_responses import (
-    HttpMetrics,
     JSONBody,
     SSEResponse,
     abort_unfinished,
-    install_error_handlers,
 )
-from .lifecycle import DrainController, monitor_loop_lag, until_aborted
+from .lifecycle import DrainController, until_aborted
 from .llm_client import LLMClient
 from .logprobs_format import TokenTexts
-from .media import MediaConfig, make_media_http_client
+from .media import MediaConfig
 from .metrics import ServerMetrics
 from .openai_protocol import (
     APIError,
@@ -394,63 +389,3 @@ def _make_pool(
     if not num_workers:
         return None
     return PreprocessPool(args, max_seq_len, num_workers, media_config)
-
-
-def build_app(llm: Any, args: argparse.Namespace | Any) -> FastAPI:
-    """The FastAPI app serving `llm`. The app shuts the LLM down when its lifespan ends."""
-    server = OpenAIServer(llm, args)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        server.http = make_media_http_client(server.media_config)
-        lag = asyncio.ensure_future(monitor_loop_lag(server.metrics.set_event_loop_lag))
-        if server.pool is not None:
-            await server.pool.start()
-            logger.info("input preprocessing: %d worker processes", server.pool.num_workers)
-        try:
-            yield
-        finally:
-            lag.cancel()
-            await server.http.aclose()
-            if server.pool is not None:
-                await asyncio.to_thread(server.pool.shutdown)
-            if getattr(args, "shutdown_llm", True):
-                await asyncio.to_thread(server.client.shutdown)
-
-    app = FastAPI(title="trtllm-serve", lifespan=lifespan)
-    app.state.server = server
-    install_error_handlers(app)
-    app.add_middleware(HttpMetrics, metrics=server.metrics)
-
-    @app.get("/health")
-    async def health() -> Response:
-        if server.client.is_shut_down:
-            return Response(status_code=503)
-        return Response(status_code=200)
-
-    @app.get("/v1/models")
-    async def models() -> JSONBody:
-        return JSONBody(server.models().model_dump())
-
-    # NOTE: ids may contain "/" (e.g. Qwen/Qwen3-VL-8B-Instruct), hence the path converter.
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str) -> JSONBody:
-        return JSONBody(server.model(model_id).model_dump())
-
-    @app.get("/version")
-    async def version() -> JSONBody:
-        return JSONBody({"version": __version__})
-
-    @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(server.metrics.render(), media_type="text/plain; version=0.0.4")
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await server.chat_completions(request)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await server.completions(request)
-
-    return app

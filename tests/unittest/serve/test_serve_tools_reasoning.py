@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tensorrt_llm.serve.openai_server import build_app
+from tensorrt_llm.serve.app import build_app
 
 TOOLS = [
     {
