@@ -387,8 +387,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     configure_logging(args.log_level)
     from ..llmapi.llm import LLM
-    from ..serve.lifecycle import make_server
     from ..serve.app import build_app
+    from ..serve.lifecycle import make_server
 
     model_dir = resolve_model_dir(args)
     try:

@@ -1,7 +1,8 @@
 """`OpenAIServer`: the request handlers of `trtllm-serve`, OpenAI-compatible chat/text
 completions over the LLM API. `app.build_app(llm, args)` puts them behind FastAPI routes;
-`TrtllmServer`'s shutdown (lifecycle.py) drains the app's requests first. Bodies are read with a size cap
-and a deadline and parsed by hand (request_body.py), so every malformed body is a 4xx.
+`TrtllmServer`'s shutdown (lifecycle.py) drains the app's requests first. Bodies are read
+with a size cap and a deadline and parsed by hand (request_body.py), so every malformed body
+is a 4xx.
 """
 
 from __future__ import annotations
