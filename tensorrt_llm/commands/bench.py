@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -42,6 +41,7 @@ from ..bench.metrics import format_table as _table
 from ..bench.multi_turn import TURN_COLUMNS
 from ..bench.plot import plot_results, require_matplotlib
 from ..bench.served import STAGE_COLUMNS, served_target, single_token_words, text_tokens_for_isl
+from ..bench.served_flags import add_served_flags, serve_flags
 from ..bench.upstream_cli import is_upstream_form, run_upstream
 from ..bench.workload import Workload, make_requests, prepare_model_folder
 from ..bench.workload_modes import (
@@ -127,6 +127,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fp8: e4m3 KV cache (ours only)",
     )
     p.add_argument(
+        "--enable_block_reuse",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="prefix caching (default: the engine's, on for full-attention models)",
+    )
+    p.add_argument(
+        "--capacity_scheduler_policy",
+        choices=["MAX_UTILIZATION", "GUARANTEED_NO_EVICT"],
+        default=None,
+        help="admission (default MAX_UTILIZATION: KV on demand with preemption; "
+        "GUARANTEED_NO_EVICT: prompt + max_tokens reserved up front); in process only",
+    )
+    p.add_argument(
         "--executor_mode",
         choices=("inproc", "process"),
         default=None,
@@ -136,7 +149,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--plot", default=None, help="throughput/TTFT/ITL vs concurrency as a PNG (matplotlib)"
     )
-    _add_served_flags(p)
+    add_served_flags(p)
     add_workload_flags(p)
     args = p.parse_args(argv)
     check_workload_flags(p, args)
@@ -147,38 +160,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.serve_args and (args.served_url or not args.served):
         p.error("--serve_args goes with --served (a child server), not --served_url")
     return args
-
-
-def _add_served_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("served mode")
-    g.add_argument(
-        "--served",
-        action="store_true",
-        help="benchmark a trtllm-serve child over HTTP (streaming chat, images as data URLs)",
-    )
-    g.add_argument(
-        "--served_url",
-        default=None,
-        help="http://host:port of a running trtllm-serve to benchmark instead of a child "
-        "(prompts are sized with --config's tokenizer)",
-    )
-    g.add_argument(
-        "--inprocess_too",
-        action="store_true",
-        help="with --served: run the in-process figures first and report served/in-process",
-    )
-    g.add_argument(
-        "--serve_args",
-        default="",
-        help="more trtllm-serve flags for the child, as one shell-quoted string "
-        '(e.g. "--num_preprocess_workers 8")',
-    )
-    g.add_argument(
-        "--server_startup_timeout",
-        type=float,
-        default=1800.0,
-        help="seconds the trtllm-serve child gets to answer /health",
-    )
 
 
 def _graph_config(args: argparse.Namespace) -> dict[str, int | None] | None:
@@ -214,6 +195,7 @@ def _run_ours(
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         **({"executor_mode": args.executor_mode} if args.executor_mode else {}),
+        **_policy_kwargs(args),
     )
     rows = []
     try:
@@ -227,6 +209,16 @@ def _run_ours(
     finally:
         llm.shutdown()
     return rows
+
+
+def _policy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """LLM kwargs of --enable_block_reuse and --capacity_scheduler_policy (unset: none)."""
+    kwargs: dict[str, Any] = {}
+    if args.enable_block_reuse is not None:
+        kwargs["kv_cache_config"] = {"enable_block_reuse": args.enable_block_reuse}
+    if args.capacity_scheduler_policy:
+        kwargs["scheduler_config"] = {"capacity_scheduler_policy": args.capacity_scheduler_policy}
+    return kwargs
 
 
 def guided_schema(args: argparse.Namespace) -> str | None:
@@ -243,33 +235,6 @@ def guided_schema(args: argparse.Namespace) -> str | None:
     if not isinstance(schema, dict):
         raise SystemExit(f"--guided_json {path}: a JSON schema object expected")
     return json.dumps(schema)
-
-
-def serve_flags(args: argparse.Namespace, folder: Path) -> list[str]:
-    """trtllm-serve's flags for the benchmark's knobs; unset knobs keep the server's defaults."""
-    if args.no_cuda_graph or args.piecewise_max_tokens is not None:
-        raise SystemExit(
-            "--served: trtllm-serve has no CUDA-graph flags yet; drop --no_cuda_graph and "
-            "--piecewise_max_tokens so both modes run the engine's default graphs"
-        )
-    flags = [str(folder), "--load_format", "dummy", "--dtype", args.dtype, "--device", args.device]
-    flags += ["--max_seq_len", str(max_seq_len(args)), "--attn_backend", args.attn_backend]
-    flags += ["--kv_cache_dtype", args.kv_cache_dtype]
-    if args.executor_mode:
-        flags += ["--executor_mode", args.executor_mode]
-    if args.quantization:
-        flags += ["--quantization", args.quantization]
-    for name, flag in (
-        ("max_batch_size", "--max_batch_size"),
-        ("max_num_tokens", "--max_num_tokens"),
-        ("kv_cache_fraction", "--kv_cache_free_gpu_memory_fraction"),
-    ):
-        if getattr(args, name) is not None:
-            flags += [flag, str(getattr(args, name))]
-    if args.images_per_request:
-        flags += ["--limit_mm_per_prompt", f"image={args.images_per_request}"]
-    # A benchmark that fails mid-wave leaves streams open; the stop should not wait 30 s on them.
-    return flags + ["--timeout_graceful_shutdown", "2", *shlex.split(args.serve_args)]
 
 
 def _run_served(

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .logprobs import Logprob, TokenLogprobs
     from .outputs import CompletionOutput, RequestOutput
     from .result import GenerationResult
+    from .scheduler_args import CapacitySchedulerPolicy, SchedulerConfig
     from .upstream_args import KvCacheConfig
 
 _LAZY: dict[str, str] = {
@@ -20,6 +21,8 @@ _LAZY: dict[str, str] = {
     "LlmArgs": ".llm_args",
     "CudaGraphConfig": ".llm_args",
     "KvCacheConfig": ".upstream_args",
+    "SchedulerConfig": ".scheduler_args",
+    "CapacitySchedulerPolicy": ".scheduler_args",
     "TorchLlmArgs": ".llm_args",
     "RequestOutput": ".outputs",
     "CompletionOutput": ".outputs",
@@ -36,6 +39,8 @@ __all__ = [
     "LlmArgs",
     "CudaGraphConfig",
     "KvCacheConfig",
+    "SchedulerConfig",
+    "CapacitySchedulerPolicy",
     "TorchLlmArgs",
     "RequestOutput",
     "CompletionOutput",

@@ -33,6 +33,7 @@ from .._torch.quantization import QUANTIZATION_MODES, resolve_quant_config
 from ..inputs.validation import check_mm_processor_kwargs
 from .generation_defaults import GENERATION_CONFIG_MODES
 from .reuse_args import resolve_block_reuse, vision_embedding_cache_bytes
+from .scheduler_args import CapacitySchedulerPolicy, SchedulerConfig, resolve_scheduler_config
 from .upstream_args import KvCacheConfig, apply_upstream_fields
 
 DTYPES: dict[str, torch.dtype | None] = {
@@ -133,9 +134,15 @@ class LlmArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     kv_cache_config: KvCacheConfig | dict[str, Any] | None = None
+    # Admission policy (`scheduler_args.py`): None or MAX_UTILIZATION, blocks on demand with
+    # preemption; GUARANTEED_NO_EVICT reserves prompt + max_tokens up front (TensorRT-LLM's).
+    scheduler_config: SchedulerConfig | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         apply_upstream_fields(self)
+        object.__setattr__(
+            self, "scheduler_config", resolve_scheduler_config(self.scheduler_config)
+        )
         self._validate_paths()
         _check_choice("dtype", self.dtype, list(DTYPES))
         _check_choice("device", self.device, DEVICES)
@@ -371,6 +378,8 @@ class LlmArgs:
             quantization=self.quantization,
             quant_config=resolve_quant_config(self.quantization, config),
             enable_chunked_prefill=self.enable_chunked_prefill,
+            guaranteed_no_evict=self.scheduler_config.capacity_scheduler_policy  # type: ignore[union-attr]
+            == CapacitySchedulerPolicy.GUARANTEED_NO_EVICT,
             disable_overlap_scheduler=self.disable_overlap_scheduler,
             use_cuda_graph=graphs is not None,
             cuda_graph_batch_sizes=sizes,

@@ -153,6 +153,9 @@ class EngineConfig:
     # Where max_seq_len came from (MAX_SEQ_LEN_*); anything but MAX_SEQ_LEN_USER is capped by
     # what the sized KV cache holds for one sequence.
     max_seq_len_source: str = MAX_SEQ_LEN_USER
+    # Admission reserves each request's prompt + max_tokens blocks up front and never
+    # preempts (scheduler_config GUARANTEED_NO_EVICT); False: blocks on demand.
+    guaranteed_no_evict: bool = False
     # KV block reuse (prefix caching), resolved: off on hybrid models (`LlmArgs`).
     enable_block_reuse: bool = False
     # Bytes of the vision-embedding cache (used with block reuse on a model with a tower).

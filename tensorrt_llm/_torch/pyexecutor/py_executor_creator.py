@@ -352,6 +352,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         kv,
         slots,
         reuse=KvCacheReuse(kv, merge) if reuse_on else None,
+        guaranteed_no_evict=config.guaranteed_no_evict,
     )
     sampler = TorchSampler(engine.vocab_size, device)
     if config.use_cuda_graph:

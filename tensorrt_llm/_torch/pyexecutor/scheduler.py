@@ -38,6 +38,10 @@ Policy:
   the cached blocks before its first chunk is sized, so the chunk and the admission check
   count only what the hit leaves to compute; the hit blocks become its first blocks (a hit
   that would not fit takes no reference). A resume after preemption is matched again.
+- Reservation (`guaranteed_no_evict`, scheduler_config GUARANTEED_NO_EVICT): a waiting
+  request is admitted only when the blocks of its whole prompt + max_tokens fit in the pool
+  beside the same reservation of every request holding KV; nothing is ever preempted then
+  (TensorRT-LLM's default policy; ours is on demand).
 - Chunking: with `enable_chunked_prefill` (the default) the head context takes whatever
   budget is left; without it a prompt runs whole or waits. A recompute always may chunk: its
   prompt + outputs may exceed `max_num_tokens` even when the prompt alone did not.
@@ -130,6 +134,7 @@ class SimpleScheduler:
         seq_slot_manager: SeqSlotManager,
         watermark_blocks: int | None = None,
         reuse: KvCacheReuse | None = None,
+        guaranteed_no_evict: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -144,6 +149,7 @@ class SimpleScheduler:
             watermark_blocks = max(1, int(kv_cache_manager.num_blocks * WATERMARK_FRACTION))
         self.watermark_blocks = watermark_blocks
         self.reuse = reuse
+        self.guaranteed_no_evict = guaranteed_no_evict
         self.num_preemptions = 0  # over the scheduler's life (metrics)
         # Groups with waiting requests, in turn order (see the module policy).
         self._rotation: OrderedDict[Hashable, None] = OrderedDict()
@@ -207,12 +213,22 @@ class SimpleScheduler:
         budget: int,
     ) -> None:
         served: list[Hashable] = []
+        kv = self.kv_cache_manager
+        # GUARANTEED_NO_EVICT: blocks promised to the holders' whole sequences (O(running) once).
+        reserved = (
+            sum(kv.blocks_for_tokens(r.max_num_tokens) for r in running)
+            if self.guaranteed_no_evict
+            else 0
+        )
         for req in self._context_order(requests, running):
             if scheduled.batch_size >= self.max_batch_size:
                 break
             waiting = req.seq_slot is None
             if waiting and (scheduled.preempted or scheduled.preemption_deferred):
                 break  # short of blocks this step: admit nothing new
+            whole = kv.blocks_for_tokens(req.max_num_tokens) if self.guaranteed_no_evict else 0
+            if waiting and reserved + whole > kv.num_blocks:
+                break  # the head waits for reservations to end (no starvation)
             hit = self._match(req) if waiting else []
             chunk = self._context_chunk(req, budget)
             if chunk == 0:
@@ -230,6 +246,7 @@ class SimpleScheduler:
                         continue
                     break
                 served.append(req.scheduling_key)
+                reserved += whole
             req.context_chunk_size = chunk
             scheduled.context_requests.append(req)
             budget -= chunk

@@ -230,3 +230,26 @@ def test_chat_body_carries_the_guided_schema() -> None:
     guided = json.loads(chat_body(target, [], 8, False, '{"type": "object"}'))  # type: ignore[arg-type]
     fmt = guided["response_format"]
     assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == {"type": "object"}
+
+
+def test_block_reuse_and_policy_flags(tiny_config: Path, tmp_path: Path) -> None:
+    from tensorrt_llm.commands.bench import _policy_kwargs
+
+    base = ["--config", str(tiny_config), *_TINY]
+    off = parse_args([*base, "--no-enable_block_reuse", "--served"])
+    flags = serve_flags(off, tmp_path)
+    assert "--no-enable_block_reuse" in flags
+    assert llm_kwargs(serve_parse_args(flags))["enable_block_reuse"] is False
+    assert "--enable_block_reuse" in serve_flags(
+        parse_args([*base, "--enable_block_reuse"]), tmp_path
+    )
+    assert not {"--enable_block_reuse", "--no-enable_block_reuse"} & set(
+        serve_flags(parse_args(base), tmp_path)
+    )
+    policy = parse_args([*base, "--capacity_scheduler_policy", "GUARANTEED_NO_EVICT"])
+    assert _policy_kwargs(policy) == {
+        "scheduler_config": {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}
+    }
+    assert _policy_kwargs(off) == {"kv_cache_config": {"enable_block_reuse": False}}
+    with pytest.raises(SystemExit, match="in process only"):
+        serve_flags(policy, tmp_path)
