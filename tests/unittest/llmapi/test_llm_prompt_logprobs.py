@@ -216,17 +216,18 @@ def test_hybrid_and_moe_stacks_over_chunks(tmp_path: Path, family: str, hf_class
 
 
 @pytest.mark.gpu
-def test_cuda_piecewise_graphs_match_hf(
-    ckpt: Path, hf: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # On CUDA the prefill runs through the piecewise graphs (run_hidden); float32 weights and
-    # HF on the CPU as the reference, within the Triton kernels' TF32 rounding.
+def test_cuda_piecewise_graphs_match_hf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On CUDA a dense Qwen-VL model's prefill runs through the piecewise graphs (run_hidden;
+    # text-only Qwen2 has none); float32 weights and HF on the CPU as the reference, within
+    # the Triton kernels' TF32 rounding.
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     monkeypatch.setitem(globals(), "ATOL", 2e-3)
+    ckpt = write_tiny_checkpoint("qwen2_vl", tmp_path)
     cuda = dict(KWARGS, device="cuda", dtype="float32")
     with LLM(str(ckpt), executor_mode="inproc", **cuda) as llm:
         assert llm._executor.model_engine.piecewise_graph_runner is not None
         outputs = llm.generate(PROMPTS, _params())
-    _hf_check(hf, outputs[0], 3)
+    hf = transformers.Qwen2VLForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32)
+    _hf_check(hf.eval(), outputs[0], 3)
     _hf_check(hf, outputs[2], 0)
