@@ -6,10 +6,17 @@ bytes), its grid (`image_grid_thw` / `video_grid_thw` row), a video's `second_pe
 Hashing the processor's output, not the source file, makes two encodings of the same picture
 (PNG vs. a data URL of it) hit, and the same file resized under other `min_pixels` miss.
 
-Cost: SHA-256 runs at about 0.8 GB/s on one core of the development machine (SHA-NI); a
-1024x1024 image becomes 5476 patches x 1176 float32 values (25.8 MB) for Qwen2-VL, hashed in
-~31 ms (blake2b took ~60 ms there, hence SHA-256). That is below the image processor's own time
-for the same image and runs on the host, in the preprocessing workers where those are on.
+Where the input processor hands over the decoded items it processed (`MULTIMODAL_SOURCES` in
+its extra outputs: RGB PIL images, `VideoData` frames), those are hashed instead of the
+processed pixels: the processor is a pure function of them, the grid and the kwargs, and their
+uint8 bytes are a quarter to a twelfth of the float32 patches (Qwen3-VL's patches repeat each
+pixel over the temporal patch), so a 512x512 image costs ~1 ms instead of ~5-8 ms on the
+request's path to its first token.
+
+Cost: SHA-256 runs at about 0.8-1.2 GB/s on one core (SHA-NI); a 1024x1024 image becomes 5476
+patches x 1176 float32 values (25.8 MB) for Qwen2-VL, ~31 ms as processed pixels (blake2b took
+~60 ms, hence SHA-256), ~4 ms as its 3 MB of decoded pixels. It runs on the host, in the
+preprocessing workers where those are on.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ PIXEL_KEYS = {
     "image": ("pixel_values", "image_grid_thw"),
     "video": ("pixel_values_videos", "video_grid_thw"),
 }
+# Where an input processor may put the decoded items it processed ({modality: [items]}, in the
+# order of the processed rows); the input preparer takes them out before the request leaves.
+MULTIMODAL_SOURCES = "multimodal_sources"
 # Where the items' hashes go in `multimodal_data` (hex strings, one list per modality): plain
 # data, so they cross the executor's process boundary like the placeholder spans do.
 MULTIMODAL_HASHES = "multimodal_hashes"
@@ -81,6 +91,46 @@ def hash_multimodal_item(
     return h.digest()
 
 
+def _source_bytes(h: Any, item: Any) -> bool:
+    """Feed a decoded item's pixels (and a video's timing) to `h`; False for an unknown kind."""
+    from PIL import Image
+
+    if isinstance(item, Image.Image):
+        h.update(f"pil:{item.mode}:{item.width}x{item.height};".encode())
+        h.update(item.tobytes())
+        return True
+    if isinstance(item, torch.Tensor):
+        h.update(b"tensor;")
+        _tensor_bytes(h, item)
+        return True
+    frames = getattr(item, "frames", None)  # VideoData (inputs/utils.py): frames + timing
+    if isinstance(frames, list) and frames:
+        h.update(f"video:{len(frames)}:{item.fps!r}:{item.timestamps!r};".encode())
+        return all(_source_bytes(h, frame) for frame in frames)
+    return False
+
+
+def hash_source_item(
+    modality: str,
+    item: Any,
+    grid_thw: torch.Tensor | Sequence[int],
+    processor_kwargs: Mapping[str, Any] | None = None,
+    second_per_grid: float | None = None,
+) -> bytes | None:
+    """32-byte digest of one item from its decoded source (None: a kind with no pixels here).
+
+    Never equal to a `hash_multimodal_item` digest (another version tag): the two name the same
+    item differently, and one engine always uses the same input processor."""
+    h = hashlib.sha256(_MEDIA_VERSION + b"-source")
+    h.update(modality.encode() + b"\0")
+    _tensor_bytes(h, torch.as_tensor(grid_thw, dtype=torch.int64).reshape(-1))
+    if not _source_bytes(h, item):
+        return None
+    h.update(_canonical_kwargs(processor_kwargs))
+    h.update(b"-" if second_per_grid is None else repr(float(second_per_grid)).encode())
+    return h.digest()
+
+
 def split_pixel_rows(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> list[torch.Tensor]:
     """Each item's rows of a modality's packed pixels (item i has prod(grid_thw[i]) patches)."""
     counts = [int(n) for n in torch.as_tensor(grid_thw).prod(dim=-1).tolist()]
@@ -92,10 +142,15 @@ def split_pixel_rows(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> list
 
 
 def hash_multimodal_data(
-    data: Mapping[str, Any], processor_kwargs: Mapping[str, Any] | None = None
+    data: Mapping[str, Any],
+    processor_kwargs: Mapping[str, Any] | None = None,
+    sources: Mapping[str, Sequence[Any]] | None = None,
 ) -> dict[str, list[str]]:
     """Hex digests of every item in an input processor's `multimodal_data`, per modality.
 
+    sources: the decoded items the processor processed (`MULTIMODAL_SOURCES`); a modality
+      whose items are all there, one per processed item, is hashed from them (cheaper), else
+      from the processed pixels.
     Items without pixels (e.g. precomputed `multimodal_embedding`) are not hashed here: they
     have no processed tensor to name them, and a request carrying them should not reuse KV.
     """
@@ -107,6 +162,21 @@ def hash_multimodal_data(
         grids = torch.as_tensor(entry[grid_key]).reshape(-1, 3)
         seconds = entry.get("second_per_grid_ts")
         per_item = split_pixel_rows(entry[pix_key], grids)
+        items = (sources or {}).get(modality)
+        if items is not None and len(items) == len(per_item):
+            digests = [
+                hash_source_item(
+                    modality,
+                    item,
+                    grids[i],
+                    processor_kwargs,
+                    None if seconds is None else float(seconds[i]),
+                )
+                for i, item in enumerate(items)
+            ]
+            if all(d is not None for d in digests):
+                out[modality] = [d.hex() for d in digests if d is not None]
+                continue
         out[modality] = [
             hash_multimodal_item(
                 modality,

@@ -14,7 +14,7 @@ from typing import Any
 
 from .._torch.pyexecutor.grammar_compile import check_grammar
 from ..inputs.data import as_prompt_dict
-from ..inputs.media_hash import MULTIMODAL_HASHES, hash_multimodal_data
+from ..inputs.media_hash import MULTIMODAL_HASHES, MULTIMODAL_SOURCES, hash_multimodal_data
 from ..inputs.multimodal import MultimodalParams
 from ..inputs.utils import collect_multimodal_data, media_from_messages
 from ..inputs.validation import (
@@ -108,9 +108,11 @@ class InputPreparer:
                 f"input processing failed ({type(exc).__name__}); check the prompt's media "
                 f"and mm_processor_kwargs"
             ) from exc
+        # The decoded items never leave with the request (they are large and host-only).
+        sources = (extra or {}).pop(MULTIMODAL_SOURCES, None)
         mm_data = (extra or {}).get("multimodal_data")
         if mm_data and self._hash_media:
-            hashes = hash_multimodal_data(mm_data, prompt["mm_processor_kwargs"])
+            hashes = hash_multimodal_data(mm_data, prompt["mm_processor_kwargs"], sources)
             if hashes:
                 mm_data[MULTIMODAL_HASHES] = hashes
         mm_params = MultimodalParams(multimodal_data=mm_data) if mm_data else None

@@ -17,6 +17,7 @@ from PIL import Image
 
 from ...inputs.chat_tokenize import tokenize_chat
 from ...inputs.data import TextPrompt, as_prompt_dict
+from ...inputs.media_hash import MULTIMODAL_SOURCES
 from ...inputs.multimodal import spans_data
 from ...inputs.multimodal_loader import media_message
 from ...inputs.registry import (
@@ -162,7 +163,9 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
         # NOTE: the engine merges vision rows by these spans, never by comparing step tokens
         # with the pad ids (a decoding request may sample a pad token).
         data.update(spans_data(spans))
-        return ids, {"multimodal_data": data}
+        # The decoded items, for the input preparer's cheaper content hashes (media_hash.py).
+        sources = {"image": images, "video": videos}
+        return ids, {"multimodal_data": data, MULTIMODAL_SOURCES: sources}
 
     def _gather_media(self, prompt: dict[str, Any]) -> tuple[list[Image.Image], list[VideoData]]:
         data = collect_multimodal_data(prompt.get("multi_modal_data"))

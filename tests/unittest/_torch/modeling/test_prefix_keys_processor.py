@@ -10,21 +10,78 @@ from processor_test_helpers import frames as _frames
 from processor_test_helpers import image as _image
 
 from tensorrt_llm._torch.pyexecutor.block_hash import compute_block_keys, media_spans
-from tensorrt_llm.inputs.media_hash import MULTIMODAL_HASHES, hash_multimodal_data
+from tensorrt_llm.inputs.media_hash import (
+    MULTIMODAL_HASHES,
+    MULTIMODAL_SOURCES,
+    hash_multimodal_data,
+)
 from tensorrt_llm.inputs.multimodal import MULTIMODAL_LENGTHS, MULTIMODAL_POSITIONS
 from tensorrt_llm.inputs.utils import VideoData
 
 TPB = 8
 
 
-def _process(proc: Any, images: list[Any], videos: list[Any]) -> tuple[list[int], dict[str, Any]]:
+def _process(
+    proc: Any,
+    images: list[Any],
+    videos: list[Any],
+    kwargs: dict[str, Any] | None = None,
+    sources: bool = True,
+) -> tuple[list[int], dict[str, Any]]:
+    """Ids and multimodal data with the item hashes, as the input preparer makes them (from
+    the decoded sources the processor hands over; `sources=False`: the processed pixels)."""
     prompt = proc.default_multimodal_prompt("Compare them.", len(images), len(videos))
     media = {"image": images, "video": videos}
     media = {kind: items for kind, items in media.items() if items}
-    ids, extra = proc({"prompt": prompt, "multi_modal_data": media})
+    request: dict[str, Any] = {"prompt": prompt, "multi_modal_data": media}
+    if kwargs:
+        request["mm_processor_kwargs"] = kwargs
+    ids, extra = proc(request)
     data = extra["multimodal_data"]
-    data[MULTIMODAL_HASHES] = hash_multimodal_data(data)
+    found = extra[MULTIMODAL_SOURCES]
+    data[MULTIMODAL_HASHES] = hash_multimodal_data(data, kwargs, found if sources else None)
     return ids, data
+
+
+def _png(image: Any) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_source_hashes_name_what_the_model_sees(family: str, procs: dict[str, Any]) -> None:
+    proc = procs[family]
+    img, video = _image(40, 60, 1), VideoData(_frames(5), 4.0)
+    _, base = _process(proc, [img], [video])
+    hashes = base[MULTIMODAL_HASHES]
+    # The decoded sources name the items, not the processed pixels (another digest)...
+    _, processed = _process(proc, [img], [video], sources=False)
+    assert hashes["image"] != processed[MULTIMODAL_HASHES]["image"]
+    # ...and the same picture in another encoding is the same item.
+    _, as_png = _process(proc, [_png(img)], [video])
+    assert as_png[MULTIMODAL_HASHES] == hashes
+    changes = [
+        _process(proc, [_image(40, 60, 2)], [video]),  # other pixels
+        _process(proc, [img], [VideoData(_frames(5), 2.0)]),  # other frame rate
+        _process(proc, [img], [video], {"min_pixels": 8192, "max_pixels": 16384}),  # other resizing
+    ]
+    for _, data in changes:
+        assert data[MULTIMODAL_HASHES] != hashes
+    assert changes[0][1][MULTIMODAL_HASHES]["video"] == hashes["video"]
+
+
+def test_sources_that_do_not_match_the_items_fall_back(procs: dict[str, Any]) -> None:
+    proc = procs["qwen2_vl"]
+    prompt = proc.default_multimodal_prompt("Compare them.", 2, 0)
+    images = [_image(40, 60, 1), _image(50, 30, 2)]
+    _, extra = proc({"prompt": prompt, "multi_modal_data": {"image": images}})
+    data = extra["multimodal_data"]
+    processed = hash_multimodal_data(data)
+    assert hash_multimodal_data(data, None, {"image": images[:1]}) == processed
+    assert hash_multimodal_data(data, None, {"image": ["not pixels", images[1]]}) == processed
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
