@@ -153,10 +153,12 @@ class EngineConfig:
     # Where max_seq_len came from (MAX_SEQ_LEN_*); anything but MAX_SEQ_LEN_USER is capped by
     # what the sized KV cache holds for one sequence.
     max_seq_len_source: str = MAX_SEQ_LEN_USER
-    # KV block reuse (prefix caching), resolved: off on hybrid models (`LlmArgs`).
+    # KV block reuse (prefix caching), resolved (`LlmArgs`, llmapi/reuse_args.py).
     enable_block_reuse: bool = False
     # Bytes of the vision-embedding cache (used with block reuse on a model with a tower).
     vision_embedding_cache_bytes: int = 0
+    # Bytes of the recurrent-state snapshot pool (used with block reuse on a hybrid model).
+    recurrent_state_snapshot_bytes: int = 256 * 2**20
 
     @property
     def text_config(self) -> Any:

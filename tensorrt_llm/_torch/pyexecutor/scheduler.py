@@ -266,6 +266,8 @@ class SimpleScheduler:
 
     def _context_chunk(self, req: LlmRequest, budget: int) -> int:
         remaining = req.context_remaining_length
+        if self.reuse is not None:  # hybrid models end chunks where state is snapshotted
+            remaining = self.reuse.chunk_limit(req, remaining)
         if remaining <= budget:
             return remaining
         return budget if self.enable_chunked_prefill or req.num_preemptions else 0
@@ -364,3 +366,5 @@ class SimpleScheduler:
         self.kv_cache_manager.free(request.request_id)
         self.seq_slot_manager.release(request.request_id)
         request.seq_slot = None
+        if self.reuse is not None:
+            self.reuse.on_released(request)
