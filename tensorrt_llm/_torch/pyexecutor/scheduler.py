@@ -38,6 +38,8 @@ Policy:
   the cached blocks before its first chunk is sized, so the chunk and the admission check
   count only what the hit leaves to compute; the hit blocks become its first blocks (a hit
   that would not fit takes no reference). A resume after preemption is matched again.
+  Hybrid models (`HybridKvCacheReuse`) also end chunks at their snapshot points
+  (`reuse.chunk_limit`) and hear of every release (`reuse.on_released`).
 - Chunking: with `enable_chunked_prefill` (the default) the head context takes whatever
   budget is left; without it a prompt runs whole or waits. A recompute always may chunk: its
   prompt + outputs may exceed `max_num_tokens` even when the prompt alone did not.

@@ -39,7 +39,7 @@ def _llm(reuse: bool | None, family: str = "qwen3_5", kv_tokens: int = 4096, **k
     return LLM(
         str(get_or_build_demo_checkpoint(family)),
         device=kw.pop("device", "cpu"),
-        executor_mode="inproc",
+        executor_mode=kw.pop("executor_mode", "inproc"),
         max_batch_size=4,
         max_num_tokens=kw.pop("max_num_tokens", 64),
         max_seq_len=128,
@@ -120,6 +120,30 @@ def test_repeat_and_next_turn_match_reuse_off(family: str, overlap: bool, refere
         assert reuse.snapshots.stats.restored == 2
         reuse.snapshots.check_invariants()
         assert reuse.snapshots.num_pending == 0  # every finished request gave its entry back
+
+
+def test_process_mode_and_the_snapshot_knob(references: dict) -> None:
+    """The engine in its own process: the knob crosses with the args; a pool too small for
+    one snapshot is an error naming it."""
+    with _llm(True, executor_mode="process", recurrent_state_snapshot_mib=1) as llm:
+        first, again = (llm.generate(TEXT, GREEDY) for _ in range(2))
+        assert _ids(first) == _ids(again) == references["qwen3_5"]["text"]
+        assert again.num_cached_tokens == _full_hit(len(again.prompt_token_ids))
+
+
+def test_snapshot_pool_smaller_than_one_snapshot_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tensorrt_llm._torch.pyexecutor import hybrid_kv_cache_reuse
+
+    real = hybrid_kv_cache_reuse.RecurrentSnapshotPool
+
+    def one_byte(state: Any, max_bytes: int) -> RecurrentSnapshotPool:
+        return real(state, 1)
+
+    monkeypatch.setattr(hybrid_kv_cache_reuse, "RecurrentSnapshotPool", one_byte)
+    with pytest.raises(ValueError, match="recurrent_state_snapshot_mib=0.0 holds no snapshot"):
+        _llm(True)
 
 
 def test_default_keeps_hybrid_reuse_off(references: dict) -> None:
