@@ -102,7 +102,8 @@ class LlmArgs:
     vision_embedding_cache_mib: int | None = None
     # With block reuse on a hybrid model: MiB of DeltaNet conv / SSM state snapshots at block
     # boundaries of cached prefixes (a hit needs one at its end), allocated before the KV
-    # cache is sized. None: 8192 on CUDA, 256 on the CPU; must hold at least one snapshot.
+    # cache is sized. None: on CUDA 20% of the memory free then, at most 16384; 256 on the
+    # CPU. Must hold at least one snapshot.
     recurrent_state_snapshot_mib: int | None = None
     # On by default: a long prompt then shares steps with decodes instead of stalling them,
     # and a preempted request's recompute (prompt + outputs) may exceed max_num_tokens.
@@ -394,7 +395,7 @@ class LlmArgs:
                 self.vision_embedding_cache_mib, device
             ),
             recurrent_state_snapshot_bytes=recurrent_state_snapshot_bytes(
-                self.recurrent_state_snapshot_mib, device
+                self.recurrent_state_snapshot_mib
             ),
         )
 

@@ -14,10 +14,6 @@ DEFAULT_VISION_EMBEDDING_CACHE_MIB = (64, 512)
 # enable_block_reuse=None on hybrid models (Qwen3.5 / 3.6): off until measured to pay on the GPU
 # (the extra prefill step per snapshot point and the snapshot copies against the hit).
 HYBRID_BLOCK_REUSE_DEFAULT = False
-# recurrent_state_snapshot_mib when not given, (off CUDA, on CUDA). One Qwen3.6-27B snapshot is
-# ~154 MiB (48 DeltaNet layers, float32 SSM state), so 8 GiB holds 53: a pending entry per
-# running request plus the latest snapshot of each of ~20-30 conversations between turns.
-DEFAULT_RECURRENT_STATE_SNAPSHOT_MIB = (256, 8192)
 
 
 def resolve_block_reuse(enable: bool | None, model: str, config: Any) -> bool:
@@ -38,8 +34,7 @@ def vision_embedding_cache_bytes(mib: int | None, device: torch.device) -> int:
     return mib * 2**20
 
 
-def recurrent_state_snapshot_bytes(mib: int | None, device: torch.device) -> int:
-    """The recurrent-snapshot pool's bound (used only with block reuse on a hybrid model)."""
-    if mib is None:
-        mib = DEFAULT_RECURRENT_STATE_SNAPSHOT_MIB[device.type == "cuda"]
-    return mib * 2**20
+def recurrent_state_snapshot_bytes(mib: int | None) -> int | None:
+    """The recurrent-snapshot pool's bound (used only with block reuse on a hybrid model);
+    None: the engine's default, which depends on the memory left (`hybrid_kv_cache_reuse`)."""
+    return None if mib is None else mib * 2**20

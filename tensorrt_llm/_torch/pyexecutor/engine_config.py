@@ -157,8 +157,9 @@ class EngineConfig:
     enable_block_reuse: bool = False
     # Bytes of the vision-embedding cache (used with block reuse on a model with a tower).
     vision_embedding_cache_bytes: int = 0
-    # Bytes of the recurrent-state snapshot pool (used with block reuse on a hybrid model).
-    recurrent_state_snapshot_bytes: int = 256 * 2**20
+    # Bytes of the recurrent-state snapshot pool (used with block reuse on a hybrid model);
+    # None: `hybrid_kv_cache_reuse.default_snapshot_pool_bytes`.
+    recurrent_state_snapshot_bytes: int | None = None
 
     @property
     def text_config(self) -> Any:

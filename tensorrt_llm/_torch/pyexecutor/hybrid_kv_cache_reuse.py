@@ -24,9 +24,12 @@ state, in `register_step`, on the one stream):
   into the request's pending entry (overwritten at the next crossing: one entry per running
   request, whatever its length). Its block key is known only once the tokens are on the host,
   so it is committed when the request stops normally (`register_finished`): the next turn of
-  a chat (history + answer + new question) then hits up to the answer's last aligned point.
-  The snapshots the request took or restored before are demoted (evicted first): the
-  committed one supersedes them on the same chain.
+  a chat (history + answer + new question) then hits up to the answer's last aligned point
+  (when the answer comes back as the same tokens: a template that drops the reasoning of
+  earlier turns, or a detokenize / re-encode that differs, makes the prompt-end snapshot the
+  one that hits). The snapshot the request was restored from is then demoted (evicted
+  first): the next turn starts further along the same chain. Pending entries take at most
+  half the pool, so the keyed snapshots that hits need keep the other half.
 Pending entries are freed when the request leaves (`on_released`: finished, failed,
 preempted); a resumed request is matched and restored again like a new one, so recompute
 gives the same tokens.
@@ -55,6 +58,14 @@ logger = logging.getLogger(__name__)
 
 # Prefix of the recurrent entries of `EngineModel.per_slot_state` (modeling_qwen3_next.py).
 RECURRENT_STATE_PREFIX = "recurrent."
+# The pool's default bound (recurrent_state_snapshot_mib=None). On CUDA a share of the memory
+# free after the weights and the probe (what the KV cache is sized from), at most the cap: one
+# Qwen3.6-27B snapshot is ~154 MiB (48 DeltaNet layers, fp32 SSM state), so 16 GiB holds 106:
+# at most 53 pending (one per running request) and the latest prefill snapshots of ~50
+# conversations between their turns (the 32-conversation multi-turn benchmark needs ~64).
+DEFAULT_SNAPSHOT_POOL_SHARE = 0.2
+DEFAULT_SNAPSHOT_POOL_CAP_MIB = 16384
+DEFAULT_SNAPSHOT_POOL_CPU_MIB = 256
 
 
 def recurrent_slot_state(model_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -75,7 +86,7 @@ class HybridKvCacheReuse(KvCacheReuse):
         self.snapshots = snapshots
         kv_cache_manager.pool.on_evict = snapshots.drop
         self._pending_len: dict[int, int] = {}  # request id -> tokens its pending entry covers
-        self._used: dict[int, list[BlockKey]] = {}  # request id -> keys it saved or restored
+        self._restored: dict[int, BlockKey] = {}  # request id -> the key it started from
         # The last `match`: (request id, tokens of its cached KV before the snapshot trim).
         self._last_match: tuple[int, int] = (-1, 0)
         # Request id -> the end of its cached KV where no snapshot was: one more point.
@@ -102,7 +113,7 @@ class HybridKvCacheReuse(KvCacheReuse):
                 raise RuntimeError(f"request {req.request_id} admitted without a seq slot")
             key = req.block_keys[len(hit_blocks) - 1]
             self.snapshots.restore(key, req.seq_slot)
-            self._used.setdefault(req.request_id, []).append(key)
+            self._restored[req.request_id] = key
 
     # ---- prefill snapshot points -------------------------------------------------------------
     def snapshot_points(self, req: LlmRequest) -> list[int]:
@@ -136,8 +147,8 @@ class HybridKvCacheReuse(KvCacheReuse):
                 continue
             if end == req.context_len or end in self.snapshot_points(req):
                 keys = self.block_keys(req, end)
-                if len(keys) == end // tpb and self.snapshots.save(keys[-1], req.seq_slot):
-                    self._used.setdefault(req.request_id, []).append(keys[-1])
+                if len(keys) == end // tpb:
+                    self.snapshots.save(keys[-1], req.seq_slot)
         for req in scheduled.generation_requests:
             # The step's input token is the sequence's last: its state now covers them all.
             covered = req.num_tokens
@@ -162,23 +173,34 @@ class HybridKvCacheReuse(KvCacheReuse):
         # block it ends) is never written, and such a snapshot could never be hit.
         if len(keys) != covered // tpb or not self.kv.pool.is_cached(keys[-1]):
             return
-        if self.snapshots.commit(rid, keys[-1]):
-            for key in self._used.get(rid, ()):
-                if key != keys[-1]:
-                    self.snapshots.demote(key)
+        restored = self._restored.get(rid)
+        if self.snapshots.commit(rid, keys[-1]) and restored is not None:
+            # A chat's previous turn is not sent again: the turn after this one will start
+            # from this request's snapshots, further along the same chain.
+            self.snapshots.demote(restored)
 
     def on_released(self, req: LlmRequest) -> None:
         self.snapshots.release(req.request_id)
         self._pending_len.pop(req.request_id, None)
-        self._used.pop(req.request_id, None)
+        self._restored.pop(req.request_id, None)
         self._divergence.pop(req.request_id, None)
+
+
+def default_snapshot_pool_bytes(device: torch.device) -> int:
+    """The pool's bound when recurrent_state_snapshot_mib is not given (see the constants)."""
+    if device.type != "cuda":
+        return DEFAULT_SNAPSHOT_POOL_CPU_MIB * 2**20
+    torch.cuda.empty_cache()  # the probe's peak sits in the caching allocator
+    free, _total = torch.cuda.mem_get_info(device)
+    return min(int(free * DEFAULT_SNAPSHOT_POOL_SHARE), DEFAULT_SNAPSHOT_POOL_CAP_MIB * 2**20)
 
 
 def make_snapshot_pool(
     config: EngineConfig, engine: PyTorchModelEngine
 ) -> RecurrentSnapshotPool | None:
     """The snapshot pool of a hybrid model with block reuse on (None for other models), of
-    `config.recurrent_state_snapshot_bytes`; allocated at once on the model's device."""
+    `config.recurrent_state_snapshot_bytes` (None: `default_snapshot_pool_bytes`); allocated at
+    once on the model's device."""
     if not engine.model.is_hybrid:
         return None
     state = recurrent_slot_state(engine.slot_state.model_state)
@@ -187,7 +209,10 @@ def make_snapshot_pool(
             f"{type(engine.model).__name__} is hybrid but lists no '{RECURRENT_STATE_PREFIX}*' "
             "per-slot state: block reuse cannot snapshot it"
         )
-    pool = RecurrentSnapshotPool(state, config.recurrent_state_snapshot_bytes)
+    max_bytes = config.recurrent_state_snapshot_bytes
+    if max_bytes is None:
+        max_bytes = default_snapshot_pool_bytes(engine.device)
+    pool = RecurrentSnapshotPool(state, max_bytes)
     logger.info(
         "block reuse on a hybrid model: %d recurrent-state snapshots of %.1f MiB (%.0f MiB, "
         "recurrent_state_snapshot_mib)",

@@ -19,7 +19,8 @@ Each entry is in one of three states:
 - keyed: findable by its key, in LRU order (the least recently taken or restored is evicted
   first when a new snapshot needs an entry); `drop` (its block was evicted) frees it;
 - pending: owned by one running request (its latest aligned decode state, whose block key is
-  not known yet); never evicted; the request `commit`s it under a key or `release`s it.
+  not known yet); never evicted; the request `commit`s it under a key or `release`s it. At
+  most `max_pending` (half the pool) are pending at once: the rest stays for keyed ones.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class SnapshotStats:
     restored: int = 0  # snapshots copied into a seq slot at admission
     evicted: int = 0  # keyed entries reclaimed for a new snapshot (LRU)
     dropped: int = 0  # keyed entries freed because their block left the KV cache
-    skipped: int = 0  # snapshots not taken: every entry was pending
+    skipped: int = 0  # snapshots not taken: every entry pending, or max_pending reached
 
 
 def snapshot_bytes(state: Mapping[str, torch.Tensor]) -> int:
@@ -68,6 +69,7 @@ class RecurrentSnapshotPool:
                 "raise it or turn enable_block_reuse off"
             )
         self.capacity = capacity
+        self.max_pending = capacity // 2
         self.bytes_per_snapshot = per_entry
         self._slots = list(state.values())
         # NOTE: empty, not zeros: an entry is only ever read after a copy into it.
@@ -136,9 +138,13 @@ class RecurrentSnapshotPool:
 
     def save_pending(self, request_id: int, seq_slot: int) -> bool:
         """Snapshot `seq_slot`'s rows as the request's pending entry (overwriting its previous
-        one). False when no entry could be had (the request then has none)."""
+        one). False when no entry could be had (the request then has none): `max_pending`
+        reached or every entry pending."""
         entry = self._pending.get(request_id)
         if entry is None:
+            if len(self._pending) >= self.max_pending:
+                self.stats.skipped += 1
+                return False
             entry = self._take_entry()
             if entry is None:
                 self.stats.skipped += 1

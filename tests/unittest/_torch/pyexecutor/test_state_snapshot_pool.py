@@ -91,24 +91,27 @@ def test_lru_eviction_and_restore_refreshes() -> None:
     pool.check_invariants()
 
 
-def test_pending_entries_are_never_evicted() -> None:
+def test_pending_entries_are_never_evicted_and_take_half_the_pool() -> None:
     state = _state()
-    pool = _pool(state, 2)
-    a, b = _keys(2)
+    pool = _pool(state, 4)
+    assert pool.max_pending == 2
+    a, b, c, d = _keys(4)
     assert pool.save_pending(request_id=7, seq_slot=0)
     assert pool.save_pending(request_id=7, seq_slot=1)  # overwrites its own entry
-    assert pool.num_pending == 1 and pool.save(a, 0)
+    assert pool.num_pending == 1
+    assert pool.save(a, 0) and pool.save(b, 0) and pool.save(c, 0)
     assert pool.save_pending(request_id=8, seq_slot=0)  # evicts a, never 7's entry
-    assert not pool.has(a)
-    assert not pool.save(b, 0) and not pool.save_pending(9, 0)  # all pending: skipped
-    assert pool.stats.skipped == 2
+    assert not pool.has(a) and pool.has(b)
+    assert not pool.save_pending(9, 0)  # half the pool is pending: skipped
+    assert pool.stats.skipped == 1
+    assert pool.save(d, 0) and not pool.has(b)  # keyed entries evict keyed ones
     want = {n: t[1].clone() for n, t in state.items()}  # 7's last save was slot 1
-    assert pool.commit(7, b) and pool.has(b) and not pool.has_pending(7)
-    pool.restore(b, 2)
+    assert pool.commit(7, a) and pool.has(a) and not pool.has_pending(7)
+    pool.restore(a, 2)
     assert all(torch.equal(t[2], want[n]) for n, t in state.items())
     pool.release(8)
     pool.release(8)  # a request without a pending entry is ignored
-    assert not pool.commit(8, a)
+    assert not pool.commit(8, b)
     assert pool.num_pending == 0
     pool.check_invariants()
 
