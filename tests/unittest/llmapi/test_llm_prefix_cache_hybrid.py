@@ -249,3 +249,20 @@ def test_repeat_and_next_turn_match_reuse_off_on_cuda(family: str) -> None:
     want = _reference(family, device="cuda")
     with _llm(True, family, device="cuda") as llm:
         _check_repeat_and_next_turn(llm, want)
+
+
+@pytest.mark.parametrize("flag", ["--enable_block_reuse", "--no-enable_block_reuse", None])
+def test_serve_flag_and_yaml_knob_reach_the_engine_config(flag: str | None, tmp_path: Any) -> None:
+    """`trtllm-serve --enable_block_reuse` on a hybrid checkpoint turns it on (no error any
+    more); the snapshot bound comes from --extra_llm_api_options; unset keeps it off."""
+    from tensorrt_llm.commands.serve import llm_kwargs, parse_args
+    from tensorrt_llm.llmapi.llm_args import LlmArgs
+
+    yaml = tmp_path / "extra.yaml"
+    yaml.write_text("recurrent_state_snapshot_mib: 64\n", encoding="utf-8")
+    model = str(get_or_build_demo_checkpoint("qwen3_5"))
+    argv = ["serve", model, "--device", "cpu", "--extra_llm_api_options", str(yaml)]
+    kwargs = llm_kwargs(parse_args(argv + ([flag] if flag else [])))
+    config = LlmArgs.from_kwargs(model=model, **kwargs).to_engine_config()
+    assert config.enable_block_reuse is (flag == "--enable_block_reuse")
+    assert config.recurrent_state_snapshot_bytes == 64 * 2**20
