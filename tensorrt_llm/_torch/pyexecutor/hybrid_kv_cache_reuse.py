@@ -15,8 +15,9 @@ state, in `register_step`, on the one stream):
   the last aligned position before the last context token, `((len - 1) // tpb) * tpb`, which a
   repeat of the same prompt can hit, and the last aligned position at or before the first
   media run, which the same text with another image can hit, and the end of the cached KV
-  when the hit had to stop short of it for want of a snapshot (requests sharing a prefix
-  longer than any snapshot, e.g. one system prompt: the next of them hits it all). A chunk
+  when the hit had to stop at least `MIN_DIVERGENCE_GAIN_BLOCKS` short of it for want of a
+  snapshot (requests sharing a prefix longer than any snapshot, e.g. one system prompt: the
+  next of them hits it all). A chunk
   that ends the context on a block boundary is snapshotted too (no extra step). Each point
   costs one more forward for that request (its remaining tokens run in the next step) and one
   pool entry.
@@ -64,6 +65,10 @@ RECURRENT_STATE_PREFIX = "recurrent."
 # at most 53 pending (one per running request) and the latest prefill snapshots of ~50
 # conversations between their turns (the 32-conversation multi-turn benchmark needs ~64).
 DEFAULT_SNAPSHOT_POOL_SHARE = 0.2
+# A divergence point is added only when it would lengthen the usable hit by this many blocks:
+# in a chat the next turn's cached KV runs just past the previous prompt's snapshot (to where
+# the re-rendered answer parts from the generated one), which is not worth an entry and a step.
+MIN_DIVERGENCE_GAIN_BLOCKS = 4
 DEFAULT_SNAPSHOT_POOL_CAP_MIB = 16384
 DEFAULT_SNAPSHOT_POOL_CPU_MIB = 256
 
@@ -105,7 +110,8 @@ class HybridKvCacheReuse(KvCacheReuse):
     def on_admitted(self, req: LlmRequest, hit_blocks: list[int]) -> None:
         super().on_admitted(req, hit_blocks)
         rid, kv_hit = self._last_match
-        if rid == req.request_id and kv_hit > len(hit_blocks) * self.tokens_per_block:
+        gain = MIN_DIVERGENCE_GAIN_BLOCKS * self.tokens_per_block
+        if rid == req.request_id and kv_hit >= len(hit_blocks) * self.tokens_per_block + gain:
             # Other requests share its KV further than any snapshot: snapshot where they part.
             self._divergence[rid] = kv_hit
         if hit_blocks:

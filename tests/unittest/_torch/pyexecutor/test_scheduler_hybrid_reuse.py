@@ -135,3 +135,17 @@ def test_small_snapshot_pool_and_preemption_keep_the_state_exact() -> None:
     assert all(len(r.output_token_ids) == 12 for r in reqs + again)
     assert eng.reuse.snapshots.num_pending == 0
     assert eng.sched.kv_cache_manager.num_used_blocks == 0
+
+
+def test_a_short_divergence_adds_no_snapshot_point() -> None:
+    """A next turn whose cached KV runs one block past the last snapshot (a chat's usual case)
+    does not split its prefill there: the gain is below MIN_DIVERGENCE_GAIN_BLOCKS."""
+    eng = _Engine(64)
+    first = _req(0, PROMPT, max_tokens=6)  # 24 tokens: snapshots at 16 and (decode) at 20
+    eng.run([first])
+    eng.reuse.snapshots.drop(first.block_keys[4])  # the one at 20
+    follow = _req(1, first.all_token_ids + [90, 91, 92, 93, 94, 95])  # 30 tokens
+    eng.run([follow])
+    assert follow.num_cached_tokens == 16
+    # From the hit straight to its own last boundary before the last token, then the rest.
+    assert [c for c in eng.chunks if c[0] == 1] == [(1, 16, 28), (1, 28, 30)]
