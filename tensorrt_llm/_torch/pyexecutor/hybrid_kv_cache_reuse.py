@@ -61,9 +61,9 @@ logger = logging.getLogger(__name__)
 RECURRENT_STATE_PREFIX = "recurrent."
 # The pool's default bound (recurrent_state_snapshot_mib=None). On CUDA a share of the memory
 # free after the weights and the probe (what the KV cache is sized from), at most the cap: one
-# Qwen3.6-27B snapshot is ~154 MiB (48 DeltaNet layers, fp32 SSM state), so 16 GiB holds 106:
-# at most 53 pending (one per running request) and the latest prefill snapshots of ~50
-# conversations between their turns (the 32-conversation multi-turn benchmark needs ~64).
+# Qwen3.6-27B snapshot is 146.8 MiB (48 DeltaNet layers, fp32 SSM state), so 16 GiB holds 111:
+# at most 55 pending (one per running request) and, per conversation between its turns, its
+# prompt-end and committed decode snapshots (the 32-conversation multi-turn benchmark: ~64).
 DEFAULT_SNAPSHOT_POOL_SHARE = 0.2
 # A divergence point is added only when it would lengthen the usable hit by this many blocks:
 # in a chat the next turn's cached KV runs just past the previous prompt's snapshot (to where
