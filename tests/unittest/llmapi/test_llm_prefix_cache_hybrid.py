@@ -77,8 +77,8 @@ def _turn2(first: Any) -> dict[str, Any]:
     return {"prompt_token_ids": list(first.prompt_token_ids) + _ids(first) + NEXT_QUESTION}
 
 
-def _reference(family: str, device: str = "cpu") -> dict[str, Any]:
-    with _llm(False, family, device=device) as off:
+def _reference(family: str, **kw: Any) -> dict[str, Any]:
+    with _llm(False, family, **kw) as off:
         first = off.generate(TEXT, GREEDY)
         want: dict[str, Any] = {"text": _ids(first)}
         want["turn2"] = _ids(off.generate(_turn2(first), GREEDY))
@@ -246,9 +246,18 @@ def test_preemption_with_reuse_keeps_outputs_exact(overlap: bool) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
 def test_repeat_and_next_turn_match_reuse_off_on_cuda(family: str) -> None:
-    want = _reference(family, device="cuda")
-    with _llm(True, family, device="cuda") as llm:
+    """Device copies, the decode CUDA graphs reading the restored rows, fla's prefill kernels
+    starting from them; float32 so the chunk split alone cannot flip a greedy token."""
+    cuda = {"device": "cuda", "dtype": "float32"}
+    want = _reference(family, **cuda)
+    with _llm(True, family, **cuda) as llm:
+        assert llm._executor.model_engine.cuda_graph_runner is not None
         _check_repeat_and_next_turn(llm, want)
+        if family == "qwen3_5":
+            first = llm.generate(_image_prompt(llm, _image(0)), GREEDY)
+            other = llm.generate(_image_prompt(llm, _image(1)), GREEDY)
+            assert _ids(first) == want["image-0"] and _ids(other) == want["image-1"]
+            assert other.num_cached_tokens > 0
 
 
 @pytest.mark.parametrize("flag", ["--enable_block_reuse", "--no-enable_block_reuse", None])
