@@ -65,12 +65,12 @@ RECURRENT_STATE_PREFIX = "recurrent."
 # at most 55 pending (one per running request) and, per conversation between its turns, its
 # prompt-end and committed decode snapshots (the 32-conversation multi-turn benchmark: ~64).
 DEFAULT_SNAPSHOT_POOL_SHARE = 0.2
+DEFAULT_SNAPSHOT_POOL_CAP_MIB = 16384
+DEFAULT_SNAPSHOT_POOL_CPU_MIB = 256
 # A divergence point is added only when it would lengthen the usable hit by this many blocks:
 # in a chat the next turn's cached KV runs just past the previous prompt's snapshot (to where
 # the re-rendered answer parts from the generated one), which is not worth an entry and a step.
 MIN_DIVERGENCE_GAIN_BLOCKS = 4
-DEFAULT_SNAPSHOT_POOL_CAP_MIB = 16384
-DEFAULT_SNAPSHOT_POOL_CPU_MIB = 256
 
 
 def recurrent_slot_state(model_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
