@@ -167,6 +167,9 @@ def test_another_image_hits_only_the_blocks_before_it(references: dict) -> None:
         assert 0 < other.num_cached_tokens == image_start // TPB * TPB < same.num_cached_tokens
         assert _ids(first) == _ids(same) == want["image-0"]
         assert _ids(other) == want["image-1"]
+        # Qwen3.5 is a VL model: its vision-embedding cache works with reuse as before.
+        cache = llm._executor.model_engine.model.vision_embedding_cache
+        assert cache is not None and len(cache) == 2
 
 
 def test_kv_eviction_drops_snapshots_and_keeps_outputs_exact(references: dict) -> None:
