@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="prefix caching: reuse the KV of cached prompt prefixes (default: on, off for "
-        "hybrid models; --no-enable_block_reuse: off); also kv_cache_config.enable_block_reuse",
+        "hybrid models, where it also keeps recurrent-state snapshots; --no-enable_block_reuse: "
+        "off); also kv_cache_config.enable_block_reuse",
     )
     p.add_argument("--max_seq_len", type=int, default=None)
     p.add_argument("--kv_cache_free_gpu_memory_fraction", type=float, default=None)

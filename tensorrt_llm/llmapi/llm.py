@@ -96,8 +96,6 @@ class LLM:
             tokenizer=self._tokenizer,
             trust_remote_code=self.args.trust_remote_code,
         )
-        # Raises now (not in the engine process) for block reuse asked of a hybrid model.
-        self.args.resolve_block_reuse(getattr(self.input_processor, "config", None))
         if self.args.executor_mode == "process":
             # The engine builds and runs in a child process; this process keeps the
             # tokenizer and the input processor (it never loads the model).

@@ -32,7 +32,11 @@ from .._torch.pyexecutor.engine_config import check_int as _check_int
 from .._torch.quantization import QUANTIZATION_MODES, resolve_quant_config
 from ..inputs.validation import check_mm_processor_kwargs
 from .generation_defaults import GENERATION_CONFIG_MODES
-from .reuse_args import resolve_block_reuse, vision_embedding_cache_bytes
+from .reuse_args import (
+    recurrent_state_snapshot_bytes,
+    resolve_block_reuse,
+    vision_embedding_cache_bytes,
+)
 from .scheduler_args import CapacitySchedulerPolicy, SchedulerConfig, resolve_scheduler_config
 from .upstream_args import KvCacheConfig, apply_upstream_fields
 
@@ -90,12 +94,18 @@ class LlmArgs:
     tokens_per_block: int = 32
     # KV block reuse (prefix caching): full blocks of finished or preempted requests stay
     # cached and a request with the same prefix (same tokens, same images) skips their
-    # prefill. None: on, except on hybrid models (Qwen3.5 / 3.6), where True is an error.
+    # prefill. None: on, except on hybrid models (Qwen3.5 / 3.6: off for now, True works
+    # through recurrent-state snapshots; reuse_args.HYBRID_BLOCK_REUSE_DEFAULT).
     enable_block_reuse: bool | None = None
     # With block reuse: MiB of vision-tower outputs kept by image content hash, so a repeated
     # image whose KV was evicted (or a hit ending inside an image) skips the tower. Reserved
     # before the KV cache is sized on CUDA. None: 512 on CUDA, 64 on the CPU; 0: off.
     vision_embedding_cache_mib: int | None = None
+    # With block reuse on a hybrid model: MiB of DeltaNet conv / SSM state snapshots at block
+    # boundaries of cached prefixes (a hit needs one at its end), allocated before the KV
+    # cache is sized. None: on CUDA 20% of the memory free then, at most 16384; 256 on the
+    # CPU. Must hold at least one snapshot.
+    recurrent_state_snapshot_mib: int | None = None
     # On by default: a long prompt then shares steps with decodes instead of stalling them,
     # and a preempted request's recompute (prompt + outputs) may exceed max_num_tokens.
     enable_chunked_prefill: bool = True
@@ -163,6 +173,9 @@ class LlmArgs:
         _check_int("seed", self.seed, 0, allow_none=True)
         _check_int(
             "vision_embedding_cache_mib", self.vision_embedding_cache_mib, 0, allow_none=True
+        )
+        _check_int(
+            "recurrent_state_snapshot_mib", self.recurrent_state_snapshot_mib, 1, allow_none=True
         )
         frac = self.kv_cache_free_gpu_memory_fraction
         if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0.0 < frac <= 1.0:
@@ -389,6 +402,9 @@ class LlmArgs:
             enable_block_reuse=self.resolve_block_reuse(config),
             vision_embedding_cache_bytes=vision_embedding_cache_bytes(
                 self.vision_embedding_cache_mib, device
+            ),
+            recurrent_state_snapshot_bytes=recurrent_state_snapshot_bytes(
+                self.recurrent_state_snapshot_mib
             ),
         )
 

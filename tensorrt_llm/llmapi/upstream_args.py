@@ -27,7 +27,7 @@ class KvCacheConfig:
     dtype: -> `kv_cache_dtype` ("auto" or "fp8").
     tokens_per_block: -> `tokens_per_block` (None: 32).
     enable_block_reuse: -> `enable_block_reuse` (prefix caching; None: on for full-attention
-      models, off for hybrid ones, where True is an error).
+      models, off for now for hybrid ones, where True adds recurrent-state snapshots).
     """
 
     free_gpu_memory_fraction: float | None = None

@@ -17,7 +17,7 @@ and decides when a block is full (`register`). Keys come from `block_hash.comput
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .block_hash import BlockKey
@@ -59,6 +59,9 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.enable_reuse = enable_reuse
         self.stats = PrefixCacheStats()
+        # Told each key whose block stops being cached (evicted or cleared): the recurrent
+        # snapshots of hybrid models live only as long as their block (`state_snapshot_pool`).
+        self.on_evict: Callable[[BlockKey], None] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -105,6 +108,10 @@ class BlockPool:
     def block_key(self, block_id: int) -> BlockKey | None:
         return self._key_of[block_id]
 
+    def is_cached(self, key: BlockKey) -> bool:
+        """Whether some block (owned or evictable) holds `key`."""
+        return key in self._block_of
+
     def is_evictable(self, block_id: int) -> bool:
         return block_id in self._evictable
 
@@ -137,6 +144,8 @@ class BlockPool:
             self._key_of[block] = None
             if self._block_of.get(key) == block:
                 del self._block_of[key]
+                if self.on_evict is not None:
+                    self.on_evict(key)
 
     # ---- reuse -------------------------------------------------------------------------------
     def find_cached_prefix(

@@ -156,10 +156,13 @@ class EngineConfig:
     # Admission reserves each request's prompt + max_tokens blocks up front and never
     # preempts (scheduler_config GUARANTEED_NO_EVICT); False: blocks on demand.
     guaranteed_no_evict: bool = False
-    # KV block reuse (prefix caching), resolved: off on hybrid models (`LlmArgs`).
+    # KV block reuse (prefix caching), resolved (`LlmArgs`, llmapi/reuse_args.py).
     enable_block_reuse: bool = False
     # Bytes of the vision-embedding cache (used with block reuse on a model with a tower).
     vision_embedding_cache_bytes: int = 0
+    # Bytes of the recurrent-state snapshot pool (used with block reuse on a hybrid model);
+    # None: `hybrid_kv_cache_reuse.default_snapshot_pool_bytes`.
+    recurrent_state_snapshot_bytes: int | None = None
 
     @property
     def text_config(self) -> Any:

@@ -114,6 +114,14 @@ class KvCacheReuse:
             req.num_cached_tokens = hit_tokens
             self.kv.prefix_cache_stats.record(req.prompt_len, hit_tokens)
 
+    def chunk_limit(self, req: LlmRequest, remaining: int) -> int:
+        """The most context tokens the request's next chunk may take out of `remaining`:
+        all of them here; hybrid models end chunks at their snapshot points."""
+        return remaining
+
+    def on_released(self, req: LlmRequest) -> None:
+        """The request gave its blocks and seq slot back (finished, failed, preempted)."""
+
     # ---- registration ------------------------------------------------------------------------
     def register_step(self, scheduled: ScheduledRequests) -> None:
         """Register the full blocks whose KV the launched step has written (see the module

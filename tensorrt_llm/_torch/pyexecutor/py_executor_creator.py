@@ -39,6 +39,7 @@ from .capacity import (
 from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
 from .engine_config import MAX_SEQ_LEN_USER, CudaGraphConfig, EngineConfig
 from .guided_decoder import GuidedDecoder
+from .hybrid_kv_cache_reuse import make_kv_cache_reuse, make_snapshot_pool
 from .kv_cache_creator import (
     KVCacheSpec,
     choose_num_blocks,
@@ -46,7 +47,6 @@ from .kv_cache_creator import (
     kv_tokens_upper_bound,
     run_capacity_probe,
 )
-from .kv_cache_reuse import KvCacheReuse
 from .model_engine import PyTorchModelEngine
 from .piecewise_graph_runner import (
     DEFAULT_PIECEWISE_MAX_TOKENS,
@@ -307,6 +307,8 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     if embed_cache_bytes:
         # Its tensors grow as images arrive: reserved like the probe's peak, before KV sizing.
         cast(Any, engine.model).vision_embedding_cache = VisionEmbeddingCache(embed_cache_bytes)
+    # Allocated now, so the KV cache is sized from what it leaves (hybrid_kv_cache_reuse.py).
+    snapshots = make_snapshot_pool(config, engine) if reuse_on else None
     num_blocks = choose_num_blocks(
         spec,
         device,
@@ -334,8 +336,6 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         config.tokens_per_block,
         sizing.describe(),
     )
-    if reuse_on and engine.model.is_hybrid:  # LlmArgs.resolve_block_reuse refuses it first
-        raise ValueError("enable_block_reuse is not supported for hybrid models")
     kv = spec.make_manager(
         config.tokens_per_block, num_blocks, blocks_per_seq, device, enable_block_reuse=reuse_on
     )
@@ -351,7 +351,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         config.enable_chunked_prefill,
         kv,
         slots,
-        reuse=KvCacheReuse(kv, merge) if reuse_on else None,
+        reuse=make_kv_cache_reuse(kv, snapshots, merge) if reuse_on else None,
         guaranteed_no_evict=config.guaranteed_no_evict,
     )
     sampler = TorchSampler(engine.vocab_size, device)

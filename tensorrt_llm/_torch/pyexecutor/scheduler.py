@@ -38,6 +38,8 @@ Policy:
   the cached blocks before its first chunk is sized, so the chunk and the admission check
   count only what the hit leaves to compute; the hit blocks become its first blocks (a hit
   that would not fit takes no reference). A resume after preemption is matched again.
+  Hybrid models (`HybridKvCacheReuse`) also end chunks at their snapshot points
+  (`reuse.chunk_limit`) and hear of every release (`reuse.on_released`).
 - Reservation (`guaranteed_no_evict`, scheduler_config GUARANTEED_NO_EVICT): a waiting
   request is admitted only when the blocks of its whole prompt + max_tokens fit in the pool
   beside the same reservation of every request holding KV; nothing is ever preempted then
@@ -283,6 +285,8 @@ class SimpleScheduler:
 
     def _context_chunk(self, req: LlmRequest, budget: int) -> int:
         remaining = req.context_remaining_length
+        if self.reuse is not None:  # hybrid models end chunks where state is snapshotted
+            remaining = self.reuse.chunk_limit(req, remaining)
         if remaining <= budget:
             return remaining
         return budget if self.enable_chunked_prefill or req.num_preemptions else 0
@@ -381,3 +385,5 @@ class SimpleScheduler:
         self.kv_cache_manager.free(request.request_id)
         self.seq_slot_manager.release(request.request_id)
         request.seq_slot = None
+        if self.reuse is not None:
+            self.reuse.on_released(request)

@@ -44,6 +44,8 @@ def test_pathlike_model_is_normalised(tmp_path: Path) -> None:
         ("kv_cache_max_tokens", 0, "kv_cache_max_tokens must be >= 1"),
         ("tokens_per_block", 0, "tokens_per_block must be >= 1"),
         ("seed", -3, "seed must be >= 0"),
+        ("recurrent_state_snapshot_mib", 0, "recurrent_state_snapshot_mib must be >= 1"),
+        ("recurrent_state_snapshot_mib", 1.5, "recurrent_state_snapshot_mib must be an int"),
         ("kv_cache_free_gpu_memory_fraction", 0.0, r"kv_cache_free_gpu_memory_fraction"),
         ("kv_cache_free_gpu_memory_fraction", 1.5, r"in \(0, 1\]"),
         ("kv_cache_free_gpu_memory_fraction", "0.5", r"in \(0, 1\]"),

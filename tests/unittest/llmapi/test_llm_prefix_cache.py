@@ -4,7 +4,7 @@ A hit must change nothing but the work done: every request gives the tokens (gre
 it gives with reuse off, while `num_cached_tokens` says exactly how many prompt tokens came from
 the cache (whole blocks, never the last prompt token, never past an image that differs). Under
 pressure cached blocks are evicted, alone or together with chunked prefill and preemption; both
-executors; the engine in its own process once; hybrid models keep reuse off.
+executors; the engine in its own process once (hybrid models: test_llm_prefix_cache_hybrid.py).
 """
 
 from __future__ import annotations
@@ -205,18 +205,6 @@ def test_next_turn_hits_the_generated_blocks(overlap: bool) -> None:
             # The last answer token's KV is never written (nothing ran after it).
             assert follow.num_cached_tokens == (len(history) - 1) // TPB * TPB, max_tokens
             assert follow.num_cached_tokens > _full_hit(len(first.prompt_token_ids))
-
-
-def test_hybrid_model_keeps_reuse_off() -> None:
-    with pytest.raises(ValueError, match="hybrid models.*recurrent"):
-        _llm(True, family="qwen3_5")
-    with _llm(None, family="qwen3_5") as default, _llm(False, family="qwen3_5") as off:
-        assert not default._executor.kv_cache_manager.enable_block_reuse
-        assert default._executor.scheduler.reuse is None
-        for _ in range(2):
-            out = default.generate(TEXT, _params(False))
-            assert out.num_cached_tokens == 0
-            assert _ids(out) == _ids(off.generate(TEXT, _params(False)))
 
 
 def _count_tower_patches(llm: LLM) -> list[int]:

@@ -1,0 +1,240 @@
+"""Prefix caching for hybrid models (Qwen3.5 / 3.6): KV block reuse plus recurrent-state
+snapshots at block-aligned positions (the approach of SGLang's Mamba radix cache and vLLM's
+aligned prefix caching).
+
+A request may start at a cached prefix only where the DeltaNet conv / SSM state after that
+prefix is known too, so the usable hit is the longest run of cached blocks whose LAST block has
+a snapshot (`RecurrentSnapshotPool`, keyed by that block's key, dropped when it is evicted).
+At admission the snapshot is copied into the request's new seq slot; its first chunk then
+starts at the hit with `num_cached_tokens > 0`, so the DeltaNet layers read the slot's state
+as if an earlier chunk had run (the path chunked prefill already takes).
+
+Where snapshots come from (all device copies queued right after the forward that wrote the
+state, in `register_step`, on the one stream):
+- prefill: the scheduler ends a chunk at each snapshot point of the context (`chunk_limit`):
+  the last aligned position before the last context token, `((len - 1) // tpb) * tpb`, which a
+  repeat of the same prompt can hit, and the last aligned position at or before the first
+  media run, which the same text with another image can hit, and the end of the cached KV
+  when the hit had to stop at least `MIN_DIVERGENCE_GAIN_BLOCKS` short of it for want of a
+  snapshot (requests sharing a prefix longer than any snapshot, e.g. one system prompt: the
+  next of them hits it all). A chunk
+  that ends the context on a block boundary is snapshotted too (no extra step). Each point
+  costs one more forward for that request (its remaining tokens run in the next step) and one
+  pool entry.
+- decode: when a step makes the sequence a multiple of tpb long, the slot's state is copied
+  into the request's pending entry (overwritten at the next crossing: one entry per running
+  request, whatever its length). Its block key is known only once the tokens are on the host,
+  so it is committed when the request stops normally (`register_finished`): the next turn of
+  a chat (history + answer + new question) then hits up to the answer's last aligned point
+  (when the answer comes back as the same tokens: a template that drops the reasoning of
+  earlier turns, or a detokenize / re-encode that differs, makes the prompt-end snapshot the
+  one that hits). The snapshot the request was restored from is then demoted (evicted
+  first): the next turn starts further along the same chain. Pending entries take at most
+  half the pool, so the keyed snapshots that hits need keep the other half.
+Pending entries are freed when the request leaves (`on_released`: finished, failed,
+preempted); a resumed request is matched and restored again like a new one, so recompute
+gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from .block_hash import BlockKey
+from .kv_cache_reuse import KvCacheReuse
+from .llm_request import LlmRequest
+from .state_snapshot_pool import RecurrentSnapshotPool
+
+if TYPE_CHECKING:
+    from .engine_config import EngineConfig
+    from .model_engine import PyTorchModelEngine
+    from .resource_manager import KVCacheManager
+    from .scheduler import ScheduledRequests
+
+logger = logging.getLogger(__name__)
+
+# Prefix of the recurrent entries of `EngineModel.per_slot_state` (modeling_qwen3_next.py).
+RECURRENT_STATE_PREFIX = "recurrent."
+# The pool's default bound (recurrent_state_snapshot_mib=None). On CUDA a share of the memory
+# free after the weights and the probe (what the KV cache is sized from), at most the cap: one
+# Qwen3.6-27B snapshot is 146.8 MiB (48 DeltaNet layers, fp32 SSM state), so 16 GiB holds 111:
+# at most 55 pending (one per running request) and, per conversation between its turns, its
+# prompt-end and committed decode snapshots (the 32-conversation multi-turn benchmark: ~64).
+DEFAULT_SNAPSHOT_POOL_SHARE = 0.2
+DEFAULT_SNAPSHOT_POOL_CAP_MIB = 16384
+DEFAULT_SNAPSHOT_POOL_CPU_MIB = 256
+# A divergence point is added only when it would lengthen the usable hit by this many blocks:
+# in a chat the next turn's cached KV runs just past the previous prompt's snapshot (to where
+# the re-rendered answer parts from the generated one), which is not worth an entry and a step.
+MIN_DIVERGENCE_GAIN_BLOCKS = 4
+
+
+def recurrent_slot_state(model_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The conv / SSM per-slot tensors of a hybrid model (`SlotState.model_state`)."""
+    return {n: t for n, t in model_state.items() if n.startswith(RECURRENT_STATE_PREFIX)}
+
+
+class HybridKvCacheReuse(KvCacheReuse):
+    """`KvCacheReuse` whose hits end only where a recurrent snapshot exists (module docstring)."""
+
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        snapshots: RecurrentSnapshotPool,
+        spatial_merge_size: int = 1,
+    ) -> None:
+        super().__init__(kv_cache_manager, spatial_merge_size)
+        self.snapshots = snapshots
+        kv_cache_manager.pool.on_evict = snapshots.drop
+        self._pending_len: dict[int, int] = {}  # request id -> tokens its pending entry covers
+        self._restored: dict[int, BlockKey] = {}  # request id -> the key it started from
+        # The last `match`: (request id, tokens of its cached KV before the snapshot trim).
+        self._last_match: tuple[int, int] = (-1, 0)
+        # Request id -> the end of its cached KV where no snapshot was: one more point.
+        self._divergence: dict[int, int] = {}
+
+    # ---- admission ---------------------------------------------------------------------------
+    def match(self, req: LlmRequest) -> list[int]:
+        hit = super().match(req)
+        keys = req.block_keys
+        n = len(hit)
+        while n and not self.snapshots.has(keys[n - 1]):
+            n -= 1
+        self._last_match = (req.request_id, len(hit) * self.tokens_per_block)
+        return hit[:n]
+
+    def on_admitted(self, req: LlmRequest, hit_blocks: list[int]) -> None:
+        super().on_admitted(req, hit_blocks)
+        rid, kv_hit = self._last_match
+        gain = MIN_DIVERGENCE_GAIN_BLOCKS * self.tokens_per_block
+        if rid == req.request_id and kv_hit >= len(hit_blocks) * self.tokens_per_block + gain:
+            # Other requests share its KV further than any snapshot: snapshot where they part.
+            self._divergence[rid] = kv_hit
+        if hit_blocks:
+            if req.seq_slot is None:
+                raise RuntimeError(f"request {req.request_id} admitted without a seq slot")
+            key = req.block_keys[len(hit_blocks) - 1]
+            self.snapshots.restore(key, req.seq_slot)
+            self._restored[req.request_id] = key
+
+    # ---- prefill snapshot points -------------------------------------------------------------
+    def snapshot_points(self, req: LlmRequest) -> list[int]:
+        """Aligned context positions, ascending, where a chunk should end to be snapshotted."""
+        if req.block_reuse_off:
+            return []
+        tpb = self.tokens_per_block
+        points = {(req.context_len - 1) // tpb * tpb}
+        spans = self._spans(req)
+        if spans:
+            points.add(spans[0].start // tpb * tpb)
+        divergence = self._divergence.get(req.request_id)
+        if divergence is not None:
+            points.add(divergence)
+        return sorted(p for p in points if p > 0)
+
+    def chunk_limit(self, req: LlmRequest, remaining: int) -> int:
+        pos = req.context_current_position
+        for point in self.snapshot_points(req):
+            if pos < point < pos + remaining:
+                return point - pos
+        return remaining
+
+    # ---- snapshots after a step --------------------------------------------------------------
+    def register_step(self, scheduled: ScheduledRequests) -> None:
+        super().register_step(scheduled)
+        tpb = self.tokens_per_block
+        for req in scheduled.context_requests:
+            end = req.context_current_position + req.context_chunk_size
+            if end % tpb or req.block_reuse_off or req.seq_slot is None:
+                continue
+            if end == req.context_len or end in self.snapshot_points(req):
+                keys = self.block_keys(req, end)
+                if len(keys) == end // tpb:
+                    self.snapshots.save(keys[-1], req.seq_slot)
+        for req in scheduled.generation_requests:
+            # The step's input token is the sequence's last: its state now covers them all.
+            covered = req.num_tokens
+            if covered % tpb or req.block_reuse_off or req.seq_slot is None:
+                continue
+            if self.snapshots.save_pending(req.request_id, req.seq_slot):
+                self._pending_len[req.request_id] = covered
+            else:
+                self._pending_len.pop(req.request_id, None)
+
+    def register_finished(self, req: LlmRequest) -> None:
+        super().register_finished(req)
+        rid = req.request_id
+        covered = self._pending_len.pop(rid, None)
+        if covered is None or req.finish_reason not in ("stop", "length"):
+            return
+        tpb = self.tokens_per_block
+        if covered > req.prompt_len + req.num_generated_tokens:
+            return  # not every token it covers is known (cannot happen after a normal stop)
+        keys = self.block_keys(req, covered)
+        # Committed only while its block is cached: the last answer token's KV (and so the
+        # block it ends) is never written, and such a snapshot could never be hit.
+        if len(keys) != covered // tpb or not self.kv.pool.is_cached(keys[-1]):
+            return
+        restored = self._restored.get(rid)
+        if self.snapshots.commit(rid, keys[-1]) and restored is not None:
+            # A chat's previous turn is not sent again: the turn after this one will start
+            # from this request's snapshots, further along the same chain.
+            self.snapshots.demote(restored)
+
+    def on_released(self, req: LlmRequest) -> None:
+        self.snapshots.release(req.request_id)
+        self._pending_len.pop(req.request_id, None)
+        self._restored.pop(req.request_id, None)
+        self._divergence.pop(req.request_id, None)
+
+
+def default_snapshot_pool_bytes(device: torch.device) -> int:
+    """The pool's bound when recurrent_state_snapshot_mib is not given (see the constants)."""
+    if device.type != "cuda":
+        return DEFAULT_SNAPSHOT_POOL_CPU_MIB * 2**20
+    torch.cuda.empty_cache()  # the probe's peak sits in the caching allocator
+    free, _total = torch.cuda.mem_get_info(device)
+    return min(int(free * DEFAULT_SNAPSHOT_POOL_SHARE), DEFAULT_SNAPSHOT_POOL_CAP_MIB * 2**20)
+
+
+def make_snapshot_pool(
+    config: EngineConfig, engine: PyTorchModelEngine
+) -> RecurrentSnapshotPool | None:
+    """The snapshot pool of a hybrid model with block reuse on (None for other models), of
+    `config.recurrent_state_snapshot_bytes` (None: `default_snapshot_pool_bytes`); allocated at
+    once on the model's device."""
+    if not engine.model.is_hybrid:
+        return None
+    state = recurrent_slot_state(engine.slot_state.model_state)
+    if not state:
+        raise RuntimeError(
+            f"{type(engine.model).__name__} is hybrid but lists no '{RECURRENT_STATE_PREFIX}*' "
+            "per-slot state: block reuse cannot snapshot it"
+        )
+    max_bytes = config.recurrent_state_snapshot_bytes
+    if max_bytes is None:
+        max_bytes = default_snapshot_pool_bytes(engine.device)
+    pool = RecurrentSnapshotPool(state, max_bytes)
+    logger.info(
+        "block reuse on a hybrid model: %d recurrent-state snapshots of %.1f MiB (%.0f MiB, "
+        "recurrent_state_snapshot_mib)",
+        pool.capacity,
+        pool.bytes_per_snapshot / 2**20,
+        pool.nbytes / 2**20,
+    )
+    return pool
+
+
+def make_kv_cache_reuse(
+    kv_cache_manager: KVCacheManager,
+    snapshots: RecurrentSnapshotPool | None,
+    spatial_merge_size: int = 1,
+) -> KvCacheReuse:
+    """The scheduler's `reuse`: with snapshots (a hybrid model) hits end at one of them."""
+    if snapshots is None:
+        return KvCacheReuse(kv_cache_manager, spatial_merge_size)
+    return HybridKvCacheReuse(kv_cache_manager, snapshots, spatial_merge_size)
