@@ -2,7 +2,8 @@
 
 Order matters: build the model (meta init, then weights), capture the piecewise graphs, run the
 capacity probe with a text-only and a multimodal dummy request, size the KV cache from what is
-left, capture the decode graphs, then start the loop. Every knob comes from the frozen
+left, capture the decode graphs, warm every step shape up (CUDA, `warmup.py`), then start the
+loop. Every knob comes from the frozen
 `EngineConfig` (`LlmArgs.to_engine_config()`): nothing here reads or resolves user arguments.
 """
 
@@ -59,6 +60,7 @@ from .py_executor_overlap import OverlapPyExecutor
 from .resource_manager import SeqSlotManager
 from .sampler import TorchSampler
 from .scheduler import SimpleScheduler
+from .warmup import arm_step_compile_guard, run_warmup, warmup_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -360,6 +362,9 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         )
         engine.cuda_graph_runner.capture_all()
         engine.piecewise_graph_runner = piecewise
+    warmed = warmup_enabled(device)
+    if warmed:  # after graph capture: each warm-up step takes its served path
+        run_warmup(engine, input_processor, kv, max_batch_size)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     executor_cls = PyExecutor if config.disable_overlap_scheduler else OverlapPyExecutor
@@ -370,6 +375,8 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     )
     logger.info("%s", startup_summary(config, engine, max_seq_len, max_batch_size, num_blocks))
     executor.start()
+    if warmed:
+        arm_step_compile_guard(executor.loop_thread)
     return executor
 
 

@@ -1,0 +1,234 @@
+"""Startup warm-up: run one step of every shape class so no served step compiles or tunes.
+
+`create_py_executor` calls `run_warmup` (on CUDA by default) after the KV cache is sized and the
+decode graphs are captured, so each warm-up step takes the path a served step of its shape takes
+(decode graph, piecewise graphs, eager). The steps come from `warmup_shapes.warmup_steps` and run
+through the real engine with dummy requests, as the capacity probe does. Before them fla's
+autotuners get bucketed keys and the tuned configs of earlier starts (`triton_autotune`); after
+them the configs are written back, so a second start benchmarks nothing. Once the executor runs,
+its loop thread is armed in the step compile guard (`TRTLLM_FAIL_ON_STEP_COMPILE=1` then fails a
+step that compiles). `TRTLLM_WARMUP=0` skips the warm-up, `=1` runs it on the CPU too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from ...inputs.multimodal import MultimodalParams
+from ..modules.gated_delta_rule import fla_available
+from ..step_compile_guard import STEP_COMPILE_GUARD
+from ..triton_autotune import (
+    AutotuneDiskCache,
+    default_cache_dir,
+    find_autotuners,
+    fingerprint,
+    install_bucketed_caches,
+)
+from .llm_request import LlmRequest
+from .model_engine import PyTorchModelEngine
+from .resource_manager import KVCacheManager, SeqSlotManager
+from .scheduler import ScheduledRequests
+from .warmup_shapes import StepLimits, StepShape, warmup_steps
+
+logger = logging.getLogger(__name__)
+
+ENV_WARMUP = "TRTLLM_WARMUP"
+_WARMUP_REQUEST_ID_BASE = -2_000_000  # below the capacity probe's ids
+
+
+def warmup_enabled(device: torch.device) -> bool:
+    """`TRTLLM_WARMUP`: unset runs the warm-up on CUDA only (nothing compiles on the CPU);
+    "0" skips it; "1" runs it on any device (the CPU tests)."""
+    value = os.environ.get(ENV_WARMUP, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{ENV_WARMUP} must be 0 or 1, got {value!r}")
+    return value == "1" or (value == "" and device.type == "cuda")
+
+
+@dataclass(frozen=True)
+class WarmupReport:
+    steps_run: int
+    steps_skipped: int  # did not fit the KV cache, so the scheduler cannot produce them either
+    seconds: float
+    compiles: int  # Triton JIT compiles during the warm-up
+    autotunes: int  # autotune benchmarks during the warm-up (0 on a second start)
+    configs_loaded: int  # tuned configs read from the disk cache
+    cache_path: Path | None
+
+
+def step_limits(engine: PyTorchModelEngine, max_batch_size: int) -> StepLimits:
+    """The started engine's step bounds and graph paths."""
+    graphs = engine.cuda_graph_runner
+    piecewise = engine.piecewise_graph_runner
+    return StepLimits(
+        max_num_tokens=engine.max_num_tokens,
+        max_batch_size=max_batch_size,
+        decode_graph_sizes=tuple(graphs.batch_sizes) if graphs is not None else (),
+        decode_graph_padding=graphs.enable_padding if graphs is not None else True,
+        piecewise_max_tokens=piecewise.buckets[-1] if piecewise is not None else 0,
+    )
+
+
+class _DummyRequests:
+    """Makes and frees the warm-up's dummy requests (KV blocks and seq slots included)."""
+
+    def __init__(
+        self,
+        engine: PyTorchModelEngine,
+        input_processor: Any,
+        kv: KVCacheManager,
+        max_batch_size: int,
+    ) -> None:
+        self.engine, self.input_processor, self.kv = engine, input_processor, kv
+        self.slots = SeqSlotManager(max_batch_size)  # the scheduler's slots
+        self._next_id = _WARMUP_REQUEST_ID_BASE
+
+    def make(self, num_tokens: int) -> LlmRequest | None:
+        """A context request of `num_tokens` prompt tokens, or None when the KV cache is full."""
+        ids = list(self.input_processor.get_dummy_prompt(num_tokens))[:num_tokens]
+        params = None
+        if self.engine.use_mrope:
+            ids, extra = self.input_processor({"prompt_token_ids": ids}, None)
+            params = MultimodalParams(extra["multimodal_data"])
+        self._next_id -= 1
+        req = LlmRequest(self._next_id, ids, multimodal_params=params)
+        # prompt, one decode position, the overlap's spare token
+        if self.slots.num_free == 0 or not self.kv.add_tokens(req.request_id, req.prompt_len + 2):
+            self.kv.free(req.request_id)
+            return None
+        req.seq_slot = self.slots.acquire(req.request_id)
+        req.context_chunk_size = req.context_remaining_length
+        return req
+
+    def free(self, reqs: list[LlmRequest]) -> None:
+        for req in reqs:
+            self.kv.free(req.request_id)
+            self.slots.release(req.request_id)
+
+
+def _grow_generation_pool(
+    engine: PyTorchModelEngine, dummies: _DummyRequests, pool: list[LlmRequest], size: int
+) -> None:
+    """Grow `pool` to `size` one-token requests in generation (prefilled in one step; fewer
+    when the KV cache is full). Generation steps never append their token, so the pool's
+    requests keep this length for every step."""
+    new: list[LlmRequest] = []
+    while len(pool) + len(new) < size:
+        req = dummies.make(1)
+        if req is None:
+            break
+        new.append(req)
+    if new:
+        engine.forward(ScheduledRequests(context_requests=new, generation_requests=[]))
+        for req in new:
+            req.add_new_token(0)
+        pool.extend(new)
+
+
+def _run_steps(
+    engine: PyTorchModelEngine,
+    input_processor: Any,
+    kv: KVCacheManager,
+    max_batch_size: int,
+    steps: list[StepShape],
+) -> tuple[int, int]:
+    """Run `steps` (decode-only ones last: their pool may take every seq slot); returns
+    (run, skipped)."""
+    dummies = _DummyRequests(engine, input_processor, kv, max_batch_size)
+    pool: list[LlmRequest] = []
+    run = skipped = 0
+    ordered = sorted(steps, key=lambda s: s.num_contexts == 0)  # stable: sizes stay ascending
+    try:
+        for shape in tqdm(ordered, desc="Warming up kernels", leave=False):
+            _grow_generation_pool(engine, dummies, pool, shape.num_generations)
+            ctx = dummies.make(shape.num_context_tokens) if shape.num_contexts else None
+            if (shape.num_contexts and ctx is None) or shape.num_generations > len(pool):
+                skipped += 1
+                if ctx is not None:
+                    dummies.free([ctx])
+                continue
+            try:
+                engine.forward(
+                    ScheduledRequests(
+                        context_requests=[ctx] if ctx is not None else [],
+                        generation_requests=pool[: shape.num_generations],
+                    )
+                )
+            finally:
+                if ctx is not None:
+                    dummies.free([ctx])
+            run += 1
+    finally:
+        dummies.free(pool)
+    return run, skipped
+
+
+def _cache_for(device: torch.device) -> AutotuneDiskCache:
+    name = torch.cuda.get_device_name(device)
+    capability = torch.cuda.get_device_capability(device)
+    return AutotuneDiskCache(default_cache_dir(), fingerprint(name, capability))
+
+
+def run_warmup(
+    engine: PyTorchModelEngine,
+    input_processor: Any,
+    kv: KVCacheManager,
+    max_batch_size: int,
+    disk_cache: AutotuneDiskCache | None = None,
+) -> WarmupReport:
+    """Warm every shape class up (see the module doc). `disk_cache` defaults to the one of
+    this GPU and these versions on CUDA; on the CPU nothing autotunes and no cache is used."""
+    start = time.perf_counter()
+    if disk_cache is None and engine.device.type == "cuda":
+        disk_cache = _cache_for(engine.device)
+    guard = STEP_COMPILE_GUARD
+    guard.install()
+    fla_available()  # imports fla's kernels (when installed), so their autotuners are found
+    tuners = find_autotuners()
+    caches = install_bucketed_caches(tuners)
+    for cache in caches.values():
+        cache.on_new_key = guard.on_autotune
+    loaded = disk_cache.load_into(tuners, caches) if disk_cache is not None else 0
+    compiles, autotunes = guard.num_compiles, guard.num_autotunes
+    steps = warmup_steps(step_limits(engine, max_batch_size))
+    run, skipped = _run_steps(engine, input_processor, kv, max_batch_size, steps)
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+    report = WarmupReport(
+        steps_run=run,
+        steps_skipped=skipped,
+        seconds=time.perf_counter() - start,
+        compiles=guard.num_compiles - compiles,
+        autotunes=guard.num_autotunes - autotunes,
+        configs_loaded=loaded,
+        cache_path=disk_cache.path if disk_cache is not None else None,
+    )
+    if disk_cache is not None and report.autotunes:
+        disk_cache.save_from(caches)
+    logger.info(
+        "warm-up: %d steps (%d skipped: beyond the KV cache) in %.1f s; %d Triton compiles, "
+        "%d autotune benchmarks, %d tuned configs read from %s",
+        report.steps_run,
+        report.steps_skipped,
+        report.seconds,
+        report.compiles,
+        report.autotunes,
+        report.configs_loaded,
+        report.cache_path or "no disk cache",
+    )
+    return report
+
+
+def arm_step_compile_guard(thread: threading.Thread | None) -> None:
+    """After warm-up: compiles on the executor's loop thread are served-step compiles."""
+    if thread is not None:
+        STEP_COMPILE_GUARD.arm(thread)

@@ -1,0 +1,137 @@
+"""Which steps the warm-up runs: every shape class a scheduled step can have, once.
+
+A step is `StepShape(num_context_tokens, num_contexts, num_generations)`: its context chunks'
+tokens, how many chunks, and its generation rows (one token each). The scheduler can produce any
+shape with `num_context_tokens + num_generations <= max_num_tokens`, `num_contexts +
+num_generations <= max_batch_size` and `num_contexts <= num_context_tokens`.
+
+What makes a kernel compile or autotune again is a size class, not a size:
+- Triton specializes integer arguments that equal 1 or are multiples of 16 (our kernels pass row
+  counts as `do_not_specialize`; fla's do not always);
+- tile choices switch at power-of-two row counts (fp8 GEMM tiles, the MoE's block_m, PDL);
+- fla's autotune keys are bucketed to powers of two (`triton_autotune.BucketedConfigCache`).
+So `size_class(n) = (next power of two >= n, n % 16 == 0)`. Each kernel sees one dimension: the
+linears, norms and MoE see all tokens, prefill attention and fla's chunk kernels the context
+tokens, decode attention and the recurrent step the generation rows. A step's `features` are
+those classes, tagged with the path the step runs on (decode graph replay, piecewise graphs,
+eager), and the warm-up runs a set of steps whose features cover those of every possible step.
+NOTE: the number of context chunks is not a feature: no kernel specializes on it (it sizes a
+grid or a tensor, and fla's chunk index table is a tensor).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+SizeClass = tuple[int, bool]
+Feature = tuple[str, str, SizeClass]
+
+
+def size_class(n: int) -> SizeClass:
+    """(next power of two >= n, n % 16 == 0) for n >= 1."""
+    if n < 1:
+        raise ValueError(f"size_class needs n >= 1, got {n}")
+    return 1 << (n - 1).bit_length(), n % 16 == 0
+
+
+@dataclass(frozen=True)
+class StepShape:
+    num_context_tokens: int
+    num_contexts: int
+    num_generations: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_context_tokens + self.num_generations
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """What bounds a step, and which steps replay graphs (from the started engine)."""
+
+    max_num_tokens: int
+    max_batch_size: int
+    decode_graph_sizes: tuple[int, ...] = ()
+    decode_graph_padding: bool = True
+    piecewise_max_tokens: int = 0  # 0: no piecewise graphs
+
+    def __post_init__(self) -> None:
+        if self.max_num_tokens < 1 or self.max_batch_size < 1:
+            raise ValueError(
+                f"max_num_tokens={self.max_num_tokens} and max_batch_size="
+                f"{self.max_batch_size} must be >= 1"
+            )
+
+    def replays_decode_graph(self, num_generations: int) -> bool:
+        sizes = sorted(self.decode_graph_sizes)
+        if not self.decode_graph_padding:
+            return num_generations in sizes
+        i = bisect.bisect_left(sizes, num_generations)
+        return i < len(sizes)
+
+    def path(self, shape: StepShape) -> str:
+        if shape.num_contexts == 0:
+            return "graph" if self.replays_decode_graph(shape.num_generations) else "eager"
+        return "piecewise" if shape.num_tokens <= self.piecewise_max_tokens else "eager"
+
+    def is_possible(self, shape: StepShape) -> bool:
+        return (
+            shape.num_tokens >= 1
+            and shape.num_tokens <= self.max_num_tokens
+            and shape.num_contexts + shape.num_generations <= self.max_batch_size
+            and shape.num_contexts <= shape.num_context_tokens
+            and (shape.num_contexts > 0) == (shape.num_context_tokens > 0)
+        )
+
+
+def features(limits: StepLimits, shape: StepShape) -> frozenset[Feature]:
+    """The size classes the step's kernels see, tagged with its path (none for a graph
+    replay: its kernels compiled at capture and launch nothing new)."""
+    path = limits.path(shape)
+    if path == "graph":
+        return frozenset()
+    out: set[Feature] = {(path, "tokens", size_class(shape.num_tokens))}
+    if shape.num_context_tokens:
+        out.add((path, "context", size_class(shape.num_context_tokens)))
+    if shape.num_generations:
+        kind = "mixed" if shape.num_contexts else "decode"
+        out.add((path, kind, size_class(shape.num_generations)))
+    return frozenset(out)
+
+
+def _candidates(limits: StepLimits) -> list[StepShape]:
+    """Families of steps, linear in the limits, that together show every feature a possible
+    step can have: one-chunk prefills; pure decodes; a 1-token chunk plus generation rows; one
+    chunk plus one generation row; and chunks plus rows that just leave the piecewise graphs
+    (the only way a short chunk runs eagerly)."""
+    tokens, batch, pw = limits.max_num_tokens, limits.max_batch_size, limits.piecewise_max_tokens
+    out = [StepShape(n, 1, 0) for n in range(1, tokens + 1)]
+    out += [StepShape(0, 0, g) for g in range(1, min(batch, tokens) + 1)]
+    out += [StepShape(1, 1, g) for g in range(1, min(batch - 1, tokens - 1) + 1)]
+    if batch >= 2:
+        out += [StepShape(n, 1, 1) for n in range(1, tokens)]
+    if pw:
+        out += [StepShape(pw + 1 - g, 1, g) for g in range(1, min(batch - 1, pw) + 1)]
+    return [s for s in out if limits.is_possible(s)]
+
+
+def warmup_steps(limits: StepLimits) -> list[StepShape]:
+    """Steps whose features cover every possible step's: for each feature, the first and the
+    last candidate that has it (the extremes of a class straddle any threshold inside it);
+    sorted smallest first."""
+    first: dict[Feature, StepShape] = {}
+    last: dict[Feature, StepShape] = {}
+    for shape in _candidates(limits):
+        for feature in features(limits, shape):
+            first.setdefault(feature, shape)
+            last[feature] = shape
+    steps = set(first.values()) | set(last.values())
+    return sorted(steps, key=lambda s: (s.num_tokens, s.num_generations, s.num_context_tokens))
+
+
+def covered_features(limits: StepLimits, steps: list[StepShape]) -> frozenset[Feature]:
+    out: set[Feature] = set()
+    for shape in steps:
+        out |= features(limits, shape)
+    return frozenset(out)
