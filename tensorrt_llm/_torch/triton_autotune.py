@@ -11,9 +11,10 @@ is safe.
 
 `AutotuneDiskCache` stores the tuned configs of every autotuner as JSON, in one file per
 fingerprint (GPU name and compute capability, torch / triton / fla / tensorrt_llm versions), so a
-second start reads them instead of benchmarking. Triton's own `cache_results` is not used: its key
-has the GPU architecture but not the GPU's name (an H100 and an H200 would share results), and it
-looks a key up only after our bucketing has already missed.
+second start reads them instead of benchmarking. Triton's own `cache_results` (which fla 0.6
+turns on unless FLA_CACHE_RESULTS=0, in Triton's cache directory) is not relied on: its key has
+the GPU architecture but not the GPU's name (an H100 and an H200 would share results), and it is
+per autotuner opt-in. Ours is read before the first step, so a warm start asks neither.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ class BucketedConfigCache(dict):  # type: ignore[type-arg]
     """An `Autotuner.cache` whose keys have their unbounded positions bucketed.
 
     Triton reads it with `key in cache`, `cache[key]` and writes `cache[key] = best`; each write
-    of a key not seen before is a finished benchmark, reported to `on_new_key` (the step compile
-    guard) and counted in `num_benchmarked`.
+    of a key not seen before is a finished benchmark (or a config Triton's or fla's own caches
+    supplied on first use), reported to `on_new_key` (the step compile guard) and counted in
+    `num_benchmarked`.
     """
 
     def __init__(self, kernel: str, positions: Iterable[int]) -> None:
@@ -75,6 +77,9 @@ class BucketedConfigCache(dict):  # type: ignore[type-arg]
     def get(self, key: Any, default: Any = None) -> Any:
         return super().get(self.normalize(key), default)
 
+    def pop(self, key: Any, *default: Any) -> Any:  # fla drops a rejected cached config
+        return super().pop(self.normalize(key), *default)
+
     def __setitem__(self, key: Any, value: Any) -> None:
         norm = self.normalize(key)
         fresh = not super().__contains__(norm)
@@ -92,13 +97,14 @@ class BucketedConfigCache(dict):  # type: ignore[type-arg]
 def _unwrap(obj: Any) -> Any:
     """The Autotuner inside `triton.heuristics` wrappers, or None."""
     from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import KernelInterface
 
     for _ in range(8):  # Heuristics(Autotuner(JITFunction)) nests a few levels at most
         if isinstance(obj, Autotuner):
             return obj
-        obj = getattr(obj, "fn", None)
-        if obj is None:
+        if not isinstance(obj, KernelInterface):  # only Triton's wrappers are walked
             return None
+        obj = getattr(obj, "fn", None)
     return None
 
 
