@@ -67,7 +67,8 @@ class StepCompileGuard:
     def on_jit_compile(self, **kwargs: Any) -> bool:
         """`triton.knobs.runtime.jit_cache_hook`: False lets Triton compile as usual."""
         self.num_compiles += 1
-        self._check(f"Triton JIT compile of {kwargs.get('repr', '?')}")
+        # `key` is Triton's specialization key: argument types, divisibility, constexprs.
+        self._check(f"Triton JIT compile of {kwargs.get('repr', '?')} (key {kwargs.get('key')})")
         if self._chained is not None:
             return bool(self._chained(**kwargs))
         return False

@@ -149,6 +149,13 @@ def _version(dist: str) -> str:
         return "none"
 
 
+def _fla_version() -> str:
+    version = _version("fla-core")
+    if version == "none":  # a checkout on PYTHONPATH has no distribution metadata
+        version = str(getattr(sys.modules.get("fla"), "__version__", "none"))
+    return version
+
+
 def fingerprint(gpu_name: str, capability: tuple[int, int]) -> dict[str, str]:
     """What tuned configs depend on besides the kernel and its key."""
     import torch
@@ -161,7 +168,7 @@ def fingerprint(gpu_name: str, capability: tuple[int, int]) -> dict[str, str]:
         "capability": f"{capability[0]}.{capability[1]}",
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "fla": _version("fla-core"),
+        "fla": _fla_version(),
         "tensorrt_llm": __version__,
     }
 
