@@ -188,11 +188,12 @@ def _config_fields(config: Any) -> dict[str, Any]:
     }
 
 
-def _to_json_key(key: tuple[Any, ...]) -> list[Any]:
-    for value in key:
-        if not isinstance(value, (int, float, str, bool)) and value is not None:
-            raise TypeError(f"autotune key value {value!r} of type {type(value).__name__}")
-    return list(key)
+def _json_key(key: Any) -> list[Any] | None:
+    """The key as a JSON list, or None when a value would not read back equal."""
+    if not isinstance(key, tuple):
+        return None
+    ok = all(isinstance(v, (int, float, str, bool)) or v is None for v in key)
+    return list(key) if ok else None
 
 
 class AutotuneDiskCache:
@@ -233,12 +234,16 @@ class AutotuneDiskCache:
         return loaded
 
     def save_from(self, caches: dict[str, BucketedConfigCache]) -> int:
-        """Write every tuned entry (atomically: a concurrent reader sees old or new, whole)."""
-        kernels = {
-            name: [[_to_json_key(k), _config_fields(v)] for k, v in cache.items()]
-            for name, cache in caches.items()
-            if cache
-        }
+        """Write every tuned entry (atomically: a concurrent reader sees old or new, whole).
+        An entry whose key has a value JSON cannot hold is left out, with a warning."""
+        kernels: dict[str, list[Any]] = {}
+        for name, cache in caches.items():
+            for key, config in cache.items():
+                stored = _json_key(key)
+                if stored is None:
+                    logger.warning("autotune cache: %s key %r not storable; skipped", name, key)
+                    continue
+                kernels.setdefault(name, []).append([stored, _config_fields(config)])
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "kernels": kernels}))

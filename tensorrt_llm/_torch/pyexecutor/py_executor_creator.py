@@ -364,7 +364,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         engine.piecewise_graph_runner = piecewise
     warmed = warmup_enabled(device)
     if warmed:  # after graph capture: each warm-up step takes its served path
-        run_warmup(engine, input_processor, kv, max_batch_size)
+        run_warmup(engine, input_processor, kv, max_batch_size, max_seq_len)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     executor_cls = PyExecutor if config.disable_overlap_scheduler else OverlapPyExecutor

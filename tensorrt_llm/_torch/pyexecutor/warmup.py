@@ -65,7 +65,12 @@ class WarmupReport:
     cache_path: Path | None
 
 
-def step_limits(engine: PyTorchModelEngine, max_batch_size: int) -> StepLimits:
+def _longest_chunk(max_seq_len: int) -> int:
+    """The longest dummy chunk: a prompt, one decode position and the overlap's spare token."""
+    return max(1, max_seq_len - 2)
+
+
+def step_limits(engine: PyTorchModelEngine, max_batch_size: int, max_seq_len: int) -> StepLimits:
     """The started engine's step bounds and graph paths."""
     graphs = engine.cuda_graph_runner
     piecewise = engine.piecewise_graph_runner
@@ -75,6 +80,7 @@ def step_limits(engine: PyTorchModelEngine, max_batch_size: int) -> StepLimits:
         decode_graph_sizes=tuple(graphs.batch_sizes) if graphs is not None else (),
         decode_graph_padding=graphs.enable_padding if graphs is not None else True,
         piecewise_max_tokens=piecewise.buckets[-1] if piecewise is not None else 0,
+        max_chunk_tokens=min(engine.max_num_tokens, _longest_chunk(max_seq_len)),
     )
 
 
@@ -109,6 +115,17 @@ class _DummyRequests:
         req.context_chunk_size = req.context_remaining_length
         return req
 
+    def make_all(self, sizes: list[int]) -> list[LlmRequest] | None:
+        """One request per size, or None (and nothing held) when they do not all fit."""
+        reqs: list[LlmRequest] = []
+        for n in sizes:
+            req = self.make(n)
+            if req is None:
+                self.free(reqs)
+                return None
+            reqs.append(req)
+        return reqs
+
     def free(self, reqs: list[LlmRequest]) -> None:
         for req in reqs:
             self.kv.free(req.request_id)
@@ -134,15 +151,23 @@ def _grow_generation_pool(
         pool.extend(new)
 
 
+def _chunk_sizes(num_tokens: int, longest: int) -> list[int]:
+    """`num_tokens` as context chunks of at most `longest` tokens (one request each): a step
+    longer than max_seq_len is several requests' chunks, as the scheduler would pack it."""
+    full, rest = divmod(num_tokens, longest)
+    return [longest] * full + ([rest] if rest else [])
+
+
 def _run_steps(
     engine: PyTorchModelEngine,
     input_processor: Any,
     kv: KVCacheManager,
-    max_batch_size: int,
+    limits: tuple[int, int],
     steps: list[StepShape],
 ) -> tuple[int, int]:
     """Run `steps` (decode-only ones last: their pool may take every seq slot); returns
-    (run, skipped)."""
+    (run, skipped). `limits` is (max_batch_size, max_seq_len)."""
+    max_batch_size, max_seq_len = limits
     dummies = _DummyRequests(engine, input_processor, kv, max_batch_size)
     pool: list[LlmRequest] = []
     run = skipped = 0
@@ -150,22 +175,25 @@ def _run_steps(
     try:
         for shape in tqdm(ordered, desc="Warming up kernels", leave=False):
             _grow_generation_pool(engine, dummies, pool, shape.num_generations)
-            ctx = dummies.make(shape.num_context_tokens) if shape.num_contexts else None
-            if (shape.num_contexts and ctx is None) or shape.num_generations > len(pool):
-                skipped += 1
-                if ctx is not None:
-                    dummies.free([ctx])
+            sizes = _chunk_sizes(shape.num_context_tokens, _longest_chunk(max_seq_len))
+            fits = len(sizes) + shape.num_generations <= max_batch_size
+            ctx = dummies.make_all(sizes) if fits else None
+            if ctx is None and fits and len(pool) > shape.num_generations:
+                # The pool's rows this step does not use hold blocks and slots it needs.
+                dummies.free(pool[shape.num_generations :])
+                del pool[shape.num_generations :]
+                ctx = dummies.make_all(sizes)
+            if ctx is None or shape.num_generations > len(pool):
+                skipped += 1  # beyond the KV cache or the seq slots: no scheduler makes it
                 continue
             try:
                 engine.forward(
                     ScheduledRequests(
-                        context_requests=[ctx] if ctx is not None else [],
-                        generation_requests=pool[: shape.num_generations],
+                        context_requests=ctx, generation_requests=pool[: shape.num_generations]
                     )
                 )
             finally:
-                if ctx is not None:
-                    dummies.free([ctx])
+                dummies.free(ctx)
             run += 1
     finally:
         dummies.free(pool)
@@ -183,6 +211,7 @@ def run_warmup(
     input_processor: Any,
     kv: KVCacheManager,
     max_batch_size: int,
+    max_seq_len: int,
     disk_cache: AutotuneDiskCache | None = None,
 ) -> WarmupReport:
     """Warm every shape class up (see the module doc). `disk_cache` defaults to the one of
@@ -199,8 +228,8 @@ def run_warmup(
         cache.on_new_key = guard.on_autotune
     loaded = disk_cache.load_into(tuners, caches) if disk_cache is not None else 0
     compiles, autotunes = guard.num_compiles, guard.num_autotunes
-    steps = warmup_steps(step_limits(engine, max_batch_size))
-    run, skipped = _run_steps(engine, input_processor, kv, max_batch_size, steps)
+    steps = warmup_steps(step_limits(engine, max_batch_size, max_seq_len))
+    run, skipped = _run_steps(engine, input_processor, kv, (max_batch_size, max_seq_len), steps)
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
     report = WarmupReport(
@@ -213,10 +242,13 @@ def run_warmup(
         cache_path=disk_cache.path if disk_cache is not None else None,
     )
     if disk_cache is not None and report.autotunes:
-        disk_cache.save_from(caches)
+        try:
+            disk_cache.save_from(caches)
+        except OSError as exc:  # a read-only home: this start is fine, the next re-tunes
+            logger.warning("autotune cache %s not written: %s", disk_cache.path, exc)
     logger.info(
-        "warm-up: %d steps (%d skipped: beyond the KV cache) in %.1f s; %d Triton compiles, "
-        "%d autotune benchmarks, %d tuned configs read from %s",
+        "warm-up: %d steps (%d skipped: beyond the KV cache or seq slots) in %.1f s; "
+        "%d Triton compiles, %d autotune benchmarks, %d tuned configs read from %s",
         report.steps_run,
         report.steps_skipped,
         report.seconds,

@@ -3,7 +3,8 @@
 A step is `StepShape(num_context_tokens, num_contexts, num_generations)`: its context chunks'
 tokens, how many chunks, and its generation rows (one token each). The scheduler can produce any
 shape with `num_context_tokens + num_generations <= max_num_tokens`, `num_contexts +
-num_generations <= max_batch_size` and `num_contexts <= num_context_tokens`.
+num_generations <= max_batch_size` and `num_contexts <= num_context_tokens`, with enough chunks
+for the context tokens when one request's chunk is bounded (`max_chunk_tokens`: max_seq_len).
 
 What makes a kernel compile or autotune again is a size class, not a size:
 - Triton specializes integer arguments that equal 1 or are multiples of 16 (our kernels pass row
@@ -55,13 +56,19 @@ class StepLimits:
     decode_graph_sizes: tuple[int, ...] = ()
     decode_graph_padding: bool = True
     piecewise_max_tokens: int = 0  # 0: no piecewise graphs
+    max_chunk_tokens: int = 0  # the longest one request's chunk can be (0: max_num_tokens)
 
     def __post_init__(self) -> None:
-        if self.max_num_tokens < 1 or self.max_batch_size < 1:
+        if self.max_num_tokens < 1 or self.max_batch_size < 1 or self.max_chunk_tokens < 0:
             raise ValueError(
-                f"max_num_tokens={self.max_num_tokens} and max_batch_size="
-                f"{self.max_batch_size} must be >= 1"
+                f"max_num_tokens={self.max_num_tokens}, max_batch_size={self.max_batch_size} "
+                f"and max_chunk_tokens={self.max_chunk_tokens} must be >= 1 (0: no chunk bound)"
             )
+
+    def min_contexts(self, num_context_tokens: int) -> int:
+        """How few requests' chunks can hold `num_context_tokens` (short max_seq_len)."""
+        longest = self.max_chunk_tokens or self.max_num_tokens
+        return -(-num_context_tokens // longest)
 
     def replays_decode_graph(self, num_generations: int) -> bool:
         sizes = sorted(self.decode_graph_sizes)
@@ -81,6 +88,7 @@ class StepLimits:
             and shape.num_tokens <= self.max_num_tokens
             and shape.num_contexts + shape.num_generations <= self.max_batch_size
             and shape.num_contexts <= shape.num_context_tokens
+            and shape.num_contexts >= self.min_contexts(shape.num_context_tokens)
             and (shape.num_contexts > 0) == (shape.num_context_tokens > 0)
         )
 
@@ -106,13 +114,17 @@ def _candidates(limits: StepLimits) -> list[StepShape]:
     chunk plus one generation row; and chunks plus rows that just leave the piecewise graphs
     (the only way a short chunk runs eagerly)."""
     tokens, batch, pw = limits.max_num_tokens, limits.max_batch_size, limits.piecewise_max_tokens
-    out = [StepShape(n, 1, 0) for n in range(1, tokens + 1)]
-    out += [StepShape(0, 0, g) for g in range(1, min(batch, tokens) + 1)]
-    out += [StepShape(1, 1, g) for g in range(1, min(batch - 1, tokens - 1) + 1)]
+
+    def step(ctx: int, gen: int) -> StepShape:  # as few chunks as the context needs
+        return StepShape(ctx, limits.min_contexts(ctx), gen)
+
+    out = [step(n, 0) for n in range(1, tokens + 1)]
+    out += [step(0, g) for g in range(1, min(batch, tokens) + 1)]
+    out += [step(1, g) for g in range(1, min(batch - 1, tokens - 1) + 1)]
     if batch >= 2:
-        out += [StepShape(n, 1, 1) for n in range(1, tokens)]
+        out += [step(n, 1) for n in range(1, tokens)]
     if pw:
-        out += [StepShape(pw + 1 - g, 1, g) for g in range(1, min(batch - 1, pw) + 1)]
+        out += [step(pw + 1 - g, g) for g in range(1, min(batch - 1, pw) + 1)]
     return [s for s in out if limits.is_possible(s)]
 
 

@@ -123,3 +123,14 @@ def test_disk_cache_skips_foreign_or_stale_entries(tuners: dict[str, Any], tmp_p
     assert disk.load_into(tuners, fresh) == 0
     disk.path.write_text("{torn")
     assert disk.load_into(tuners, fresh) == 0
+
+
+def test_disk_cache_leaves_out_keys_json_cannot_hold(
+    tuners: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caches = install_bucketed_caches(tuners)
+    name = next(iter(caches))
+    caches[name][(8, 64, "torch.float16")] = CONFIGS[0]
+    caches[name][(8, (1, 2), "torch.float16")] = CONFIGS[1]  # a tuple would read back a list
+    assert _disk(tmp_path).save_from(caches) == 1
+    assert "not storable" in caplog.text

@@ -33,10 +33,12 @@ from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 PROMPTS = ("hello there, how are you", "one two three four five six seven eight nine ten")
 
 
-def _start(ckpt: str, monkeypatch: pytest.MonkeyPatch, warm: bool) -> tuple[Any, Any]:
+def _start(
+    ckpt: str, monkeypatch: pytest.MonkeyPatch, warm: bool, **kwargs: Any
+) -> tuple[Any, Any]:
     monkeypatch.setenv(ENV_WARMUP, "1" if warm else "0")
     proc = create_input_processor(ckpt)
-    args = LlmArgs(model=ckpt, device="cpu", max_batch_size=3, max_num_tokens=40)
+    args = LlmArgs(model=ckpt, device="cpu", max_batch_size=3, max_num_tokens=40, **kwargs)
     return create_py_executor(args.to_engine_config(), proc), proc
 
 
@@ -80,16 +82,17 @@ def test_warmup_leaves_no_trace(
         executor.shutdown()
 
 
+@pytest.mark.parametrize("max_seq_len", [None, 24])  # 24: long steps are several requests
 def test_warmup_runs_steps_covering_every_possible_step(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    max_seq_len: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The shapes the engine really ran (recorded at `engine.run`), against a brute-force
     enumeration of the steps this engine's limits allow."""
     ckpt = str(write_tiny_checkpoint("qwen3", tmp_path))
-    executor, proc = _start(ckpt, monkeypatch, warm=False)
+    executor, proc = _start(ckpt, monkeypatch, warm=False, max_seq_len=max_seq_len)
     try:
         engine: PyTorchModelEngine = executor.model_engine
-        limits = step_limits(engine, executor.scheduler.max_batch_size)
+        limits = step_limits(engine, executor.scheduler.max_batch_size, executor.max_seq_len)
         assert (limits.max_num_tokens, limits.max_batch_size) == (40, 3)
         ran: list[StepShape] = []
         real = engine.run
@@ -100,13 +103,15 @@ def test_warmup_runs_steps_covering_every_possible_step(
             return real(batch)
 
         monkeypatch.setattr(engine, "run", run)
-        report = run_warmup(engine, proc, executor.kv_cache_manager, limits.max_batch_size)
+        report = run_warmup(
+            engine, proc, executor.kv_cache_manager, limits.max_batch_size, executor.max_seq_len
+        )
         assert report.steps_run == len(warmup_steps(limits)) and report.steps_skipped == 0
         assert report.autotunes == 0 and report.cache_path is None  # CPU: nothing tunes
         needed: set[tuple] = set()
         for ctx in range(limits.max_num_tokens + 1):
             for gen in range(limits.max_batch_size + 1):
-                shape = StepShape(ctx, min(ctx, 1), gen)
+                shape = StepShape(ctx, limits.min_contexts(ctx), gen)
                 if limits.is_possible(shape):
                     needed |= features(limits, shape)
         assert needed <= covered_features(limits, ran)

@@ -26,7 +26,8 @@ def _every_possible_step(limits: StepLimits) -> set[StepShape]:
             if ctx + gen == 0 or ctx + gen > limits.max_num_tokens:
                 continue
             most = min(ctx, limits.max_batch_size - gen)
-            for chunks in {0} if ctx == 0 else {1, most} if most >= 1 else set():
+            fewest = limits.min_contexts(ctx)
+            for chunks in {0} if ctx == 0 else {fewest, most} if most >= fewest else set():
                 out.add(StepShape(ctx, chunks, gen))
     return out
 
@@ -43,7 +44,8 @@ def _limits_cases() -> list[StepLimits]:
         tokens, batch = rng.randint(1, 120), rng.randint(1, 40)
         graphs = tuple(sorted(rng.sample(range(1, batch + 1), rng.randint(0, min(4, batch)))))
         piecewise = rng.choice([0, rng.randint(1, tokens)])
-        cases.append(StepLimits(tokens, batch, graphs, rng.random() < 0.5, piecewise))
+        chunk = rng.choice([0, rng.randint(1, tokens)])  # a short max_seq_len
+        cases.append(StepLimits(tokens, batch, graphs, rng.random() < 0.5, piecewise, chunk))
     return cases
 
 
