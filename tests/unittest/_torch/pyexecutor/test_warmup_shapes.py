@@ -82,3 +82,45 @@ def test_size_class_and_real_size_counts() -> None:
     assert max(s.num_tokens for s in steps) == 8192
     # Everything the decode graphs cover is left to them.
     assert not [s for s in steps if s.num_contexts == 0]
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_warmup_covers_what_the_real_scheduler_produces(chunked: bool) -> None:
+    """Random arrivals through SimpleScheduler: every step it makes is possible by StepLimits
+    and its features are among the warm-up's."""
+    import torch
+
+    from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+    from tensorrt_llm._torch.pyexecutor.request_lifecycle import apply_step_results, sample_rows
+    from tensorrt_llm._torch.pyexecutor.resource_manager import KVCacheManager, SeqSlotManager
+    from tensorrt_llm._torch.pyexecutor.scheduler import SimpleScheduler
+    from tensorrt_llm.sampling_params import SamplingParams
+
+    batch, tokens = 6, 32
+    limits = StepLimits(tokens, batch, (1, 2, 4), True, 16)
+    covered = covered_features(limits, warmup_steps(limits))
+    kv = KVCacheManager(1, 1, 4, 4, 256, 32, torch.float32, "cpu")
+    sched = SimpleScheduler(batch, tokens, chunked, kv, SeqSlotManager(batch))
+    rng = random.Random(3 + chunked)
+    active: list[LlmRequest] = []
+    seen = 0
+    for step in range(300):
+        for _ in range(rng.choice([0, 0, 1, 3])):
+            prompt = rng.randint(1, 60 if chunked else tokens)
+            params = SamplingParams(max_tokens=rng.randint(1, 12))
+            active.append(LlmRequest(1000 * step + len(active), [1] * prompt, params))
+        out = sched.schedule(active)
+        ctx = sum(r.context_chunk_size for r in out.context_requests)
+        shape = StepShape(ctx, len(out.context_requests), len(out.generation_requests))
+        if shape.num_tokens:
+            seen += 1
+            assert limits.is_possible(shape), shape
+            assert features(limits, shape) <= covered, shape
+        everyone = out.all_requests
+        produced = [everyone[i] for i in sample_rows(out)]
+        apply_step_results(out, produced, [2] * len(produced))
+        for req in produced:
+            if req.is_finished:
+                sched.release_resources(req)
+        active = [r for r in active if not r.is_finished]
+    assert seen > 200
