@@ -60,7 +60,7 @@ from .py_executor_overlap import OverlapPyExecutor
 from .resource_manager import SeqSlotManager
 from .sampler import TorchSampler
 from .scheduler import SimpleScheduler
-from .warmup import arm_step_compile_guard, run_warmup, warmup_enabled
+from .warmup import StartupTuning, arm_step_compile_guard, run_warmup, warmup_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -299,6 +299,9 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         max_seq_len=engine_max_seq_len,
         tokens_per_block=config.tokens_per_block,
     )
+    warmed = warmup_enabled(device)
+    # Before the first forward (graph capture, probe): fla's first calls tune here.
+    tuning = StartupTuning.begin(device) if warmed else None
     piecewise = _capture_piecewise(config, engine) if config.use_cuda_graph else None
     has_vision = engine.model.has_vision
     dummies = _dummy_requests(input_processor, engine, engine_max_seq_len, has_vision)
@@ -362,9 +365,8 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         )
         engine.cuda_graph_runner.capture_all()
         engine.piecewise_graph_runner = piecewise
-    warmed = warmup_enabled(device)
     if warmed:  # after graph capture: each warm-up step takes its served path
-        run_warmup(engine, input_processor, kv, max_batch_size, max_seq_len)
+        run_warmup(engine, input_processor, kv, max_batch_size, max_seq_len, tuning)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     executor_cls = PyExecutor if config.disable_overlap_scheduler else OverlapPyExecutor

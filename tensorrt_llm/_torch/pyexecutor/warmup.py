@@ -28,6 +28,7 @@ from ..modules.gated_delta_rule import fla_available
 from ..step_compile_guard import STEP_COMPILE_GUARD
 from ..triton_autotune import (
     AutotuneDiskCache,
+    BucketedConfigCache,
     default_cache_dir,
     find_autotuners,
     fingerprint,
@@ -59,8 +60,8 @@ class WarmupReport:
     steps_run: int
     steps_skipped: int  # did not fit the KV cache, so the scheduler cannot produce them either
     seconds: float
-    compiles: int  # Triton JIT compiles during the warm-up
-    autotunes: int  # autotune benchmarks during the warm-up (0 on a second start)
+    compiles: int  # Triton JIT compiles since StartupTuning.begin (probe, graphs, warm-up)
+    autotunes: int  # autotune benchmarks since then (0 on a second start)
     configs_loaded: int  # tuned configs read from the disk cache
     cache_path: Path | None
 
@@ -206,48 +207,89 @@ def _cache_for(device: torch.device) -> AutotuneDiskCache:
     return AutotuneDiskCache(default_cache_dir(), fingerprint(name, capability))
 
 
+@dataclass
+class StartupTuning:
+    """Everything that compiles or tunes from model build to the end of the warm-up.
+
+    Begun before the capacity probe and the graph captures, which run fla's kernels first: its
+    autotuners must have their bucketed caches and the disk cache's configs by then, or the
+    probe would benchmark (again, on a second start) and its results would bypass the count.
+    """
+
+    caches: dict[str, BucketedConfigCache]
+    disk_cache: AutotuneDiskCache | None
+    configs_loaded: int
+    compiles_at_start: int
+    autotunes_at_start: int
+
+    @classmethod
+    def begin(
+        cls, device: torch.device, disk_cache: AutotuneDiskCache | None = None
+    ) -> StartupTuning:
+        """`disk_cache` defaults to this GPU's and these versions' on CUDA; on the CPU nothing
+        autotunes and no cache is used."""
+        if disk_cache is None and device.type == "cuda":
+            disk_cache = _cache_for(device)
+        guard = STEP_COMPILE_GUARD
+        guard.install()
+        fla_available()  # imports fla's kernels (when installed), so their autotuners are found
+        tuners = find_autotuners()
+        caches = install_bucketed_caches(tuners)
+        for cache in caches.values():
+            cache.on_new_key = guard.on_autotune
+        loaded = disk_cache.load_into(tuners, caches) if disk_cache is not None else 0
+        return cls(caches, disk_cache, loaded, guard.num_compiles, guard.num_autotunes)
+
+    def counts(self) -> tuple[int, int]:
+        """(Triton compiles, autotune benchmarks) since `begin`."""
+        guard = STEP_COMPILE_GUARD
+        return (
+            guard.num_compiles - self.compiles_at_start,
+            guard.num_autotunes - self.autotunes_at_start,
+        )
+
+    def save(self) -> None:
+        """Write the tuned configs back when anything was tuned since `begin`."""
+        if self.disk_cache is None or not self.counts()[1]:
+            return
+        try:
+            self.disk_cache.save_from(self.caches)
+        except OSError as exc:  # a read-only home: this start is fine, the next re-tunes
+            logger.warning("autotune cache %s not written: %s", self.disk_cache.path, exc)
+
+
 def run_warmup(
     engine: PyTorchModelEngine,
     input_processor: Any,
     kv: KVCacheManager,
     max_batch_size: int,
     max_seq_len: int,
-    disk_cache: AutotuneDiskCache | None = None,
+    tuning: StartupTuning | None = None,
 ) -> WarmupReport:
-    """Warm every shape class up (see the module doc). `disk_cache` defaults to the one of
-    this GPU and these versions on CUDA; on the CPU nothing autotunes and no cache is used."""
+    """Warm every shape class up (see the module doc). `tuning` is the one begun before the
+    capacity probe (`create_py_executor`); a new one otherwise. Its counts cover the whole
+    startup since it began."""
     start = time.perf_counter()
-    if disk_cache is None and engine.device.type == "cuda":
-        disk_cache = _cache_for(engine.device)
-    guard = STEP_COMPILE_GUARD
-    guard.install()
-    fla_available()  # imports fla's kernels (when installed), so their autotuners are found
-    tuners = find_autotuners()
-    caches = install_bucketed_caches(tuners)
-    for cache in caches.values():
-        cache.on_new_key = guard.on_autotune
-    loaded = disk_cache.load_into(tuners, caches) if disk_cache is not None else 0
-    compiles, autotunes = guard.num_compiles, guard.num_autotunes
+    if tuning is None:
+        tuning = StartupTuning.begin(engine.device)
     steps = warmup_steps(step_limits(engine, max_batch_size, max_seq_len))
     run, skipped = _run_steps(engine, input_processor, kv, (max_batch_size, max_seq_len), steps)
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
+    compiles, autotunes = tuning.counts()
+    disk = tuning.disk_cache
     report = WarmupReport(
         steps_run=run,
         steps_skipped=skipped,
         seconds=time.perf_counter() - start,
-        compiles=guard.num_compiles - compiles,
-        autotunes=guard.num_autotunes - autotunes,
-        configs_loaded=loaded,
-        cache_path=disk_cache.path if disk_cache is not None else None,
+        compiles=compiles,
+        autotunes=autotunes,
+        configs_loaded=tuning.configs_loaded,
+        cache_path=disk.path if disk is not None else None,
     )
-    if disk_cache is not None and report.autotunes:
-        try:
-            disk_cache.save_from(caches)
-        except OSError as exc:  # a read-only home: this start is fine, the next re-tunes
-            logger.warning("autotune cache %s not written: %s", disk_cache.path, exc)
+    tuning.save()
     logger.info(
-        "warm-up: %d steps (%d skipped: beyond the KV cache or seq slots) in %.1f s; "
+        "warm-up: %d steps (%d skipped: beyond the KV cache or seq slots) in %.1f s; startup: "
         "%d Triton compiles, %d autotune benchmarks, %d tuned configs read from %s",
         report.steps_run,
         report.steps_skipped,

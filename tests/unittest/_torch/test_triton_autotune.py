@@ -134,3 +134,28 @@ def test_disk_cache_leaves_out_keys_json_cannot_hold(
     caches[name][(8, (1, 2), "torch.float16")] = CONFIGS[1]  # a tuple would read back a list
     assert _disk(tmp_path).save_from(caches) == 1
     assert "not storable" in caplog.text
+
+
+def test_startup_tuning_counts_from_begin_and_a_second_start_reads_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """StartupTuning, as create_py_executor uses it: begun before the probe, so a tune there
+    is counted and saved; the next process's begin loads it and tunes nothing."""
+    import torch
+
+    from tensorrt_llm._torch.pyexecutor.warmup import StartupTuning
+
+    def start() -> tuple[StartupTuning, Any]:
+        tuner = _make_tuner()  # a new process: a new Autotuner with an empty cache
+        monkeypatch.setitem(sys.modules, "fla.fake_ops", _fake_module("fla.fake_ops", tuner))
+        return StartupTuning.begin(torch.device("cpu"), _disk(tmp_path)), tuner
+
+    first, tuner = start()
+    assert first.configs_loaded == 0
+    tuner.cache[(8, 100, "torch.bfloat16")] = CONFIGS[1]  # the probe's first call benchmarks
+    assert first.counts()[1] == 1
+    first.save()
+    second, tuner = start()
+    assert second.configs_loaded == 1
+    assert (8, 90, "torch.bfloat16") in tuner.cache  # Autotuner.run finds it: no benchmark
+    assert second.counts()[1] == 0

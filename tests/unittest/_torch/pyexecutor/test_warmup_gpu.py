@@ -21,7 +21,7 @@ LENGTHS = (1, 2, 3, 15, 16, 17, 31, 33, 64, 100, 127, 128, 129, 255, 300, 511, 7
 WAVES = (1, 3, 8, 18, 5)
 MAX_BATCH, MAX_TOKENS = 24, 512
 _REPORT = re.compile(
-    r"warm-up: (\d+) steps .* (\d+) Triton compiles, (\d+) autotune benchmarks, "
+    r"warm-up: (\d+) steps .* startup: (\d+) Triton compiles, (\d+) autotune benchmarks, "
     r"(\d+) tuned configs read"
 )
 
