@@ -3,9 +3,10 @@
 `create_py_executor` calls `run_warmup` (on CUDA by default) after the KV cache is sized and the
 decode graphs are captured, so each warm-up step takes the path a served step of its shape takes
 (decode graph, piecewise graphs, eager). The steps come from `warmup_shapes.warmup_steps` and run
-through the real engine with dummy requests, as the capacity probe does. Before them fla's
-autotuners get bucketed keys and the tuned configs of earlier starts (`triton_autotune`); after
-them the configs are written back, so a second start benchmarks nothing. Once the executor runs,
+through the real engine with dummy requests, as the capacity probe does. Before the first
+forward (`StartupTuning.begin`, ahead of the graph captures and the probe) fla's autotuners get
+bucketed keys and the tuned configs of earlier starts (`triton_autotune`); after the warm-up the
+configs are written back, so a second start benchmarks nothing. Once the executor runs,
 its loop thread is armed in the step compile guard (`TRTLLM_FAIL_ON_STEP_COMPILE=1` then fails a
 step that compiles). `TRTLLM_WARMUP=0` skips the warm-up, `=1` runs it on the CPU too.
 """
@@ -58,7 +59,7 @@ def warmup_enabled(device: torch.device) -> bool:
 @dataclass(frozen=True)
 class WarmupReport:
     steps_run: int
-    steps_skipped: int  # did not fit the KV cache, so the scheduler cannot produce them either
+    steps_skipped: int  # beyond the KV cache or seq slots: the scheduler cannot make them either
     seconds: float
     compiles: int  # Triton JIT compiles since StartupTuning.begin (probe, graphs, warm-up)
     autotunes: int  # autotune benchmarks since then (0 on a second start)
@@ -145,11 +146,12 @@ def _grow_generation_pool(
         if req is None:
             break
         new.append(req)
-    if new:
-        engine.forward(ScheduledRequests(context_requests=new, generation_requests=[]))
-        for req in new:
-            req.add_new_token(0)
-        pool.extend(new)
+    step = engine.max_num_tokens  # one token each: at most max_num_tokens requests a step
+    for i in range(0, len(new), step):
+        engine.forward(ScheduledRequests(context_requests=new[i : i + step]))
+    for req in new:
+        req.add_new_token(0)
+    pool.extend(new)
 
 
 def _chunk_sizes(num_tokens: int, longest: int) -> list[int]:

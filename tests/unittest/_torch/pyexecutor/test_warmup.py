@@ -38,7 +38,8 @@ def _start(
 ) -> tuple[Any, Any]:
     monkeypatch.setenv(ENV_WARMUP, "1" if warm else "0")
     proc = create_input_processor(ckpt)
-    args = LlmArgs(model=ckpt, device="cpu", max_batch_size=3, max_num_tokens=40, **kwargs)
+    sizes = {"max_batch_size": 3, "max_num_tokens": 40, **kwargs}
+    args = LlmArgs(model=ckpt, device="cpu", **sizes)
     return create_py_executor(args.to_engine_config(), proc), proc
 
 
@@ -82,18 +83,27 @@ def test_warmup_leaves_no_trace(
         executor.shutdown()
 
 
-@pytest.mark.parametrize("max_seq_len", [None, 24])  # 24: long steps are several requests
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        {},
+        {"max_seq_len": 24},  # long steps are several requests
+        {"max_batch_size": 7, "max_num_tokens": 5},  # more generation rows than a step's tokens
+    ],
+    ids=str,
+)
 def test_warmup_runs_steps_covering_every_possible_step(
-    max_seq_len: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sizes: dict[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The shapes the engine really ran (recorded at `engine.run`), against a brute-force
     enumeration of the steps this engine's limits allow."""
     ckpt = str(write_tiny_checkpoint("qwen3", tmp_path))
-    executor, proc = _start(ckpt, monkeypatch, warm=False, max_seq_len=max_seq_len)
+    executor, proc = _start(ckpt, monkeypatch, warm=False, **sizes)
     try:
         engine: PyTorchModelEngine = executor.model_engine
         limits = step_limits(engine, executor.scheduler.max_batch_size, executor.max_seq_len)
-        assert (limits.max_num_tokens, limits.max_batch_size) == (40, 3)
+        want = (sizes.get("max_num_tokens", 40), sizes.get("max_batch_size", 3))
+        assert (limits.max_num_tokens, limits.max_batch_size) == want
         ran: list[StepShape] = []
         real = engine.run
 
