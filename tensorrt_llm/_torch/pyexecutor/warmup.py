@@ -137,8 +137,8 @@ class _DummyRequests:
 def _grow_generation_pool(
     engine: PyTorchModelEngine, dummies: _DummyRequests, pool: list[LlmRequest], size: int
 ) -> None:
-    """Grow `pool` to `size` one-token requests in generation (prefilled in one step; fewer
-    when the KV cache is full). Generation steps never append their token, so the pool's
+    """Grow `pool` to `size` one-token requests in generation (prefilled together; fewer when
+    the KV cache is full). Generation steps never append their token, so the pool's
     requests keep this length for every step."""
     new: list[LlmRequest] = []
     while len(pool) + len(new) < size:
@@ -188,6 +188,7 @@ def _run_steps(
                 ctx = dummies.make_all(sizes)
             if ctx is None or shape.num_generations > len(pool):
                 skipped += 1  # beyond the KV cache or the seq slots: no scheduler makes it
+                dummies.free(ctx or [])
                 continue
             try:
                 engine.forward(
