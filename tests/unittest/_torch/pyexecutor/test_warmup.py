@@ -141,3 +141,20 @@ def test_warmup_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_WARMUP, "yes")
     with pytest.raises(ValueError, match="TRTLLM_WARMUP must be 0 or 1"):
         warmup_enabled(torch.device("cpu"))
+
+
+def test_steps_beyond_the_kv_cache_are_skipped_and_leave_nothing_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt = str(write_tiny_checkpoint("qwen3", tmp_path))
+    # 64 tokens of KV: a 40-token chunk plus two generation rows' blocks do not all fit.
+    executor, proc = _start(ckpt, monkeypatch, warm=False, kv_cache_max_tokens=64)
+    try:
+        kv = executor.kv_cache_manager
+        free = kv.num_free_blocks
+        report = run_warmup(executor.model_engine, proc, kv, 3, executor.max_seq_len)
+        assert report.steps_skipped > 0 and report.steps_run > 0
+        assert kv.num_free_blocks == free and kv.num_used_blocks == 0
+        assert _generate(executor, proc)  # still serves
+    finally:
+        executor.shutdown()
