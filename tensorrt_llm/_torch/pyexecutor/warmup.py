@@ -100,9 +100,12 @@ class _DummyRequests:
         self.slots = SeqSlotManager(max_batch_size)  # the scheduler's slots
         self._next_id = _WARMUP_REQUEST_ID_BASE
 
-    def make(self, num_tokens: int) -> LlmRequest | None:
-        """A context request of `num_tokens` prompt tokens, or None when the KV cache is full."""
-        ids = list(self.input_processor.get_dummy_prompt(num_tokens))[:num_tokens]
+    def make(self, num_tokens: int, carried: bool = False) -> LlmRequest | None:
+        """A context request whose next chunk is `num_tokens` long, or None when the KV cache
+        is full. `carried`: one more prompt token, prefilled here as a first chunk, so the
+        chunk continues the request (cached KV, recurrent state carried over)."""
+        prompt_len = num_tokens + int(carried)
+        ids = list(self.input_processor.get_dummy_prompt(prompt_len))[:prompt_len]
         params = None
         if self.engine.use_mrope:
             ids, extra = self.input_processor({"prompt_token_ids": ids}, None)
@@ -114,14 +117,19 @@ class _DummyRequests:
             self.kv.free(req.request_id)
             return None
         req.seq_slot = self.slots.acquire(req.request_id)
+        if carried:
+            req.context_chunk_size = 1
+            self.engine.forward(ScheduledRequests(context_requests=[req]))
+            req.move_to_next_context_chunk()
         req.context_chunk_size = req.context_remaining_length
         return req
 
-    def make_all(self, sizes: list[int]) -> list[LlmRequest] | None:
-        """One request per size, or None (and nothing held) when they do not all fit."""
+    def make_all(self, sizes: list[int], carried: bool = False) -> list[LlmRequest] | None:
+        """One request per size (the first `carried`), or None (and nothing held) when they
+        do not all fit."""
         reqs: list[LlmRequest] = []
-        for n in sizes:
-            req = self.make(n)
+        for i, n in enumerate(sizes):
+            req = self.make(n, carried and i == 0)
             if req is None:
                 self.free(reqs)
                 return None
@@ -178,14 +186,15 @@ def _run_steps(
     try:
         for shape in tqdm(ordered, desc="Warming up kernels", leave=False):
             _grow_generation_pool(engine, dummies, pool, shape.num_generations)
-            sizes = _chunk_sizes(shape.num_context_tokens, _longest_chunk(max_seq_len))
+            longest = _longest_chunk(max_seq_len) - int(shape.carried)  # + the first chunk
+            sizes = _chunk_sizes(shape.num_context_tokens, max(1, longest))
             fits = len(sizes) + shape.num_generations <= max_batch_size
-            ctx = dummies.make_all(sizes) if fits else None
+            ctx = dummies.make_all(sizes, shape.carried) if fits else None
             if ctx is None and fits and len(pool) > shape.num_generations:
                 # The pool's rows this step does not use hold blocks and slots it needs.
                 dummies.free(pool[shape.num_generations :])
                 del pool[shape.num_generations :]
-                ctx = dummies.make_all(sizes)
+                ctx = dummies.make_all(sizes, shape.carried)
             if ctx is None or shape.num_generations > len(pool):
                 skipped += 1  # beyond the KV cache or the seq slots: no scheduler makes it
                 dummies.free(ctx or [])

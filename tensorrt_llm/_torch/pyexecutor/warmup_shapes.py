@@ -16,8 +16,10 @@ linears, norms and MoE see all tokens, prefill attention and fla's chunk kernels
 tokens, decode attention and the recurrent step the generation rows. A step's `features` are
 those classes, tagged with the path the step runs on (decode graph replay, piecewise graphs,
 eager), and the warm-up runs a set of steps whose features cover those of every possible step.
-NOTE: the number of context chunks is not a feature: no kernel specializes on it (it sizes a
-grid or a tensor, and fla's chunk index table is a tensor).
+A chunk that continues a request (`carried`) is one more feature per path: fla's chunk kernels
+take its initial state as a separately compiled variant, on no size of its own (fla never
+specializes T). NOTE: the number of context chunks is not a feature: no kernel specializes on
+it (it sizes a grid or a tensor, and fla's chunk index table is a tensor).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 SizeClass = tuple[int, bool]
 Feature = tuple[str, str, SizeClass]
+_ANY_SIZE: SizeClass = (0, False)
 
 
 def size_class(n: int) -> SizeClass:
@@ -41,6 +44,9 @@ class StepShape:
     num_context_tokens: int
     num_contexts: int
     num_generations: int
+    # A context chunk starts after tokens already cached (an earlier chunk, a prefix hit):
+    # fla's chunk kernels then take an initial state, a separate compiled variant.
+    carried: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -90,6 +96,7 @@ class StepLimits:
             and shape.num_contexts <= shape.num_context_tokens
             and shape.num_contexts >= self.min_contexts(shape.num_context_tokens)
             and (shape.num_contexts > 0) == (shape.num_context_tokens > 0)
+            and (shape.num_contexts > 0 or not shape.carried)
         )
 
 
@@ -105,14 +112,16 @@ def features(limits: StepLimits, shape: StepShape) -> frozenset[Feature]:
     if shape.num_generations:
         kind = "mixed" if shape.num_contexts else "decode"
         out.add((path, kind, size_class(shape.num_generations)))
+    if shape.carried:  # one variant per path: nothing specializes it on a size
+        out.add((path, "carried", _ANY_SIZE))
     return frozenset(out)
 
 
 def _candidates(limits: StepLimits) -> list[StepShape]:
     """Families of steps, linear in the limits, that together show every feature a possible
     step can have: one-chunk prefills; pure decodes; a 1-token chunk plus generation rows; one
-    chunk plus one generation row; and chunks plus rows that just leave the piecewise graphs
-    (the only way a short chunk runs eagerly)."""
+    chunk plus one generation row; chunks plus rows that just leave the piecewise graphs (the
+    only way a short chunk runs eagerly); and a carried chunk on each path."""
     tokens, batch, pw = limits.max_num_tokens, limits.max_batch_size, limits.piecewise_max_tokens
 
     def step(ctx: int, gen: int) -> StepShape:  # as few chunks as the context needs
@@ -125,6 +134,7 @@ def _candidates(limits: StepLimits) -> list[StepShape]:
         out += [step(n, 1) for n in range(1, tokens)]
     if pw:
         out += [step(pw + 1 - g, g) for g in range(1, min(batch - 1, pw) + 1)]
+    out += [StepShape(n, limits.min_contexts(n), 0, carried=True) for n in (1, pw + 1)]
     return [s for s in out if limits.is_possible(s)]
 
 

@@ -109,7 +109,9 @@ def test_warmup_runs_steps_covering_every_possible_step(
 
         def run(batch: Any) -> Any:
             md = batch.attn_metadata
-            ran.append(StepShape(md.num_ctx_tokens, md.num_contexts, md.num_generations))
+            carried = bool(md.num_cached_tokens_cpu[: md.num_contexts].any())
+            shape = StepShape(md.num_ctx_tokens, md.num_contexts, md.num_generations, carried)
+            ran.append(shape)
             return real(batch)
 
         monkeypatch.setattr(engine, "run", run)
@@ -121,9 +123,10 @@ def test_warmup_runs_steps_covering_every_possible_step(
         needed: set[tuple] = set()
         for ctx in range(limits.max_num_tokens + 1):
             for gen in range(limits.max_batch_size + 1):
-                shape = StepShape(ctx, limits.min_contexts(ctx), gen)
-                if limits.is_possible(shape):
-                    needed |= features(limits, shape)
+                for carried in (False, True):
+                    shape = StepShape(ctx, limits.min_contexts(ctx), gen, carried)
+                    if limits.is_possible(shape):
+                        needed |= features(limits, shape)
         assert needed <= covered_features(limits, ran)
     finally:
         executor.shutdown()

@@ -29,6 +29,8 @@ def _every_possible_step(limits: StepLimits) -> set[StepShape]:
             fewest = limits.min_contexts(ctx)
             for chunks in {0} if ctx == 0 else {fewest, most} if most >= fewest else set():
                 out.add(StepShape(ctx, chunks, gen))
+                if chunks:  # a chunk continuing its request
+                    out.add(StepShape(ctx, chunks, gen, carried=True))
     return out
 
 
@@ -103,7 +105,7 @@ def test_warmup_covers_what_the_real_scheduler_produces(chunked: bool) -> None:
     sched = SimpleScheduler(batch, tokens, chunked, kv, SeqSlotManager(batch))
     rng = random.Random(3 + chunked)
     active: list[LlmRequest] = []
-    seen = 0
+    seen, carried_seen = 0, False
     for step in range(300):
         for _ in range(rng.choice([0, 0, 1, 3])):
             prompt = rng.randint(1, 60 if chunked else tokens)
@@ -111,9 +113,11 @@ def test_warmup_covers_what_the_real_scheduler_produces(chunked: bool) -> None:
             active.append(LlmRequest(1000 * step + len(active), [1] * prompt, params))
         out = sched.schedule(active)
         ctx = sum(r.context_chunk_size for r in out.context_requests)
-        shape = StepShape(ctx, len(out.context_requests), len(out.generation_requests))
+        carried = any(r.context_current_position > 0 for r in out.context_requests)
+        shape = StepShape(ctx, len(out.context_requests), len(out.generation_requests), carried)
         if shape.num_tokens:
             seen += 1
+            carried_seen = carried_seen or carried
             assert limits.is_possible(shape), shape
             assert features(limits, shape) <= covered, shape
         everyone = out.all_requests
@@ -123,4 +127,4 @@ def test_warmup_covers_what_the_real_scheduler_produces(chunked: bool) -> None:
             if req.is_finished:
                 sched.release_resources(req)
         active = [r for r in active if not r.is_finished]
-    assert seen > 200
+    assert seen > 200 and (carried_seen or not chunked)
