@@ -116,5 +116,60 @@ def test_no_step_compiles_after_warmup_and_second_start_reads_cache(
         assert first["autotunes"] > 0 and second["loaded"] >= first["autotunes"]
 
 
+@pytest.mark.gpu
+def test_a_real_compile_in_a_served_step_fails_that_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Triton's own hook, not a stand-in: a kernel first launched inside a served step
+    compiles there, and the flag turns that into the step's error."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+    from tensorrt_llm._torch.pyexecutor.py_executor_creator import create_py_executor
+    from tensorrt_llm.inputs.registry import create_input_processor
+    from tensorrt_llm.llmapi.llm_args import LlmArgs
+    from tensorrt_llm.sampling_params import SamplingParams
+    from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
+
+    @triton.jit
+    def _never_warmed_kernel(x_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs) + 1)
+
+    monkeypatch.setenv("TRTLLM_FAIL_ON_STEP_COMPILE", "1")
+    monkeypatch.setenv("TRTLLM_CACHE_DIR", str(tmp_path / "cache"))
+    ckpt = str(write_tiny_checkpoint("qwen3", tmp_path / "ckpt"))
+    proc = create_input_processor(ckpt)
+    args = LlmArgs(model=ckpt, device="cuda", max_batch_size=4, max_num_tokens=256)
+    executor = create_py_executor(args.to_engine_config(), proc)
+    try:
+        model = executor.model_engine.model
+        real = model.forward_batch
+        scratch = torch.zeros(16, device="cuda")
+
+        def forward_batch(batch: Any) -> Any:
+            _never_warmed_kernel[(1,)](scratch, BLOCK=16)
+            return real(batch)
+
+        monkeypatch.setattr(model, "forward_batch", forward_batch)
+        errors = []
+        for rid in (1, 2):
+            ids, _ = proc({"prompt": "hello there"}, None)
+            params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+            executor.enqueue_request(LlmRequest(rid, ids, params))
+            while True:
+                resp = executor.responses.get(timeout=120)
+                if resp.finished:
+                    errors.append(resp.error)
+                    break
+            monkeypatch.setattr(model, "forward_batch", real)
+        assert errors[0] is not None and "_never_warmed_kernel" in errors[0], errors
+        assert errors[1] is None
+    finally:
+        executor.shutdown()
+
+
 if __name__ == "__main__":
     print(json.dumps(_serve(sys.argv[1])))
