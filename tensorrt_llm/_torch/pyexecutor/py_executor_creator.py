@@ -3,8 +3,8 @@
 Order matters: build the model (meta init, then weights), capture the piecewise graphs, run the
 capacity probe with a text-only and a multimodal dummy request, size the KV cache from what is
 left, capture the decode graphs, warm every step shape up (CUDA, `warmup.py`), then start the
-loop. Every knob comes from the frozen
-`EngineConfig` (`LlmArgs.to_engine_config()`): nothing here reads or resolves user arguments.
+loop. Every knob comes from the frozen `EngineConfig` (`LlmArgs.to_engine_config()`): nothing
+here reads or resolves user arguments.
 """
 
 from __future__ import annotations
