@@ -6,15 +6,16 @@ its `key=` arguments plus the dtypes of the tensors). A key that reads an unboun
 served step. `install_bucketed_caches` swaps each autotuner's result dict for a
 `BucketedConfigCache`, which rounds those dimensions up to a power of two before the lookup, so
 the finite warm-up (`pyexecutor/warmup.py`) tunes every key a step can produce. A config is only
-a speed choice; any config of the list computes the same result, so sharing one across a bucket
-is safe.
+a speed choice; any config of the list computes the same result (up to float rounding), so
+sharing one across a bucket is safe. (fla 0.6's forward kernels key on head dims and chunk
+sizes, plus `B` and l2norm's `NB`, both 1 here: they tune once per model and dtype.)
 
 `AutotuneDiskCache` stores the tuned configs of every autotuner as JSON, in one file per
 fingerprint (GPU name and compute capability, torch / triton / fla / tensorrt_llm versions), so a
 second start reads them instead of benchmarking. Triton's own `cache_results` (which fla 0.6
 turns on unless FLA_CACHE_RESULTS=0, in Triton's cache directory) is not relied on: its key has
 the GPU architecture but not the GPU's name (an H100 and an H200 would share results), and it is
-per autotuner opt-in. Ours is read before the first step, so a warm start asks neither.
+per autotuner opt-in. Ours is read before the first forward, so a warm start asks neither.
 """
 
 from __future__ import annotations
