@@ -103,6 +103,11 @@ class PyExecutor:
         self._thread = threading.Thread(target=self._loop, name="PyExecutor", daemon=True)
         self._thread.start()
 
+    @property
+    def loop_thread(self) -> threading.Thread | None:
+        """The thread that runs the steps (None before `start`)."""
+        return self._thread
+
     # ---- public API (any thread) ---------------------------------------------------------------
     def enqueue_request(
         self, request: LlmRequest, callback: ResponseCallback | None = None

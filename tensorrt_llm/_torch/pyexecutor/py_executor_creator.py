@@ -2,8 +2,9 @@
 
 Order matters: build the model (meta init, then weights), capture the piecewise graphs, run the
 capacity probe with a text-only and a multimodal dummy request, size the KV cache from what is
-left, capture the decode graphs, then start the loop. Every knob comes from the frozen
-`EngineConfig` (`LlmArgs.to_engine_config()`): nothing here reads or resolves user arguments.
+left, capture the decode graphs, warm every step shape up (CUDA, `warmup.py`), then start the
+loop. Every knob comes from the frozen `EngineConfig` (`LlmArgs.to_engine_config()`): nothing
+here reads or resolves user arguments.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from .py_executor_overlap import OverlapPyExecutor
 from .resource_manager import SeqSlotManager
 from .sampler import TorchSampler
 from .scheduler import SimpleScheduler
+from .warmup import StartupTuning, arm_step_compile_guard, run_warmup, warmup_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -297,6 +299,9 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         max_seq_len=engine_max_seq_len,
         tokens_per_block=config.tokens_per_block,
     )
+    warmed = warmup_enabled(device)
+    # Before the first forward (graph capture, probe): fla's first calls tune here.
+    tuning = StartupTuning.begin(device) if warmed else None
     piecewise = _capture_piecewise(config, engine) if config.use_cuda_graph else None
     has_vision = engine.model.has_vision
     dummies = _dummy_requests(input_processor, engine, engine_max_seq_len, has_vision)
@@ -361,6 +366,8 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         )
         engine.cuda_graph_runner.capture_all()
         engine.piecewise_graph_runner = piecewise
+    if warmed:  # after graph capture: each warm-up step takes its served path
+        run_warmup(engine, input_processor, kv, max_batch_size, max_seq_len, tuning)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     executor_cls = PyExecutor if config.disable_overlap_scheduler else OverlapPyExecutor
@@ -371,6 +378,8 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     )
     logger.info("%s", startup_summary(config, engine, max_seq_len, max_batch_size, num_blocks))
     executor.start()
+    if warmed:
+        arm_step_compile_guard(executor.loop_thread)
     return executor
 
 

@@ -22,7 +22,9 @@ _BLOCK_ROWS = 16
 _MAX_BLOCK_D = 128
 
 
-@triton_jit
+# NOTE: the grid's h and w change with every image size; specialized, each new size class (1,
+# multiples of 16) would compile inside a served step, which no startup warm-up can cover.
+@triton_jit(do_not_specialize=("h", "w"))
 def _pos_embed_interp_kernel(
     table_ptr,
     out_ptr,
