@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from ..sampling_params import GuidedDecodingParams, SamplingParams
     from .errors import PromptTooLongError
     from .llm import LLM
-    from .llm_args import CudaGraphConfig, LlmArgs, TorchLlmArgs
+    from .llm_args import CudaGraphConfig, LlmArgs, MTPDecodingConfig, TorchLlmArgs
     from .logprobs import Logprob, TokenLogprobs
     from .outputs import CompletionOutput, RequestOutput
     from .result import GenerationResult
@@ -20,6 +20,7 @@ _LAZY: dict[str, str] = {
     "LlmArgs": ".llm_args",
     "CudaGraphConfig": ".llm_args",
     "KvCacheConfig": ".upstream_args",
+    "MTPDecodingConfig": ".llm_args",
     "TorchLlmArgs": ".llm_args",
     "RequestOutput": ".outputs",
     "CompletionOutput": ".outputs",
@@ -36,6 +37,7 @@ __all__ = [
     "LlmArgs",
     "CudaGraphConfig",
     "KvCacheConfig",
+    "MTPDecodingConfig",
     "TorchLlmArgs",
     "RequestOutput",
     "CompletionOutput",

@@ -29,6 +29,11 @@ from .._torch.pyexecutor.engine_config import (
     EngineConfig,
 )
 from .._torch.pyexecutor.engine_config import check_int as _check_int
+from .._torch.pyexecutor.spec_decode.config import (
+    MTPDecodingConfig,
+    check_speculative_support,
+    parse_speculative_config,
+)
 from .._torch.quantization import QUANTIZATION_MODES, resolve_quant_config
 from ..inputs.validation import check_mm_processor_kwargs
 from .generation_defaults import GENERATION_CONFIG_MODES
@@ -133,9 +138,16 @@ class LlmArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     kv_cache_config: KvCacheConfig | dict[str, Any] | None = None
+    # Speculative decoding with the checkpoint's MTP head (an MTPDecodingConfig, or a dict of
+    # its fields: {"decoding_type": "MTP", "num_nextn_predict_layers": k}); None: off.
+    speculative_config: MTPDecodingConfig | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         apply_upstream_fields(self)
+        # Normalised once: the dict form becomes the frozen config.
+        object.__setattr__(
+            self, "speculative_config", parse_speculative_config(self.speculative_config)
+        )
         self._validate_paths()
         _check_choice("dtype", self.dtype, list(DTYPES))
         _check_choice("device", self.device, DEVICES)
@@ -351,6 +363,14 @@ class LlmArgs:
         max_seq_len, max_seq_len_source = self._max_seq_len_and_source(
             getattr(text_config, "max_position_embeddings", None), device.type == "cuda"
         )
+        speculative = self.speculative_config
+        assert not isinstance(speculative, dict)  # parsed in __post_init__
+        if speculative is not None:
+            check_speculative_support(
+                speculative,
+                text_config,
+                disable_overlap_scheduler=self.disable_overlap_scheduler,
+            )
         return EngineConfig(
             checkpoint_dir=self.model,
             architecture=resolve_architecture(config),
@@ -381,6 +401,7 @@ class LlmArgs:
             vision_embedding_cache_bytes=vision_embedding_cache_bytes(
                 self.vision_embedding_cache_mib, device
             ),
+            speculative_config=speculative,
         )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..quantization import QuantConfig
+from .spec_decode.config import MTPDecodingConfig
 
 # Where EngineConfig.max_seq_len came from. Every source but the user's is a default that the
 # KV cache caps at startup (create_py_executor) to what it holds for one sequence.
@@ -157,6 +158,8 @@ class EngineConfig:
     enable_block_reuse: bool = False
     # Bytes of the vision-embedding cache (used with block reuse on a model with a tower).
     vision_embedding_cache_bytes: int = 0
+    # MTP speculative decoding (spec_decode/config.py), checked against the checkpoint; None: off.
+    speculative_config: MTPDecodingConfig | None = None
 
     @property
     def text_config(self) -> Any:

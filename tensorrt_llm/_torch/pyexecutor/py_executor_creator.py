@@ -59,6 +59,7 @@ from .py_executor_overlap import OverlapPyExecutor
 from .resource_manager import SeqSlotManager
 from .sampler import TorchSampler
 from .scheduler import SimpleScheduler
+from .spec_decode.setup import attach_spec_decoder, kv_spec_with_mtp, prepare_mtp
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ def _build_model(
     quant = config.quant_config
 
     def prepare(model: torch.nn.Module) -> None:  # on meta: no 16-bit copy of FP8 layers
+        if config.speculative_config is not None:
+            prepare_mtp(model, config.attn_backend)
         if quant is not None:
             converted = apply_fp8_block_config_(model, quant)
             source = "checkpoint" if quant.from_checkpoint else "quantized at load"
@@ -270,7 +273,9 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     device = config.device
     text_config = config.text_config
     cls = get_model_class(config.architecture)
-    spec = KVCacheSpec.from_text_config(text_config, config.kv_cache_dtype)
+    spec = kv_spec_with_mtp(
+        KVCacheSpec.from_text_config(text_config, config.kv_cache_dtype), config
+    )
     model_config = ModelConfig(
         pretrained_config=config.pretrained_config,
         torch_dtype=config.dtype,
@@ -354,7 +359,8 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         reuse=KvCacheReuse(kv, merge) if reuse_on else None,
     )
     sampler = TorchSampler(engine.vocab_size, device)
-    if config.use_cuda_graph:
+    # Verify steps are chunks, never a decode graph's shape: nothing to capture for them.
+    if config.use_cuda_graph and config.speculative_config is None:
         engine.cuda_graph_runner = CUDAGraphRunner(
             engine, _decode_graph_sizes(config, sizing), config.cuda_graph_padding_enabled
         )
@@ -368,6 +374,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     executor.guided_decoder = GuidedDecoder(
         getattr(input_processor, "tokenizer", None), engine.vocab_size
     )
+    attach_spec_decoder(executor, config)
     logger.info("%s", startup_summary(config, engine, max_seq_len, max_batch_size, num_blocks))
     executor.start()
     return executor

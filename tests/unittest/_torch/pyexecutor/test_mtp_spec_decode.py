@@ -1,0 +1,135 @@
+"""MTP speculative decoding on tiny Qwen3.5 checkpoints (dense and MoE) with MTP weights.
+
+The reference is the engine's own non-speculative greedy run: the speculative run must give
+token-for-token the same outputs, with the MTP head's drafts (random weights: almost all
+rejected), with oracle drafts (the reference's own continuation: all accepted, stops and
+max_tokens landing inside accepted runs) and with partly accepted drafts (each step a
+different number of correct drafts, then wrong ones: the recurrent state is rolled back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.spec_decode.spec_decoder import SpecDecoder
+from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
+
+FAMILIES = ("qwen3_5", "qwen3_5_moe")
+K = 3
+VOCAB = 512  # the tiny configs' vocab_size
+# Small steps force chunked prefill of the longer prompts (tokens_per_block 4: many blocks).
+ENGINE = {
+    "executor_mode": "inproc",
+    "disable_overlap_scheduler": True,
+    "max_num_tokens": 16,
+    "tokens_per_block": 4,
+    "max_batch_size": 4,
+}
+MTP = {"decoding_type": "MTP", "num_nextn_predict_layers": K}
+PROMPTS = [list(range(5 + i, 5 + i + n)) for i, n in enumerate((7, 23, 3, 11))]
+MAX_TOKENS = (13, 9, 17, 6)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = Path(tmp_path_factory.mktemp("mtp_spec"))
+    return {f: write_tiny_checkpoint(f, root / f, mtp_num_hidden_layers=1) for f in FAMILIES}
+
+
+def _params(stop: dict[int, list[int]] | None = None) -> list[SamplingParams]:
+    stop = stop or {}
+    return [
+        SamplingParams(max_tokens=n, temperature=0, stop_token_ids=stop.get(i))
+        for i, n in enumerate(MAX_TOKENS)
+    ]
+
+
+def _generate(
+    ckpt: Path,
+    params: list[SamplingParams],
+    spec: dict[str, Any] | None = None,
+    override: Callable[[LlmRequest, list[int]], list[int]] | None = None,
+) -> tuple[list[list[int]], Any]:
+    with LLM(model=str(ckpt), speculative_config=spec, **ENGINE) as llm:
+        decoder: SpecDecoder | None = llm._executor.spec_decoder
+        if spec is not None:
+            assert decoder is not None
+            decoder.draft_override = override
+        prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+        outs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        return outs, None if decoder is None else decoder.stats
+
+
+def _continuation(
+    reference: list[list[int]], correct: Callable[[int], int]
+) -> Callable[[LlmRequest, list[int]], list[int]]:
+    """Drafts from the reference's own continuation: `correct(num_generated)` of them right,
+    the rest one off (never equal to the target's token)."""
+    by_prompt = {tuple(p): out for p, out in zip(PROMPTS, reference, strict=True)}
+
+    def override(req: LlmRequest, drafts: list[int]) -> list[int]:
+        cont = by_prompt[tuple(int(t) for t in req.prompt_token_array)]
+        done = req.num_generated_tokens
+        good = correct(done)
+        out = []
+        for j in range(len(drafts)):
+            want = cont[done + j] if done + j < len(cont) else 0
+            out.append(want if j < good else (want + 1) % VOCAB)
+        return out
+
+    return override
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mtp_drafts_keep_greedy_output(family: str, ckpts: dict[str, Path]) -> None:
+    reference, _ = _generate(ckpts[family], _params())
+    outs, stats = _generate(ckpts[family], _params(), MTP)
+    assert outs == reference
+    assert stats.num_verify_rows > 0 and stats.num_draft_tokens > stats.num_verify_rows
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_oracle_drafts_all_accepted_with_stops_inside_runs(
+    family: str, ckpts: dict[str, Path]
+) -> None:
+    reference, _ = _generate(ckpts[family], _params())
+    # Stop tokens that first appear mid-output: a run of 1 + K accepted tokens crosses them.
+    stop = {0: [reference[0][5]], 2: [reference[2][10]]}
+    expected, _ = _generate(ckpts[family], _params(stop))
+    assert len(expected[0]) < len(reference[0]) and len(expected[2]) < len(reference[2])
+    outs, stats = _generate(
+        ckpts[family], _params(stop), MTP, _continuation(reference, lambda _: K)
+    )
+    assert outs == expected
+    # Every verified draft was right, so no row was rolled back.
+    assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
+    assert stats.num_replays == 0
+    assert stats.acceptance_length > 2.0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_partly_accepted_drafts_roll_back(family: str, ckpts: dict[str, Path]) -> None:
+    reference, _ = _generate(ckpts[family], _params())
+    partly = _continuation(reference, lambda done: done % (K + 1))
+    outs, stats = _generate(ckpts[family], _params(), MTP, partly)
+    assert outs == reference
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert stats.num_replays > 0
+
+
+def test_without_rollback_the_output_changes(
+    ckpts: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: skipping the recurrent rollback must break the identity above."""
+    ckpt = ckpts["qwen3_5"]
+    reference, _ = _generate(ckpt, _params())
+    monkeypatch.setattr(SpecDecoder, "_roll_back", lambda self, verify, snapshot: None)
+    partly = _continuation(reference, lambda done: done % (K + 1))
+    outs, _ = _generate(ckpt, _params(), MTP, partly)
+    assert outs != reference
