@@ -133,3 +133,15 @@ def test_without_rollback_the_output_changes(
     partly = _continuation(reference, lambda done: done % (K + 1))
     outs, _ = _generate(ckpt, _params(), MTP, partly)
     assert outs != reference
+
+
+def test_sampled_and_logprobs_requests_run_beside_drafting_ones(ckpts: dict[str, Path]) -> None:
+    """A seeded temperature > 0 request and a logprobs request verify no drafts (no rejection
+    sampling yet) and sample exactly as without speculation; greedy companions still draft."""
+    params = _params()
+    params[1] = SamplingParams(max_tokens=MAX_TOKENS[1], temperature=0.8, seed=7)
+    params[3] = SamplingParams(max_tokens=MAX_TOKENS[3], temperature=0, logprobs=2)
+    reference, _ = _generate(ckpts["qwen3_5"], params)
+    outs, stats = _generate(ckpts["qwen3_5"], params, MTP)
+    assert outs == reference
+    assert stats.num_verify_rows > 0
