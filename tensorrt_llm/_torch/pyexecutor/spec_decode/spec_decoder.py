@@ -232,11 +232,12 @@ class SpecDecoder:
             budget = draft_budget(v.request, self.max_draft_len)
             rows.append(DraftRow(v.request, v.offset, v.start, v.emitted, budget))
         for row, drafts in zip(rows, self.drafter.draft(rows, hidden, position_ids), strict=True):
-            if not row.num_drafts:
-                continue
+            # NOTE: the override also sees rows with no room for drafts, so a recorder
+            # (trtllm-bench's oracle) sees every token but the last.
             if self.draft_override is not None:
                 drafts = self.draft_override(row.request, drafts)[: row.num_drafts]
-            self.drafts[row.request.request_id] = drafts
+            if row.num_drafts:
+                self.drafts[row.request.request_id] = drafts
         if len(self.drafts) > 2 * self.engine.max_batch_size:
             # Cancelled requests never come back to pop theirs.
             live = {req.request_id for req in executor._active}
