@@ -145,3 +145,25 @@ def test_sampled_and_logprobs_requests_run_beside_drafting_ones(ckpts: dict[str,
     outs, stats = _generate(ckpts["qwen3_5"], params, MTP)
     assert outs == reference
     assert stats.num_verify_rows > 0
+
+
+def test_preemption_under_kv_pressure_keeps_greedy_output(ckpts: dict[str, Path]) -> None:
+    """A KV cache too small for every request at once: requests are preempted and prefilled
+    again (their MTP KV and recurrent state too); the output stays the reference's."""
+    ckpt = ckpts["qwen3_5"]
+    params = [SamplingParams(max_tokens=16, temperature=0, ignore_eos=True) for _ in PROMPTS]
+    small = {**ENGINE, "kv_cache_config": {"max_tokens": 96}}
+
+    def run(spec: dict[str, Any] | None, oracle: Any = None) -> tuple[list[list[int]], int]:
+        with LLM(model=str(ckpt), speculative_config=spec, **small) as llm:
+            if spec is not None:
+                llm._executor.spec_decoder.draft_override = oracle
+            prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+            outs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+            return outs, llm._executor.get_stats().num_preemptions
+
+    reference, _ = run(None)
+    partly = _continuation(reference, lambda done: done % (K + 1))
+    outs, preemptions = run(MTP, partly)
+    assert outs == reference
+    assert preemptions > 0
