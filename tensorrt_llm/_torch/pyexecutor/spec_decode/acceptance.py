@@ -43,9 +43,9 @@ def emit_accepted(req: LlmRequest, tokens: Sequence[int]) -> int:
 
 
 def wants_drafts(req: LlmRequest) -> bool:
-    """Whether a request takes drafts: greedy, with nothing that reads each sampled row
-    (logit processors, min_p, logprobs, structured output). The others verify no draft and
-    sample as usual. NOTE: rejection sampling for temperature > 0 is not implemented yet."""
+    """Whether a request takes greedy drafts: greedy, with nothing that reads each sampled
+    row (logit processors, min_tokens, logprobs, structured output). Temperature sampling
+    drafts through rejection.py; the others verify no draft and sample as usual."""
     params = req.sampling_params
     return (
         params.is_greedy

@@ -36,9 +36,11 @@ from ..sampler_logprobs import SampledStep
 from .acceptance import draft_budget, emit_accepted, num_accepted, wants_drafts
 from .chunk_batch import ChunkRow, build_chunk_batch
 from .mtp_drafter import DraftRow, MTPDrafter
+from .rejection import RejectionSampler, sampled_run, wants_sampled_drafts
 from .rollback import RecurrentRollback, StateSnapshot
 
 if TYPE_CHECKING:
+    from ...input_batch import InputBatch
     from ..llm_request import LlmRequest
     from ..py_executor import PyExecutor
     from ..scheduler import ScheduledRequests
@@ -76,8 +78,16 @@ class _Verify:
     start: int  # KV position of its input token
     token: int  # its input token (the last one on the host)
     offset: int = 0  # first row in the step's hidden states
-    target: list[int] = field(default_factory=list)  # greedy g_0..g_m
     emitted: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Checks:
+    """Host results of the draft-checking rows, indexed by check row (verify order)."""
+
+    greedy: list[int] = field(default_factory=list)
+    accepted: dict[int, bool] = field(default_factory=dict)  # sampled requests' rows only
+    residual: dict[int, int] = field(default_factory=dict)
 
 
 class SpecDecoder:
@@ -90,9 +100,10 @@ class SpecDecoder:
         self.drafts: dict[int, list[int]] = {}  # next step's drafts, by request id
         self.draft_override: DraftOverride | None = None
         self.stats = SpecStats()
+        self.rejection = RejectionSampler()
 
     def _drafts_for(self, req: LlmRequest) -> list[int]:
-        if not wants_drafts(req):
+        if not takes_drafts(req):
             return []
         return self.drafts.get(req.request_id, [])[: draft_budget(req, self.max_draft_len)]
 
@@ -123,8 +134,7 @@ class SpecDecoder:
             v.offset + len(v.drafts) for v in verify
         ]
         sampled += [v.request for v in verify]
-        check_rows = [v.offset + j for v in verify for j in range(len(v.drafts))]
-        step, check = self._sample(executor, batch, hidden, sampled, last_rows, check_rows)
+        step, check = self._sample(executor, batch, hidden, sampled, last_rows, verify)
         tokens, logprobs, prompt = executor.sampler.step_results(step)
         release_prefilled_media(scheduled)
         advance_context_chunks(scheduled)
@@ -138,27 +148,25 @@ class SpecDecoder:
     def _sample(
         self,
         executor: PyExecutor,
-        batch: object,
+        batch: InputBatch,
         hidden: torch.Tensor,
         sampled: list[LlmRequest],
         last_rows: list[int],
-        check_rows: list[int],
-    ) -> tuple[SampledStep, list[int]]:
+        verify: list[_Verify],
+    ) -> tuple[SampledStep, _Checks]:
         """The step's sampled tokens (with logprobs and prompt logprobs, one packed copy) and
-        the greedy tokens of the draft-checking rows (host)."""
+        what the draft-checking rows say (`_checks`)."""
         model = self.engine.model
         dev = hidden.device
-        plan = getattr(batch, "prompt_logprobs", None)
+        check_rows = [v.offset + j for v in verify for j in range(len(v.drafts))]
+        plan = batch.prompt_logprobs
         prompt = None
         if plan is not None:
             prompt = compute_prompt_logprobs(hidden, plan, model.lm_logits, self.engine.vocab_size)
         index = async_tensor_h2d(last_rows + check_rows, torch.int64, dev)
         logits = model.lm_logits(hidden.index_select(0, index))
         last, checks = logits[: len(last_rows)], logits[len(last_rows) :]
-        check_host: list[int] = []
-        if check_rows:
-            greedy = checks[:, : self.engine.vocab_size].argmax(dim=-1)
-            check_host = executor.sampler.to_host(greedy)
+        check_host = self._checks(executor, checks[:, : self.engine.vocab_size], verify)
         guided = executor.guided_decoder
         if guided is not None and sampled:
             last = guided.mask_logits(last, sampled)
@@ -171,6 +179,31 @@ class SpecDecoder:
             step = attach(step, prompt, plan.layout)
         return step, check_host
 
+    def _checks(self, executor: PyExecutor, checks: torch.Tensor, verify: list[_Verify]) -> _Checks:
+        """Greedy tokens of every checking row, and for sampled requests' rows the rejection
+        draws (acceptance, residual token); one host copy of all of them."""
+        out = _Checks()
+        if not checks.shape[0]:
+            return out
+        owners = [v.request for v in verify for _ in v.drafts]
+        picked = [i for i, req in enumerate(owners) if not wants_drafts(req)]
+        packed = checks.argmax(dim=-1)
+        if picked:
+            dev = checks.device
+            rows = async_tensor_h2d(picked, torch.int64, dev)
+            drafts = [d for v in verify for d in v.drafts]
+            tokens = async_tensor_h2d([drafts[i] for i in picked], torch.int64, dev)
+            accepted, residual = self.rejection.draws(
+                checks.index_select(0, rows), tokens, [owners[i] for i in picked]
+            )
+            packed = torch.cat([packed, accepted.long(), residual])
+        host = executor.sampler.to_host(packed)
+        n = checks.shape[0]
+        out.greedy = host[:n]
+        out.accepted = dict(zip(picked, (bool(a) for a in host[n : n + len(picked)]), strict=True))
+        out.residual = dict(zip(picked, host[n + len(picked) :], strict=True))
+        return out
+
     def _apply(
         self,
         ctx: list[LlmRequest],
@@ -179,7 +212,7 @@ class SpecDecoder:
         tokens: list[int],
         logprobs: list | None,
         verify: list[_Verify],
-        check: list[int],
+        check: _Checks,
     ) -> None:
         """Plain rows take their sampled token; draft rows their accepted run."""
         num_ctx = len(sampled) - len(verify)
@@ -195,12 +228,21 @@ class SpecDecoder:
             if not m:
                 v.emitted = [tokens[num_ctx + i]]
                 continue
-            # The last row's greedy token is the sampler's (a draft request is plain greedy).
-            v.target = [*check[at : at + m], tokens[num_ctx + i]]
+            # The last row's token is the sampler's: the greedy argmax, or the bonus draw.
+            bonus = tokens[num_ctx + i]
+            if wants_drafts(v.request):
+                target = [*check.greedy[at : at + m], bonus]
+                a = num_accepted(v.drafts, target)
+                run = target[: a + 1]
+            else:
+                accepted = [check.accepted[at + j] for j in range(m)]
+                run = sampled_run(
+                    v.drafts, accepted, [check.residual[at + j] for j in range(m)], bonus
+                )
+                a = len(run) - 1
             at += m
-            a = num_accepted(v.drafts, v.target)
-            n = emit_accepted(v.request, v.target[: a + 1])
-            v.emitted = v.target[:n]
+            n = emit_accepted(v.request, run)
+            v.emitted = run[:n]
             self.stats.num_verify_rows += 1
             self.stats.num_draft_tokens += m
             self.stats.num_accepted_tokens += a
@@ -218,7 +260,7 @@ class SpecDecoder:
         """Run the MTP head over this step's positions and keep each request's next drafts."""
         rows: list[DraftRow] = []
         for req, (begin, size, last), off in zip(ctx, chunks, offsets, strict=False):
-            if req.is_finished or not wants_drafts(req):
+            if req.is_finished or not takes_drafts(req):
                 continue
             arr = req.context_token_array
             after = req.output_token_ids[-1] if last else int(arr[begin + size])
@@ -227,7 +269,9 @@ class SpecDecoder:
             rows.append(DraftRow(req, off, begin, nxt, budget))
         for v in verify:
             self.drafts.pop(v.request.request_id, None)
-            if v.request.is_finished or not wants_drafts(v.request):
+            if v.request.is_finished:
+                self.rejection.release(v.request.request_id)
+            if v.request.is_finished or not takes_drafts(v.request):
                 continue
             budget = draft_budget(v.request, self.max_draft_len)
             rows.append(DraftRow(v.request, v.offset, v.start, v.emitted, budget))
@@ -241,7 +285,9 @@ class SpecDecoder:
         if len(self.drafts) > 2 * self.engine.max_batch_size:
             # Cancelled requests never come back to pop theirs.
             live = {req.request_id for req in executor._active}
-            self.drafts = {rid: d for rid, d in self.drafts.items() if rid in live}
+            for rid in [rid for rid in self.drafts if rid not in live]:
+                self.drafts.pop(rid)
+                self.rejection.release(rid)
 
     def _roll_back(self, verify: list[_Verify], snapshot: StateSnapshot | None) -> None:
         """Requests that rejected a draft: saved recurrent rows back, accepted tokens again."""
@@ -266,3 +312,8 @@ def _slot(req: LlmRequest) -> int:
     if req.seq_slot is None:
         raise RuntimeError(f"request {req.request_id} is scheduled without a seq slot")
     return req.seq_slot
+
+
+def takes_drafts(req: LlmRequest) -> bool:
+    """Greedy drafting (acceptance by argmax) or sampled drafting (rejection sampling)."""
+    return wants_drafts(req) or wants_sampled_drafts(req)

@@ -136,10 +136,10 @@ def test_without_rollback_the_output_changes(
 
 
 def test_sampled_and_logprobs_requests_run_beside_drafting_ones(ckpts: dict[str, Path]) -> None:
-    """A seeded temperature > 0 request and a logprobs request verify no drafts (no rejection
-    sampling yet) and sample exactly as without speculation; greedy companions still draft."""
+    """A seeded top-p request and a logprobs request verify no drafts and sample exactly as
+    without speculation; greedy companions still draft."""
     params = _params()
-    params[1] = SamplingParams(max_tokens=MAX_TOKENS[1], temperature=0.8, seed=7)
+    params[1] = SamplingParams(max_tokens=MAX_TOKENS[1], temperature=0.8, top_p=0.9, seed=7)
     params[3] = SamplingParams(max_tokens=MAX_TOKENS[3], temperature=0, logprobs=2)
     reference, _ = _generate(ckpts["qwen3_5"], params)
     outs, stats = _generate(ckpts["qwen3_5"], params, MTP)
@@ -167,3 +167,22 @@ def test_preemption_under_kv_pressure_keeps_greedy_output(ckpts: dict[str, Path]
     outs, preemptions = run(MTP, partly)
     assert outs == reference
     assert preemptions > 0
+
+
+def test_temperature_requests_draft_and_are_reproducible(ckpts: dict[str, Path]) -> None:
+    """Temperature sampling verifies drafts by rejection sampling (the distribution: see
+    test_spec_rejection.py); a seeded request gives the same tokens run after run, and its
+    greedy companions keep the reference output."""
+    params = _params()
+    for i in (1, 2):
+        params[i] = SamplingParams(max_tokens=MAX_TOKENS[i], temperature=0.9, seed=3 + i)
+    reference, _ = _generate(ckpts["qwen3_5"], _params())
+    # Drafts that are the greedy continuation: often, not always, what a sampled row draws.
+    oracle = _continuation(reference, lambda _: K)
+    first, stats = _generate(ckpts["qwen3_5"], params, MTP, oracle)
+    again, _ = _generate(ckpts["qwen3_5"], params, MTP, oracle)
+    assert first == again
+    assert [first[0], first[3]] == [reference[0], reference[3]]
+    assert [len(first[1]), len(first[2])] == [MAX_TOKENS[1], MAX_TOKENS[2]]
+    assert all(0 <= t < VOCAB for out in first for t in out)
+    assert stats.num_draft_tokens > stats.num_verify_rows > 0
