@@ -62,8 +62,8 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
     decoder = SpecDecoder(executor, drafter, k)
     executor.spec_decoder = decoder
     logger.info(
-        "speculative decoding: MTP, %d draft tokens per step (greedy requests; verify steps "
-        "run eagerly, no decode CUDA graphs)",
+        "speculative decoding: MTP, %d draft tokens per step (greedy and temperature-only "
+        "requests; verify steps run eagerly, no decode CUDA graphs)",
         k,
     )
     return decoder

@@ -5,8 +5,9 @@ The step, top to bottom:
 2. one target forward over the context chunks and the verify rows (chunk_batch.py), to the
    final-normed hidden states; one LM head over each request's last row plus the rows that
    check drafts;
-3. sample the last rows as a plain step does (processors, logprobs, guided masks), greedy
-   argmax the check rows; one host copy each;
+3. sample the last rows as a plain step does (processors, logprobs, guided masks); the check
+   rows give greedy argmax tokens and, for temperature requests, the rejection draws
+   (rejection.py); one host copy each;
 4. accept drafts and append tokens with the usual stop checks (acceptance.py);
 5. draft the next k tokens with the MTP head (mtp_drafter.py) from this step's hidden states;
 6. roll the recurrent state back for requests that rejected a draft: restore and replay.

@@ -186,3 +186,29 @@ def test_temperature_requests_draft_and_are_reproducible(ckpts: dict[str, Path])
     assert [len(first[1]), len(first[2])] == [MAX_TOKENS[1], MAX_TOKENS[2]]
     assert all(0 <= t < VOCAB for out in first for t in out)
     assert stats.num_draft_tokens > stats.num_verify_rows > 0
+
+
+def test_prompt_and_output_logprobs_match(ckpts: dict[str, Path]) -> None:
+    """Prompt logprobs of chunked prompts (computed from the step's hidden states) and output
+    logprobs of a request that verifies no drafts equal the non-speculative run's."""
+    ckpt = ckpts["qwen3_5"]
+    params = _params()
+    params[1] = SamplingParams(max_tokens=MAX_TOKENS[1], temperature=0, prompt_logprobs=2)
+    params[3] = SamplingParams(max_tokens=MAX_TOKENS[3], temperature=0, logprobs=1)
+
+    def run(spec: dict[str, Any] | None) -> tuple[Any, Any, list[list[int]]]:
+        with LLM(model=str(ckpt), speculative_config=spec, **ENGINE) as llm:
+            prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+            outs = llm.generate(prompts, params)
+            tokens = [list(o.outputs[0].token_ids) for o in outs]
+            return outs[1].prompt_logprobs, outs[3].outputs[0].logprobs, tokens
+
+    ref_prompt, ref_out, ref_tokens = run(None)
+    prompt, out, tokens = run(MTP)
+    assert tokens == ref_tokens
+    assert len(prompt) == len(PROMPTS[1]) and prompt[0] is None
+    for got, want in zip([*prompt[1:], *out], [*ref_prompt[1:], *ref_out], strict=True):
+        assert got.keys() == want.keys()
+        for tok, entry in got.items():
+            assert entry.rank == want[tok].rank
+            assert entry.logprob == pytest.approx(want[tok].logprob, abs=1e-4)
