@@ -370,6 +370,7 @@ class LlmArgs:
                 speculative,
                 text_config,
                 disable_overlap_scheduler=self.disable_overlap_scheduler,
+                max_num_tokens=self.max_num_tokens,
             )
         return EngineConfig(
             checkpoint_dir=self.model,

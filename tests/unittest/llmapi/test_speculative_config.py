@@ -72,6 +72,16 @@ def test_overlap_scheduler_is_refused(ckpts: dict[str, str]) -> None:
         args.to_engine_config()
 
 
+def test_step_budget_must_hold_a_verify_row(ckpts: dict[str, str]) -> None:
+    spec = {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
+    args = LlmArgs(
+        model=ckpts["mtp"], speculative_config=spec, disable_overlap_scheduler=True,
+        max_num_tokens=3,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"max_num_tokens=3 cannot hold one verify row of 1 \+ 3"):
+        args.to_engine_config()
+
+
 def test_serve_flag_takes_json_or_a_file(tmp_path: Path) -> None:
     spec = {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
     args = parse_args(["--demo", "--speculative_config", json.dumps(spec)])

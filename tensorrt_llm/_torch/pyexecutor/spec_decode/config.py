@@ -68,7 +68,11 @@ def parse_speculative_config(value: Any) -> MTPDecodingConfig | None:
 
 
 def check_speculative_support(
-    config: MTPDecodingConfig, text_config: Any, *, disable_overlap_scheduler: bool
+    config: MTPDecodingConfig,
+    text_config: Any,
+    *,
+    disable_overlap_scheduler: bool,
+    max_num_tokens: int,
 ) -> None:
     """The combinations MTP cannot run yet, as errors naming the knob (`to_engine_config`)."""
     num_layers = int(getattr(text_config, "mtp_num_hidden_layers", 0) or 0)
@@ -77,6 +81,12 @@ def check_speculative_support(
         raise ValueError(
             "speculative_config (MTP) needs a checkpoint with an MTP head: its text config "
             f"({model_type}) declares no mtp_num_hidden_layers (Qwen3.5 / Qwen3.6 ship one)"
+        )
+    k = config.num_nextn_predict_layers
+    if 1 + k > max_num_tokens:
+        raise ValueError(
+            f"max_num_tokens={max_num_tokens} cannot hold one verify row of 1 + "
+            f"{k} tokens (speculative_config.num_nextn_predict_layers)"
         )
     if not disable_overlap_scheduler:
         raise ValueError(

@@ -55,6 +55,13 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
     kv = engine.kv_cache_manager
     if kv is None:
         raise RuntimeError("the engine has no KV cache manager yet")
+    if getattr(executor.scheduler, "reuse", None) is not None:
+        # NOTE: unreachable while hybrid models refuse block reuse; explicit for when they
+        # take it (the MTP layer's KV of a cached block was never checked against drafts).
+        raise ValueError(
+            "speculative_config with KV block reuse is not supported yet; pass "
+            "enable_block_reuse=False"
+        )
     executor.scheduler.set_draft_len(k)
     drafter = MTPDrafter(
         text_lm(engine.model), kv, engine.tokens_per_block, engine.vocab_size, engine.device
