@@ -7,7 +7,7 @@ The step, top to bottom:
    check drafts;
 3. sample the last rows as a plain step does (processors, logprobs, guided masks); the check
    rows give greedy argmax tokens and, for temperature requests, the rejection draws
-   (rejection.py); one host copy each;
+   (rejection.py); one host copy of both unless a row asks for logprobs;
 4. accept drafts and append tokens with the usual stop checks (acceptance.py);
 5. draft the next k tokens with the MTP head (mtp_drafter.py) from this step's hidden states;
 6. roll the recurrent state back for requests that rejected a draft: restore and replay.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -135,8 +135,8 @@ class SpecDecoder:
             v.offset + len(v.drafts) for v in verify
         ]
         sampled += [v.request for v in verify]
-        step, check = self._sample(executor, batch, hidden, sampled, last_rows, verify)
-        tokens, logprobs, prompt = executor.sampler.step_results(step)
+        step, packed = self._sample(executor, batch, hidden, sampled, last_rows, verify)
+        tokens, logprobs, prompt, check = self._to_host(executor, step, packed, verify)
         release_prefilled_media(scheduled)
         advance_context_chunks(scheduled)
         apply_prompt_logprobs(prompt)
@@ -154,9 +154,9 @@ class SpecDecoder:
         sampled: list[LlmRequest],
         last_rows: list[int],
         verify: list[_Verify],
-    ) -> tuple[SampledStep, _Checks]:
+    ) -> tuple[SampledStep, torch.Tensor | None]:
         """The step's sampled tokens (with logprobs and prompt logprobs, one packed copy) and
-        what the draft-checking rows say (`_checks`)."""
+        what the draft-checking rows say (`_checks`, on the device)."""
         model = self.engine.model
         dev = hidden.device
         check_rows = [v.offset + j for v in verify for j in range(len(v.drafts))]
@@ -167,7 +167,7 @@ class SpecDecoder:
         index = async_tensor_h2d(last_rows + check_rows, torch.int64, dev)
         logits = model.lm_logits(hidden.index_select(0, index))
         last, checks = logits[: len(last_rows)], logits[len(last_rows) :]
-        check_host = self._checks(executor, checks[:, : self.engine.vocab_size], verify)
+        packed = self._checks(checks[:, : self.engine.vocab_size], verify)
         guided = executor.guided_decoder
         if guided is not None and sampled:
             last = guided.mask_logits(last, sampled)
@@ -178,14 +178,13 @@ class SpecDecoder:
             step = SampledStep(none, none, None)
         if prompt is not None and plan is not None:
             step = attach(step, prompt, plan.layout)
-        return step, check_host
+        return step, packed
 
-    def _checks(self, executor: PyExecutor, checks: torch.Tensor, verify: list[_Verify]) -> _Checks:
-        """Greedy tokens of every checking row, and for sampled requests' rows the rejection
-        draws (acceptance, residual token); one host copy of all of them."""
-        out = _Checks()
+    def _checks(self, checks: torch.Tensor, verify: list[_Verify]) -> torch.Tensor | None:
+        """Greedy tokens of every checking row, then for sampled requests' rows the rejection
+        draws (acceptance, residual token), as one int64 device tensor (None: no row)."""
         if not checks.shape[0]:
-            return out
+            return None
         owners = [v.request for v in verify for _ in v.drafts]
         picked = [i for i, req in enumerate(owners) if not wants_drafts(req)]
         packed = checks.argmax(dim=-1)
@@ -198,12 +197,26 @@ class SpecDecoder:
                 checks.index_select(0, rows), tokens, [owners[i] for i in picked]
             )
             packed = torch.cat([packed, accepted.long(), residual])
-        host = executor.sampler.to_host(packed)
-        n = checks.shape[0]
-        out.greedy = host[:n]
-        out.accepted = dict(zip(picked, (bool(a) for a in host[n : n + len(picked)]), strict=True))
-        out.residual = dict(zip(picked, host[n + len(picked) :], strict=True))
-        return out
+        return packed
+
+    def _to_host(
+        self,
+        executor: PyExecutor,
+        step: SampledStep,
+        packed: torch.Tensor | None,
+        verify: list[_Verify],
+    ) -> tuple[list[int], list | None, Any, _Checks]:
+        """The step's results on the host: sampled tokens, logprobs, prompt logprobs and the
+        checks. A step without logprobs takes one copy for tokens and checks together."""
+        sampler = executor.sampler
+        if packed is None:
+            return (*sampler.step_results(step), _Checks())
+        if step.layout is None and step.prompt is None:
+            n = step.tokens.shape[0]
+            host = sampler.to_host(torch.cat([step.tokens, packed]))
+            return host[:n], None, None, _unpack_checks(host[n:], verify)
+        tokens, logprobs, prompt = sampler.step_results(step)
+        return tokens, logprobs, prompt, _unpack_checks(sampler.to_host(packed), verify)
 
     def _apply(
         self,
@@ -307,6 +320,19 @@ class SpecDecoder:
         batch = build_chunk_batch(self.engine.batch_builder, [], rows).batch
         self.engine.model.forward_hidden(batch)
         self.stats.num_replays += len(replay)
+
+
+def _unpack_checks(host: list[int], verify: list[_Verify]) -> _Checks:
+    """`SpecDecoder._checks`' tensor, on the host, back into its parts."""
+    owners = [v.request for v in verify for _ in v.drafts]
+    picked = [i for i, req in enumerate(owners) if not wants_drafts(req)]
+    n = len(owners)
+    accepted = (bool(a) for a in host[n : n + len(picked)])
+    return _Checks(
+        greedy=host[:n],
+        accepted=dict(zip(picked, accepted, strict=True)),
+        residual=dict(zip(picked, host[n + len(picked) :], strict=True)),
+    )
 
 
 def _slot(req: LlmRequest) -> int:
