@@ -59,7 +59,12 @@ from .py_executor_overlap import OverlapPyExecutor
 from .resource_manager import SeqSlotManager
 from .sampler import TorchSampler
 from .scheduler import SimpleScheduler
-from .spec_decode.setup import attach_spec_decoder, kv_spec_with_mtp, prepare_mtp
+from .spec_decode.setup import (
+    attach_spec_decoder,
+    kv_spec_with_mtp,
+    prepare_mtp,
+    snapshot_reserve_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -312,6 +317,8 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     if embed_cache_bytes:
         # Its tensors grow as images arrive: reserved like the probe's peak, before KV sizing.
         cast(Any, engine.model).vision_embedding_cache = VisionEmbeddingCache(embed_cache_bytes)
+    # MTP speculation also keeps a full batch's recurrent-state snapshot (spec_decode/).
+    reserved = embed_cache_bytes + snapshot_reserve_bytes(config, engine.model, num_slots)
     num_blocks = choose_num_blocks(
         spec,
         device,
@@ -320,7 +327,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         engine.max_blocks_per_seq,
         config.kv_cache_free_gpu_memory_fraction,
         config.kv_cache_max_tokens,
-        activation_peak_bytes=activation + embed_cache_bytes,
+        activation_peak_bytes=activation + reserved,
         seq_len_capped_after=config.max_seq_len_source != MAX_SEQ_LEN_USER,
     )
     seq_len = _final_max_seq_len(config, engine, num_blocks, max(len(d[0]) for d in dummies))

@@ -12,6 +12,7 @@ from torch import nn
 from ...models.modeling_qwen3_5_mtp import num_mtp_layers, with_mtp
 from ...models.modeling_qwen3_next import Qwen3_5TextForCausalLM
 from .mtp_drafter import MTPDrafter
+from .rollback import RECURRENT_PREFIX
 from .spec_decoder import SpecDecoder
 
 if TYPE_CHECKING:
@@ -43,6 +44,19 @@ def kv_spec_with_mtp(spec: KVCacheSpec, config: EngineConfig) -> KVCacheSpec:
     if config.speculative_config is None:
         return spec
     return replace(spec, num_layers=spec.num_layers + num_mtp_layers(config.text_config))
+
+
+def snapshot_reserve_bytes(config: EngineConfig, model: Any, num_slots: int) -> int:
+    """Device bytes the recurrent-state snapshot of a full batch takes (rollback.py), kept
+    out of the KV cache's share like the probe's activation peak (0 when speculation is off)."""
+    if config.speculative_config is None:
+        return 0
+    rows = [
+        t[0].numel() * t.element_size()
+        for name, t in model.per_slot_state().items()
+        if name.startswith(RECURRENT_PREFIX)
+    ]
+    return sum(rows) * num_slots
 
 
 def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecoder | None:

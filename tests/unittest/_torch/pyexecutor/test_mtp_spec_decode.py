@@ -212,3 +212,18 @@ def test_prompt_and_output_logprobs_match(ckpts: dict[str, Path]) -> None:
         for tok, entry in got.items():
             assert entry.rank == want[tok].rank
             assert entry.logprob == pytest.approx(want[tok].logprob, abs=1e-4)
+
+
+def test_snapshot_memory_is_reserved(ckpts: dict[str, Path]) -> None:
+    """KV sizing keeps room for a full batch's recurrent-state snapshot (rollback.py)."""
+    from tensorrt_llm._torch.pyexecutor.spec_decode.setup import snapshot_reserve_bytes
+
+    with LLM(model=str(ckpts["qwen3_5"]), speculative_config=MTP, **ENGINE) as llm:
+        engine = llm._executor.model_engine
+        config = llm.args.to_engine_config()
+        pools = engine.model.llm.model.recurrent_states
+        per_row = sum(b[0].numel() * b.element_size() for b in pools.buffers())
+        assert per_row > 0
+        assert snapshot_reserve_bytes(config, engine.model, 4) == 4 * per_row
+        plain = llm.args.__class__(model=str(ckpts["qwen3_5"])).to_engine_config()
+        assert snapshot_reserve_bytes(plain, engine.model, 4) == 0
