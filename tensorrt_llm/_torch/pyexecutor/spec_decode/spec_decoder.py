@@ -273,6 +273,7 @@ class SpecDecoder:
     ) -> None:
         """Run the MTP head over this step's positions and keep each request's next drafts."""
         rows: list[DraftRow] = []
+        # `offsets` also holds the verify rows' (after the context requests'): zip stops early.
         for req, (begin, size, last), off in zip(ctx, chunks, offsets, strict=False):
             if req.is_finished or not takes_drafts(req):
                 continue
