@@ -82,9 +82,14 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
     )
     decoder = SpecDecoder(executor, drafter, k)
     executor.spec_decoder = decoder
+    if config.use_cuda_graph:
+        logger.warning(
+            "cuda_graph_config is not applied with speculative_config yet: verify steps run "
+            "eagerly and no decode CUDA graph is captured"
+        )
     logger.info(
         "speculative decoding: MTP, %d draft tokens per step (greedy and temperature-only "
-        "requests; verify steps run eagerly, no decode CUDA graphs)",
+        "requests draft)",
         k,
     )
     return decoder
