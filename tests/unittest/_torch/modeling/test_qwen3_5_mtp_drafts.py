@@ -66,7 +66,7 @@ def test_engine_drafts_match_reference(family: str, tmp_path: Path) -> None:
 
     spec = {"decoding_type": "MTP", "num_nextn_predict_layers": K}
     with LLM(
-        model=str(ckpt), executor_mode="inproc", disable_overlap_scheduler=True,
+        model=str(ckpt), device="cpu", executor_mode="inproc", disable_overlap_scheduler=True,
         speculative_config=spec, max_num_tokens=16, tokens_per_block=4, max_batch_size=4,
     ) as llm:  # fmt: skip
         llm._executor.spec_decoder.draft_override = record
