@@ -27,7 +27,13 @@ from .workload import Workload, make_requests
 
 Rows = tuple[dict[str, float], list[dict[str, float]]]
 # The extra columns of --multi_turn / --max_tokens_dist runs (each row has those of its mode).
-_MODE_COLUMNS = ("prefix_hit_rate", "stop_tokens_mean", "overshoot_tokens_mean", "peak_running")
+_MODE_COLUMNS = (
+    "prefix_hit_rate",
+    "stop_tokens_mean",
+    "overshoot_tokens_mean",
+    "peak_running",
+    "acceptance_length",
+)
 
 
 def table_columns(rows: list[dict[str, float]], base: tuple[str, ...]) -> tuple[str, ...]:

@@ -42,6 +42,7 @@ from ..bench.multi_turn import TURN_COLUMNS
 from ..bench.plot import plot_results, require_matplotlib
 from ..bench.served import STAGE_COLUMNS, served_target, single_token_words, text_tokens_for_isl
 from ..bench.served_flags import add_served_flags, serve_flags
+from ..bench.spec_modes import add_spec_flags, check_spec_flags, run_spec_wave, spec_llm_kwargs
 from ..bench.upstream_cli import is_upstream_form, run_upstream
 from ..bench.workload import Workload, make_requests, prepare_model_folder
 from ..bench.workload_modes import (
@@ -151,8 +152,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_served_flags(p)
     add_workload_flags(p)
+    add_spec_flags(p)
     args = p.parse_args(argv)
     check_workload_flags(p, args)
+    check_spec_flags(p, args)
     if args.served_url:
         args.served = True
     if args.inprocess_too and not args.served:
@@ -194,13 +197,18 @@ def _run_ours(
         kv_cache_free_gpu_memory_fraction=kv_fraction,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
-        **({"executor_mode": args.executor_mode} if args.executor_mode else {}),
-        **_policy_kwargs(args),
+        **(
+            ({"executor_mode": args.executor_mode} if args.executor_mode else {})
+            | spec_llm_kwargs(args)
+            | _policy_kwargs(args)
+        ),
     )
     rows = []
     try:
         for c in args.concurrency:
-            row, turn_rows = wave_ours(llm, config, folder, args, c, guided_schema(args))
+            row, turn_rows = run_spec_wave(
+                llm, args, lambda c=c: wave_ours(llm, config, folder, args, c, guided_schema(args))
+            )
             rows.append(row)
             turns.extend(turn_rows)
             print(_table(rows[-1:], table_columns(rows, _COLUMNS)), flush=True)

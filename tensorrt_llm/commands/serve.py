@@ -23,7 +23,12 @@ from ..llmapi.upstream_args import BACKENDS
 from ..serve.lifecycle import DEFAULT_HEADER_READ_TIMEOUT_S
 from ..serve.log_config import configure_logging
 from ..serve.request_body import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_REQUEST_BODY_BYTES
-from ..serve.server_args import DEFAULT_MAX_PROMPTS, DEFAULT_MAX_SEQUENCES, load_llm_api_options
+from ..serve.server_args import (
+    DEFAULT_MAX_PROMPTS,
+    DEFAULT_MAX_SEQUENCES,
+    load_llm_api_options,
+    parse_speculative_config_arg,
+)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # TensorRT-LLM's severities -> the Python logging level they mean.
@@ -50,6 +55,7 @@ _LLM_FLAGS = (
     "backend",
 )
 # Flags spelled as TensorRT-LLM's trtllm-serve spells them -> the LLM argument they set.
+_LLM_FLAGS = (*_LLM_FLAGS, "speculative_config", "disable_overlap_scheduler")
 _RENAMED_LLM_FLAGS = {"tp_size": "tensor_parallel_size", "pp_size": "pipeline_parallel_size"}
 
 
@@ -205,6 +211,20 @@ def _add_upstream_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="pipeline-parallel GPUs (LLM's pipeline_parallel_size); only 1 is supported yet",
+    )
+    g.add_argument(
+        "--speculative_config",
+        type=parse_speculative_config_arg,
+        default=None,
+        metavar="JSON|FILE",
+        help='speculative decoding, e.g. \'{"decoding_type": "MTP", "num_nextn_predict_layers": '
+        "3}' or a YAML/JSON file of it (needs --disable_overlap_scheduler)",
+    )
+    g.add_argument(
+        "--disable_overlap_scheduler",
+        action="store_true",
+        default=None,
+        help="run the executor without the overlap scheduler (MTP speculation needs it)",
     )
     g.add_argument(
         "--extra_llm_api_options",

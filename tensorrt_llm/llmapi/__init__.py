@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from ..sampling_params import GuidedDecodingParams, SamplingParams
     from .errors import PromptTooLongError
     from .llm import LLM
-    from .llm_args import CudaGraphConfig, LlmArgs, TorchLlmArgs
+    from .llm_args import CudaGraphConfig, LlmArgs, MTPDecodingConfig, TorchLlmArgs
     from .logprobs import Logprob, TokenLogprobs
     from .outputs import CompletionOutput, RequestOutput
     from .result import GenerationResult
@@ -23,6 +23,7 @@ _LAZY: dict[str, str] = {
     "KvCacheConfig": ".upstream_args",
     "SchedulerConfig": ".scheduler_args",
     "CapacitySchedulerPolicy": ".scheduler_args",
+    "MTPDecodingConfig": ".llm_args",
     "TorchLlmArgs": ".llm_args",
     "RequestOutput": ".outputs",
     "CompletionOutput": ".outputs",
@@ -41,6 +42,7 @@ __all__ = [
     "KvCacheConfig",
     "SchedulerConfig",
     "CapacitySchedulerPolicy",
+    "MTPDecodingConfig",
     "TorchLlmArgs",
     "RequestOutput",
     "CompletionOutput",

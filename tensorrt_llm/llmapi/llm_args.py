@@ -29,6 +29,11 @@ from .._torch.pyexecutor.engine_config import (
     EngineConfig,
 )
 from .._torch.pyexecutor.engine_config import check_int as _check_int
+from .._torch.pyexecutor.spec_decode.config import (
+    MTPDecodingConfig,
+    check_speculative_support,
+    parse_speculative_config,
+)
 from .._torch.quantization import QUANTIZATION_MODES, resolve_quant_config
 from ..inputs.validation import check_mm_processor_kwargs
 from .generation_defaults import GENERATION_CONFIG_MODES
@@ -147,11 +152,18 @@ class LlmArgs:
     # Admission policy (`scheduler_args.py`): None or MAX_UTILIZATION, blocks on demand with
     # preemption; GUARANTEED_NO_EVICT reserves prompt + max_tokens up front (TensorRT-LLM's).
     scheduler_config: SchedulerConfig | dict[str, Any] | None = None
+    # Speculative decoding with the checkpoint's MTP head (an MTPDecodingConfig, or a dict of
+    # its fields: {"decoding_type": "MTP", "num_nextn_predict_layers": k}); None: off.
+    speculative_config: MTPDecodingConfig | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         apply_upstream_fields(self)
         object.__setattr__(
             self, "scheduler_config", resolve_scheduler_config(self.scheduler_config)
+        )
+        # Normalised once: the dict form becomes the frozen config.
+        object.__setattr__(
+            self, "speculative_config", parse_speculative_config(self.speculative_config)
         )
         self._validate_paths()
         _check_choice("dtype", self.dtype, list(DTYPES))
@@ -371,6 +383,15 @@ class LlmArgs:
         max_seq_len, max_seq_len_source = self._max_seq_len_and_source(
             getattr(text_config, "max_position_embeddings", None), device.type == "cuda"
         )
+        speculative = self.speculative_config
+        assert not isinstance(speculative, dict)  # parsed in __post_init__
+        if speculative is not None:
+            check_speculative_support(
+                speculative,
+                text_config,
+                disable_overlap_scheduler=self.disable_overlap_scheduler,
+                max_num_tokens=self.max_num_tokens,
+            )
         return EngineConfig(
             checkpoint_dir=self.model,
             architecture=resolve_architecture(config),
@@ -406,6 +427,7 @@ class LlmArgs:
             recurrent_state_snapshot_bytes=recurrent_state_snapshot_bytes(
                 self.recurrent_state_snapshot_mib
             ),
+            speculative_config=speculative,
         )
 
 

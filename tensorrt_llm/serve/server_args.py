@@ -7,6 +7,8 @@ the same defaults as the command line.
 
 from __future__ import annotations
 
+import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,29 @@ def media_config_from_args(args: Any) -> MediaConfig:
     if domains:
         kwargs["allowed_media_domains"] = tuple(domains)
     return MediaConfig(**kwargs)
+
+
+def parse_speculative_config_arg(text: str) -> dict[str, Any]:
+    """`--speculative_config`: a JSON object, or the path of a YAML (or JSON) file holding one.
+    The fields are checked by LlmArgs (`MTPDecodingConfig`)."""
+    where = f"--speculative_config {text}"
+    if text.strip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"{where}: not valid JSON ({exc.msg})") from None
+    else:
+        try:
+            with open(text, encoding="utf-8") as f:
+                value = yaml.safe_load(f)
+        except OSError as exc:
+            msg = f"{where}: neither a JSON object nor a readable file ({exc.strerror or exc})"
+            raise argparse.ArgumentTypeError(msg) from None
+        except yaml.YAMLError as exc:
+            raise argparse.ArgumentTypeError(f"{where}: not valid YAML ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
 
 
 def load_llm_api_options(path: str | None, flag_kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -13,9 +13,9 @@ gated-attention layer with its dense or MoE MLP. Each MTP layer's attention has 
 layer index after the main stack's full-attention layers (`first_kv_layer_idx`), so a KV cache
 for speculation needs `num_full_attention_layers + num_mtp_layers` layers.
 
-NOTE: nothing calls this on the decode path yet; speculative decoding (a later issue) will,
-through `with_mtp` (before loading) and `mtp_logits`. A model without the head skips the
-`mtp.*` tensors with one log line (`Qwen3_5TextForCausalLM.load_weights`).
+Speculative decoding (`pyexecutor/spec_decode/`) builds the head through `with_mtp` (before
+loading) and drafts with `Qwen3_5MTP.forward` (`mtp_drafter.py`). A model without the head
+skips the `mtp.*` tensors with one log line (`Qwen3_5TextForCausalLM.load_weights`).
 """
 
 from __future__ import annotations

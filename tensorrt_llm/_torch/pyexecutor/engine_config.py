@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..quantization import QuantConfig
+from .spec_decode.config import MTPDecodingConfig
 
 # Where EngineConfig.max_seq_len came from. Every source but the user's is a default that the
 # KV cache caps at startup (create_py_executor) to what it holds for one sequence.
@@ -163,6 +164,8 @@ class EngineConfig:
     # Bytes of the recurrent-state snapshot pool (used with block reuse on a hybrid model);
     # None: `hybrid_kv_cache_reuse.default_snapshot_pool_bytes`.
     recurrent_state_snapshot_bytes: int | None = None
+    # MTP speculative decoding (spec_decode/config.py), checked against the checkpoint; None: off.
+    speculative_config: MTPDecodingConfig | None = None
 
     @property
     def text_config(self) -> Any:

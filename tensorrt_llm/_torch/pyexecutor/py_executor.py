@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from .resource_manager import KVCacheManager, SeqSlotManager
     from .sampler import TorchSampler
     from .scheduler import ScheduledRequests, SimpleScheduler
+    from .spec_decode.spec_decoder import SpecDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class PyExecutor:
         self.on_step = on_step
         # Structured output (guided_decoder.py); set by create_py_executor, None: unsupported.
         self.guided_decoder: GuidedDecoder | None = None
+        # MTP speculative decoding (spec_decode/); set by create_py_executor, None: off.
+        self.spec_decoder: SpecDecoder | None = None
         # Responses of requests enqueued without a callback land here.
         self.responses: queue.Queue[LlmResponse] = queue.Queue()
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -369,6 +372,9 @@ class PyExecutor:
         return sampled, step
 
     def _run_step(self, scheduled: ScheduledRequests) -> None:
+        if self.spec_decoder is not None:
+            self.spec_decoder.run_step(self, scheduled)
+            return
         sampled, step = self._forward_and_sample(scheduled)
         host_tokens: list[int] = []
         logprobs = prompt = None

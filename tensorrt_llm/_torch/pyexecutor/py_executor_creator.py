@@ -60,6 +60,12 @@ from .py_executor_overlap import OverlapPyExecutor
 from .resource_manager import SeqSlotManager
 from .sampler import TorchSampler
 from .scheduler import SimpleScheduler
+from .spec_decode.setup import (
+    attach_spec_decoder,
+    kv_spec_with_mtp,
+    prepare_mtp,
+    snapshot_reserve_bytes,
+)
 from .warmup import StartupTuning, arm_step_compile_guard, run_warmup, warmup_enabled
 
 logger = logging.getLogger(__name__)
@@ -129,6 +135,8 @@ def _build_model(
     quant = config.quant_config
 
     def prepare(model: torch.nn.Module) -> None:  # on meta: no 16-bit copy of FP8 layers
+        if config.speculative_config is not None:
+            prepare_mtp(model, config.attn_backend)
         if quant is not None:
             converted = apply_fp8_block_config_(model, quant)
             source = "checkpoint" if quant.from_checkpoint else "quantized at load"
@@ -272,7 +280,9 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     device = config.device
     text_config = config.text_config
     cls = get_model_class(config.architecture)
-    spec = KVCacheSpec.from_text_config(text_config, config.kv_cache_dtype)
+    spec = kv_spec_with_mtp(
+        KVCacheSpec.from_text_config(text_config, config.kv_cache_dtype), config
+    )
     model_config = ModelConfig(
         pretrained_config=config.pretrained_config,
         torch_dtype=config.dtype,
@@ -314,6 +324,8 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         cast(Any, engine.model).vision_embedding_cache = VisionEmbeddingCache(embed_cache_bytes)
     # Allocated now, so the KV cache is sized from what it leaves (hybrid_kv_cache_reuse.py).
     snapshots = make_snapshot_pool(config, engine) if reuse_on else None
+    # MTP speculation also keeps a full batch's recurrent-state snapshot (spec_decode/).
+    reserved = embed_cache_bytes + snapshot_reserve_bytes(config, engine.model, num_slots)
     num_blocks = choose_num_blocks(
         spec,
         device,
@@ -322,7 +334,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         engine.max_blocks_per_seq,
         config.kv_cache_free_gpu_memory_fraction,
         config.kv_cache_max_tokens,
-        activation_peak_bytes=activation + embed_cache_bytes,
+        activation_peak_bytes=activation + reserved,
         seq_len_capped_after=config.max_seq_len_source != MAX_SEQ_LEN_USER,
     )
     seq_len = _final_max_seq_len(config, engine, num_blocks, max(len(d[0]) for d in dummies))
@@ -360,7 +372,8 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         guaranteed_no_evict=config.guaranteed_no_evict,
     )
     sampler = TorchSampler(engine.vocab_size, device)
-    if config.use_cuda_graph:
+    # Verify steps are chunks, never a decode graph's shape: nothing to capture for them.
+    if config.use_cuda_graph and config.speculative_config is None:
         engine.cuda_graph_runner = CUDAGraphRunner(
             engine, _decode_graph_sizes(config, sizing), config.cuda_graph_padding_enabled
         )
@@ -376,6 +389,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     executor.guided_decoder = GuidedDecoder(
         getattr(input_processor, "tokenizer", None), engine.vocab_size
     )
+    attach_spec_decoder(executor, config)
     logger.info("%s", startup_summary(config, engine, max_seq_len, max_batch_size, num_blocks))
     executor.start()
     if warmed:

@@ -113,17 +113,19 @@ def _interleave(queues: list[list[LlmRequest]]) -> Iterator[LlmRequest]:
                 yield queue[rank]
 
 
-def kv_tokens_for_chunk(request: LlmRequest, chunk: int) -> int:
+def kv_tokens_for_chunk(request: LlmRequest, chunk: int, spec_tokens: int = 0) -> int:
     """KV tokens a context request owns once `chunk` more of its context is prefilled: the
-    look-ahead token only when the chunk ends the context (the step then samples)."""
+    look-ahead token (plus `spec_tokens`, the drafts' writes) only when the chunk ends the
+    context (the step then samples)."""
     end = request.context_current_position + chunk
-    spare = KV_LOOKAHEAD_TOKENS if end >= request.context_len else 0
+    spare = KV_LOOKAHEAD_TOKENS + spec_tokens if end >= request.context_len else 0
     return min(end + spare, request.max_num_tokens)
 
 
-def kv_tokens_for_generation(request: LlmRequest) -> int:
-    """KV tokens a generation step needs: its input token's write plus the look-ahead."""
-    return min(request.num_tokens + KV_LOOKAHEAD_TOKENS, request.max_num_tokens)
+def kv_tokens_for_generation(request: LlmRequest, spec_tokens: int = 0) -> int:
+    """KV tokens a generation step needs: its input token's write plus the look-ahead, plus
+    `spec_tokens` for speculative decoding (verified drafts and the next drafts' writes)."""
+    return min(request.num_tokens + KV_LOOKAHEAD_TOKENS + spec_tokens, request.max_num_tokens)
 
 
 class SimpleScheduler:
@@ -153,8 +155,24 @@ class SimpleScheduler:
         self.reuse = reuse
         self.guaranteed_no_evict = guaranteed_no_evict
         self.num_preemptions = 0  # over the scheduler's life (metrics)
+        # Speculative decoding (`set_draft_len`): step tokens and extra KV per generation row.
+        self.tokens_per_generation = 1
+        self.spec_kv_tokens = 0
         # Groups with waiting requests, in turn order (see the module policy).
         self._rotation: OrderedDict[Hashable, None] = OrderedDict()
+
+    def set_draft_len(self, num_draft_tokens: int) -> None:
+        """Speculative decoding: a generation row runs 1 + k tokens, and its KV claim covers
+        the verified drafts plus the MTP head's writes for the next k drafts (2k spare)."""
+        if num_draft_tokens < 0:
+            raise ValueError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
+        if 1 + num_draft_tokens > self.max_num_tokens:
+            raise ValueError(
+                f"max_num_tokens={self.max_num_tokens} cannot hold one generation row of "
+                f"1 + {num_draft_tokens} draft tokens"
+            )
+        self.tokens_per_generation = 1 + num_draft_tokens
+        self.spec_kv_tokens = 2 * num_draft_tokens
 
     def validate(self, request: LlmRequest) -> str | None:
         """Why the request can never be scheduled (None when it can). Checked at submission."""
@@ -199,11 +217,12 @@ class SimpleScheduler:
                 # NOTE: with the overlap scheduler a request's last token may be sampled but
                 # not yet on the host: nothing is left to decode, it waits for that token.
                 continue
-            if scheduled.batch_size >= self.max_batch_size or budget < 1:
+            if scheduled.batch_size >= self.max_batch_size or budget < self.tokens_per_generation:
                 break
-            if self._grow(req, kv_tokens_for_generation(req), running, scheduled, may_self=True):
+            need = kv_tokens_for_generation(req, self.spec_kv_tokens)
+            if self._grow(req, need, running, scheduled, may_self=True):
                 scheduled.generation_requests.append(req)
-                budget -= 1
+                budget -= self.tokens_per_generation
         self._schedule_contexts(requests, running, scheduled, budget)
         return scheduled
 
@@ -236,7 +255,7 @@ class SimpleScheduler:
             if chunk == 0:
                 self._unmatch(req)
                 break  # the head blocks the rest: no starvation (module docstring)
-            need = kv_tokens_for_chunk(req, chunk)
+            need = kv_tokens_for_chunk(req, chunk, self.spec_kv_tokens)
             if not waiting:
                 if not self._grow(req, need, running, scheduled, may_self=False):
                     break

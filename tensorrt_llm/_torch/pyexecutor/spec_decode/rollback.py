@@ -1,0 +1,64 @@
+"""Recurrent-state rollback of the Gated DeltaNet and causal-conv layers for rejected drafts.
+
+A verify row runs 1 + m tokens through the recurrent layers, which leave the state after the
+last of them; a request that accepts a < m drafts needs the state after 1 + a tokens. The
+choice here is save-and-replay: the rows of the step's draft requests are copied aside
+before the verify forward (one gather per per-slot tensor), and a request that rejected a
+draft gets them back and re-runs its 1 + a accepted tokens in a replay forward (a chunk of
+the same positions: its KV writes repeat the verify's). Full acceptance costs the copy only.
+
+NOTE: the cheaper alternative, keeping the state after every position inside the chunked
+delta rule and selecting the accepted one, needs the kernels to emit per-position states;
+it is left for a later change (docs/interfaces.md, speculative decoding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ...._utils import async_tensor_h2d
+
+if TYPE_CHECKING:
+    from ...models.engine_model import EngineModel
+
+RECURRENT_PREFIX = "recurrent."
+
+
+@dataclass
+class StateSnapshot:
+    """Copies of the per-slot recurrent rows of `slots` (host ints, in snapshot order)."""
+
+    slots: list[int]
+    rows: list[torch.Tensor]  # one [len(slots), ...] copy per recurrent pool
+
+
+class RecurrentRollback:
+    def __init__(self, model: EngineModel) -> None:
+        state = model.per_slot_state()
+        self.pools = [t for name, t in state.items() if name.startswith(RECURRENT_PREFIX)]
+        if not self.pools:
+            raise ValueError(
+                f"{type(model).__name__} keeps no recurrent state ({RECURRENT_PREFIX}*): MTP "
+                "speculation here is built for the Qwen3.5 / Qwen3.6 hybrid stacks"
+            )
+
+    def save(self, slots: list[int]) -> StateSnapshot | None:
+        """Copy the rows of `slots` (None when there are none)."""
+        if not slots:
+            return None
+        index = async_tensor_h2d(slots, torch.int64, self.pools[0].device)
+        return StateSnapshot(list(slots), [pool.index_select(0, index) for pool in self.pools])
+
+    def restore(self, snapshot: StateSnapshot, slots: list[int]) -> None:
+        """Write back the saved rows of `slots` (a subset of the snapshot's)."""
+        if not slots:
+            return
+        where = {slot: i for i, slot in enumerate(snapshot.slots)}
+        dev = self.pools[0].device
+        picked = async_tensor_h2d([where[s] for s in slots], torch.int64, dev)
+        index = async_tensor_h2d(slots, torch.int64, dev)
+        for pool, rows in zip(self.pools, snapshot.rows, strict=True):
+            pool.index_copy_(0, index, rows.index_select(0, picked))

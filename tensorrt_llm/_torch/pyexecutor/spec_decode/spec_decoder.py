@@ -1,0 +1,347 @@
+"""SpecDecoder: one speculative engine step, called from `PyExecutor._run_step`.
+
+The step, top to bottom:
+1. save the recurrent rows of the requests that verify drafts (rollback.py);
+2. one target forward over the context chunks and the verify rows (chunk_batch.py), to the
+   final-normed hidden states; one LM head over each request's last row plus the rows that
+   check drafts;
+3. sample the last rows as a plain step does (processors, logprobs, guided masks); the check
+   rows give greedy argmax tokens and, for temperature requests, the rejection draws
+   (rejection.py); one host copy of both unless a row asks for logprobs;
+4. accept drafts and append tokens with the usual stop checks (acceptance.py);
+5. draft the next k tokens with the MTP head (mtp_drafter.py) from this step's hidden states;
+6. roll the recurrent state back for requests that rejected a draft: restore and replay.
+
+KV rollback needs nothing: a request's length advances by the emitted tokens only, and the
+next step's writes overwrite the rejected positions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ...._utils import async_tensor_h2d
+from ..prompt_logprobs import attach, compute_prompt_logprobs
+from ..request_lifecycle import (
+    advance_context_chunks,
+    apply_new_tokens,
+    apply_prompt_logprobs,
+    release_prefilled_media,
+)
+from ..sampler_logprobs import SampledStep
+from .acceptance import draft_budget, emit_accepted, num_accepted, wants_drafts
+from .chunk_batch import ChunkRow, build_chunk_batch
+from .mtp_drafter import DraftRow, MTPDrafter
+from .rejection import RejectionSampler, sampled_run, wants_sampled_drafts
+from .rollback import RecurrentRollback, StateSnapshot
+
+if TYPE_CHECKING:
+    from ...input_batch import InputBatch
+    from ..llm_request import LlmRequest
+    from ..py_executor import PyExecutor
+    from ..scheduler import ScheduledRequests
+
+logger = logging.getLogger(__name__)
+
+# (request, the MTP head's drafts) -> the drafts to verify next step (tests, trtllm-bench's
+# oracle/rejected modes); None: the head's own.
+DraftOverride = Callable[["LlmRequest", list[int]], list[int]]
+
+
+@dataclass
+class SpecStats:
+    """Counters over the engine's life: acceptance length = accepted / verify rows + 1."""
+
+    num_verify_rows: int = 0  # generation rows that verified at least one draft
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_replays: int = 0  # rows whose recurrent state was rolled back
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens a verify row emits on average (1 + accepted drafts)."""
+        if not self.num_verify_rows:
+            return 0.0
+        return 1.0 + self.num_accepted_tokens / self.num_verify_rows
+
+
+@dataclass
+class _Verify:
+    """One generation row of the step: its drafts and where its tokens sit."""
+
+    request: LlmRequest
+    drafts: list[int]
+    start: int  # KV position of its input token
+    token: int  # its input token (the last one on the host)
+    offset: int = 0  # first row in the step's hidden states
+    emitted: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Checks:
+    """Host results of the draft-checking rows, indexed by check row (verify order)."""
+
+    greedy: list[int] = field(default_factory=list)
+    accepted: dict[int, bool] = field(default_factory=dict)  # sampled requests' rows only
+    residual: dict[int, int] = field(default_factory=dict)
+
+
+class SpecDecoder:
+    def __init__(self, executor: PyExecutor, drafter: MTPDrafter, max_draft_len: int) -> None:
+        engine = executor.model_engine
+        self.engine = engine
+        self.drafter = drafter
+        self.max_draft_len = max_draft_len
+        self.rollback = RecurrentRollback(engine.model)
+        self.drafts: dict[int, list[int]] = {}  # next step's drafts, by request id
+        self.draft_override: DraftOverride | None = None
+        self.stats = SpecStats()
+        self.rejection = RejectionSampler()
+
+    def _drafts_for(self, req: LlmRequest) -> list[int]:
+        if not takes_drafts(req):
+            return []
+        return self.drafts.get(req.request_id, [])[: draft_budget(req, self.max_draft_len)]
+
+    @torch.inference_mode()
+    def run_step(self, executor: PyExecutor, scheduled: ScheduledRequests) -> None:
+        engine = self.engine
+        guided = executor.guided_decoder
+        if guided is not None:
+            guided.prepare(scheduled)
+        ctx = list(scheduled.context_requests)
+        verify = [
+            _Verify(req, self._drafts_for(req), req.num_tokens - 1, req.output_token_ids[-1])
+            for req in scheduled.generation_requests
+        ]
+        snapshot = self.rollback.save([_slot(v.request) for v in verify if v.drafts])
+        rows = [ChunkRow(v.request, [v.token, *v.drafts], v.start) for v in verify]
+        # Before the chunks advance: (begin, size, ends the context) of each context request.
+        chunks = [
+            (r.context_current_position, r.context_chunk_size, r.is_last_context_chunk) for r in ctx
+        ]
+        cb = build_chunk_batch(engine.batch_builder, ctx, rows)
+        batch = cb.batch
+        hidden = engine.model.forward_hidden(batch)
+        for v, off in zip(verify, cb.offsets[len(ctx) :], strict=True):
+            v.offset = off
+        sampled = [r for r, (_, _, last) in zip(ctx, chunks, strict=True) if last]
+        last_rows = [cb.offsets[i] + cb.lengths[i] - 1 for i, c in enumerate(chunks) if c[2]] + [
+            v.offset + len(v.drafts) for v in verify
+        ]
+        sampled += [v.request for v in verify]
+        step, packed = self._sample(executor, batch, hidden, sampled, last_rows, verify)
+        tokens, logprobs, prompt, check = self._to_host(executor, step, packed, verify)
+        release_prefilled_media(scheduled)
+        advance_context_chunks(scheduled)
+        apply_prompt_logprobs(prompt)
+        self._apply(ctx, chunks, sampled, tokens, logprobs, verify, check)
+        if guided is not None:
+            guided.advance(sampled)
+        self._draft_next(executor, ctx, chunks, cb.offsets, verify, hidden, batch.position_ids)
+        self._roll_back(verify, snapshot)
+
+    def _sample(
+        self,
+        executor: PyExecutor,
+        batch: InputBatch,
+        hidden: torch.Tensor,
+        sampled: list[LlmRequest],
+        last_rows: list[int],
+        verify: list[_Verify],
+    ) -> tuple[SampledStep, torch.Tensor | None]:
+        """The step's sampled tokens (with logprobs and prompt logprobs, one packed copy) and
+        what the draft-checking rows say (`_checks`, on the device)."""
+        model = self.engine.model
+        dev = hidden.device
+        check_rows = [v.offset + j for v in verify for j in range(len(v.drafts))]
+        plan = batch.prompt_logprobs
+        prompt = None
+        if plan is not None:
+            prompt = compute_prompt_logprobs(hidden, plan, model.lm_logits, self.engine.vocab_size)
+        index = async_tensor_h2d(last_rows + check_rows, torch.int64, dev)
+        logits = model.lm_logits(hidden.index_select(0, index))
+        last, checks = logits[: len(last_rows)], logits[len(last_rows) :]
+        packed = self._checks(checks[:, : self.engine.vocab_size], verify)
+        guided = executor.guided_decoder
+        if guided is not None and sampled:
+            last = guided.mask_logits(last, sampled)
+        if sampled:
+            step = executor.sampler.sample_step(last, sampled)
+        else:
+            none = torch.empty(0, dtype=torch.int64, device=dev)
+            step = SampledStep(none, none, None)
+        if prompt is not None and plan is not None:
+            step = attach(step, prompt, plan.layout)
+        return step, packed
+
+    def _checks(self, checks: torch.Tensor, verify: list[_Verify]) -> torch.Tensor | None:
+        """Greedy tokens of every checking row, then for sampled requests' rows the rejection
+        draws (acceptance, residual token), as one int64 device tensor (None: no row)."""
+        if not checks.shape[0]:
+            return None
+        owners = [v.request for v in verify for _ in v.drafts]
+        picked = [i for i, req in enumerate(owners) if not wants_drafts(req)]
+        packed = checks.argmax(dim=-1)
+        if picked:
+            dev = checks.device
+            rows = async_tensor_h2d(picked, torch.int64, dev)
+            drafts = [d for v in verify for d in v.drafts]
+            tokens = async_tensor_h2d([drafts[i] for i in picked], torch.int64, dev)
+            accepted, residual = self.rejection.draws(
+                checks.index_select(0, rows), tokens, [owners[i] for i in picked]
+            )
+            packed = torch.cat([packed, accepted.long(), residual])
+        return packed
+
+    def _to_host(
+        self,
+        executor: PyExecutor,
+        step: SampledStep,
+        packed: torch.Tensor | None,
+        verify: list[_Verify],
+    ) -> tuple[list[int], list | None, Any, _Checks]:
+        """The step's results on the host: sampled tokens, logprobs, prompt logprobs and the
+        checks. A step without logprobs takes one copy for tokens and checks together."""
+        sampler = executor.sampler
+        if packed is None:
+            return (*sampler.step_results(step), _Checks())
+        if step.layout is None and step.prompt is None:
+            n = step.tokens.shape[0]
+            host = sampler.to_host(torch.cat([step.tokens, packed]))
+            return host[:n], None, None, _unpack_checks(host[n:], verify)
+        tokens, logprobs, prompt = sampler.step_results(step)
+        return tokens, logprobs, prompt, _unpack_checks(sampler.to_host(packed), verify)
+
+    def _apply(
+        self,
+        ctx: list[LlmRequest],
+        chunks: list[tuple[int, int, bool]],
+        sampled: list[LlmRequest],
+        tokens: list[int],
+        logprobs: list | None,
+        verify: list[_Verify],
+        check: _Checks,
+    ) -> None:
+        """Plain rows take their sampled token; draft rows their accepted run."""
+        num_ctx = len(sampled) - len(verify)
+        plain = [i for i in range(len(sampled)) if i < num_ctx or not verify[i - num_ctx].drafts]
+        apply_new_tokens(
+            [sampled[i] for i in plain],
+            [tokens[i] for i in plain],
+            logprobs=None if logprobs is None else [logprobs[i] for i in plain],
+        )
+        at = 0
+        for i, v in enumerate(verify):
+            m = len(v.drafts)
+            if not m:
+                v.emitted = [tokens[num_ctx + i]]
+                continue
+            # The last row's token is the sampler's: the greedy argmax, or the bonus draw.
+            bonus = tokens[num_ctx + i]
+            if wants_drafts(v.request):
+                target = [*check.greedy[at : at + m], bonus]
+                a = num_accepted(v.drafts, target)
+                run = target[: a + 1]
+            else:
+                accepted = [check.accepted[at + j] for j in range(m)]
+                run = sampled_run(
+                    v.drafts, accepted, [check.residual[at + j] for j in range(m)], bonus
+                )
+                a = len(run) - 1
+            at += m
+            n = emit_accepted(v.request, run)
+            v.emitted = run[:n]
+            self.stats.num_verify_rows += 1
+            self.stats.num_draft_tokens += m
+            self.stats.num_accepted_tokens += a
+
+    def _draft_next(
+        self,
+        executor: PyExecutor,
+        ctx: list[LlmRequest],
+        chunks: list[tuple[int, int, bool]],
+        offsets: list[int],
+        verify: list[_Verify],
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+    ) -> None:
+        """Run the MTP head over this step's positions and keep each request's next drafts."""
+        rows: list[DraftRow] = []
+        # `offsets` also holds the verify rows' (after the context requests'): zip stops early.
+        for req, (begin, size, last), off in zip(ctx, chunks, offsets, strict=False):
+            if req.is_finished or not takes_drafts(req):
+                continue
+            arr = req.context_token_array
+            after = req.output_token_ids[-1] if last else int(arr[begin + size])
+            nxt = [*(int(t) for t in arr[begin + 1 : begin + size]), after]
+            budget = draft_budget(req, self.max_draft_len) if last else 0
+            rows.append(DraftRow(req, off, begin, nxt, budget))
+        for v in verify:
+            self.drafts.pop(v.request.request_id, None)
+            if v.request.is_finished:
+                self.rejection.release(v.request.request_id)
+            if v.request.is_finished or not takes_drafts(v.request):
+                continue
+            budget = draft_budget(v.request, self.max_draft_len)
+            rows.append(DraftRow(v.request, v.offset, v.start, v.emitted, budget))
+        for row, drafts in zip(rows, self.drafter.draft(rows, hidden, position_ids), strict=True):
+            # NOTE: the override also sees rows with no room for drafts, so a recorder
+            # (trtllm-bench's oracle) sees every token but the last.
+            if self.draft_override is not None:
+                drafts = self.draft_override(row.request, drafts)[: row.num_drafts]
+            if row.num_drafts:
+                self.drafts[row.request.request_id] = drafts
+        if len(self.drafts) > 2 * self.engine.max_batch_size:
+            # Cancelled requests never come back to pop theirs.
+            live = {req.request_id for req in executor._active}
+            for rid in [rid for rid in self.drafts if rid not in live]:
+                self.drafts.pop(rid)
+                self.rejection.release(rid)
+
+    def _roll_back(self, verify: list[_Verify], snapshot: StateSnapshot | None) -> None:
+        """Requests that rejected a draft: saved recurrent rows back, accepted tokens again."""
+        replay = [
+            v
+            for v in verify
+            if v.drafts and not v.request.is_finished and len(v.emitted) <= len(v.drafts)
+        ]
+        if not replay or snapshot is None:
+            return
+        self.rollback.restore(snapshot, [_slot(v.request) for v in replay])
+        # Not finished: every accepted token was emitted, the bonus token last.
+        rows = [
+            ChunkRow(v.request, [v.token, *v.drafts[: len(v.emitted) - 1]], v.start) for v in replay
+        ]
+        batch = build_chunk_batch(self.engine.batch_builder, [], rows).batch
+        self.engine.model.forward_hidden(batch)
+        self.stats.num_replays += len(replay)
+
+
+def _unpack_checks(host: list[int], verify: list[_Verify]) -> _Checks:
+    """`SpecDecoder._checks`' tensor, on the host, back into its parts."""
+    owners = [v.request for v in verify for _ in v.drafts]
+    picked = [i for i, req in enumerate(owners) if not wants_drafts(req)]
+    n = len(owners)
+    accepted = (bool(a) for a in host[n : n + len(picked)])
+    return _Checks(
+        greedy=host[:n],
+        accepted=dict(zip(picked, accepted, strict=True)),
+        residual=dict(zip(picked, host[n + len(picked) :], strict=True)),
+    )
+
+
+def _slot(req: LlmRequest) -> int:
+    if req.seq_slot is None:
+        raise RuntimeError(f"request {req.request_id} is scheduled without a seq slot")
+    return req.seq_slot
+
+
+def takes_drafts(req: LlmRequest) -> bool:
+    """Greedy drafting (acceptance by argmax) or sampled drafting (rejection sampling)."""
+    return wants_drafts(req) or wants_sampled_drafts(req)
