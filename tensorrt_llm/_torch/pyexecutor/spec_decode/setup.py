@@ -70,8 +70,8 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
     if kv is None:
         raise RuntimeError("the engine has no KV cache manager yet")
     if getattr(executor.scheduler, "reuse", None) is not None:
-        # NOTE: unreachable while hybrid models refuse block reuse; explicit for when they
-        # take it (the MTP layer's KV of a cached block was never checked against drafts).
+        # NOTE: hybrid models take block reuse only when asked (enable_block_reuse=True); the
+        # MTP layer's KV of a cached block and the snapshot points are not checked with drafts.
         raise ValueError(
             "speculative_config with KV block reuse is not supported yet; pass "
             "enable_block_reuse=False"
