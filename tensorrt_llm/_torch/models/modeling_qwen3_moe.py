@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from ...inputs.registry import TextInputProcessor
+from ...mapping import Mapping as ParallelMapping
 from ..modules.fused_moe import MoE, convert_hf_expert_weights, prepare_fp8_block_experts_
 from .modeling_qwen2 import Qwen2Model
 from .modeling_qwen3 import Qwen3Model, Qwen3TextForCausalLM
@@ -26,9 +27,14 @@ class Qwen3MoeModel(Qwen3Model):
     """Qwen3 stack whose sparse layers swap the dense MLP for `MoE`."""
 
     def __init__(
-        self, config: Any, *, dtype: torch.dtype = torch.float32, attn_backend: str = "vanilla"
+        self,
+        config: Any,
+        *,
+        dtype: torch.dtype = torch.float32,
+        attn_backend: str = "vanilla",
+        mapping: ParallelMapping | None = None,
     ) -> None:
-        super().__init__(config, dtype=dtype, attn_backend=attn_backend)
+        super().__init__(config, dtype=dtype, attn_backend=attn_backend, mapping=mapping)
         for i, layer in enumerate(self.layers):
             if is_sparse_layer(config, i):
                 layer.mlp = MoE.from_config(config, dtype=dtype)
@@ -38,6 +44,7 @@ class Qwen3MoeTextForCausalLM(Qwen3TextForCausalLM):
     """Qwen3-MoE stack + LM head from an HF text config (Qwen3MoeConfig, Qwen3VLMoeTextConfig)."""
 
     model_cls: ClassVar[type[Qwen2Model]] = Qwen3MoeModel
+    supports_tensor_parallel: ClassVar[bool] = False  # expert parallelism is not built yet
 
     def load_weights(
         self,
@@ -70,5 +77,6 @@ class Qwen3MoeForCausalLM(Qwen3MoeTextForCausalLM):
             model_config.pretrained_config,
             dtype=model_config.torch_dtype,
             attn_backend=model_config.attn_backend,
+            mapping=model_config.mapping,
         )
         self.model_config = model_config

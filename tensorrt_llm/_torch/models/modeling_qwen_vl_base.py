@@ -64,6 +64,7 @@ class QwenVLModelBase(nn.Module):
             dtype=model_config.torch_dtype,
             attn_backend=model_config.attn_backend,
             tie_word_embeddings=tie,
+            mapping=model_config.mapping,
             **extra,
         )
         # `language_model_only: true` checkpoints have no vision tower; media is rejected.

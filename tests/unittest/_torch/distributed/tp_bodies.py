@@ -1,0 +1,59 @@
+"""What each rank runs in the tensor-parallel tests (importable by spawned processes)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tensorrt_llm._torch.config_utils import load_pretrained_config
+from tensorrt_llm._torch.models.modeling_auto import get_model_class
+from tensorrt_llm._torch.models.modeling_utils import ModelConfig
+from tensorrt_llm._torch.weight_loading import load_model
+from tensorrt_llm.mapping import Mapping
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "modeling"))
+from paged_kv_helpers import FakeKVCacheManager, chunked_schedule, run_schedule  # noqa: E402
+
+PROMPTS = [7, 5, 11]
+NUM_DECODE = 6
+
+
+def text_lm(model: torch.nn.Module) -> Any:
+    """The causal LM of a checkpoint's model (the `llm` of a VL model)."""
+    return getattr(model, "llm", model)
+
+
+def _manager(lm: Any, seed: int = 0) -> FakeKVCacheManager:
+    layers = lm.model.layers
+    attn = layers[0].self_attn
+    return FakeKVCacheManager(len(layers), 32, 4, attn.num_kv_heads, attn.head_dim, seed=seed)
+
+
+def schedule_logits_all(mapping: Mapping, checkpoint_dirs: list[str]) -> list[dict[str, Any]]:
+    """`schedule_logits` of several checkpoints in one spawn (spawning costs seconds)."""
+    return [schedule_logits(mapping, d) for d in checkpoint_dirs]
+
+
+def schedule_logits(mapping: Mapping, checkpoint_dir: str) -> dict[str, Any]:
+    """The TP=1 and this rank's TP=N logits of one chunked-prefill + decode schedule (the
+    same token sequences and KV block order for both), plus the shard sizes built."""
+    config = load_pretrained_config(checkpoint_dir)
+    cls = get_model_class(config.tllm_architecture)
+    base = ModelConfig(pretrained_config=config, checkpoint_dir=checkpoint_dir)
+    single = text_lm(load_model(cls, base, "cpu"))
+    sharded = text_lm(load_model(cls, replace(base, mapping=mapping), "cpu"))
+    vocab = int(single.config.vocab_size)
+    gen = torch.Generator().manual_seed(5)
+    sequences = [torch.randint(0, vocab, (n + NUM_DECODE + 1,), generator=gen) for n in PROMPTS]
+    schedule = chunked_schedule(PROMPTS, chunked=2, num_decode=NUM_DECODE)
+    attn = sharded.model.layers[0].self_attn
+    return {
+        "reference": run_schedule(single, _manager(single), sequences, schedule),
+        "sharded": run_schedule(sharded, _manager(sharded), sequences, schedule),
+        "heads": (attn.num_heads, attn.num_kv_heads),
+        "embed_rows": sharded.model.embed_tokens.weight.shape[0],
+    }
