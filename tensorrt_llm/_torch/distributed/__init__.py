@@ -8,7 +8,7 @@ no extra work per step.
 
 from .ops import all_gather, all_reduce
 from .process_group import destroy_distributed, init_distributed, is_initialized, tp_group
-from .sharding import TensorShard, column_shard, kv_head_shard, vocab_shard
+from .sharding import TensorShard, column_shard, kv_head_shard, kv_heads_per_rank, vocab_shard
 
 __all__ = [
     "TensorShard",
@@ -19,6 +19,7 @@ __all__ = [
     "init_distributed",
     "is_initialized",
     "kv_head_shard",
+    "kv_heads_per_rank",
     "tp_group",
     "vocab_shard",
 ]

@@ -80,3 +80,8 @@ def vocab_shard(vocab_size: int, tp_size: int, tp_rank: int) -> TensorShard:
     start = min(tp_rank * per_rank, vocab_size)
     length = min(per_rank, vocab_size - start)
     return TensorShard(0, start, length, padded=per_rank)
+
+
+def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
+    """KV heads one rank holds (and caches): its share, or one replicated head."""
+    return max(1, num_kv_heads // tp_size)

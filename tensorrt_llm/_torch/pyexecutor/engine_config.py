@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ...mapping import Mapping
 from ..quantization import QuantConfig
 
 # Where EngineConfig.max_seq_len came from. Every source but the user's is a default that the
@@ -157,6 +158,9 @@ class EngineConfig:
     enable_block_reuse: bool = False
     # Bytes of the vision-embedding cache (used with block reuse on a model with a tower).
     vision_embedding_cache_bytes: int = 0
+    # This process's rank of a tensor-parallel engine (default: one GPU). Rank 0 runs the
+    # executor (`create_py_executor`), the others `tp_worker.run_tp_worker`.
+    mapping: Mapping = field(default_factory=Mapping)
 
     @property
     def text_config(self) -> Any:

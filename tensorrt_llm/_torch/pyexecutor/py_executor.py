@@ -143,6 +143,8 @@ class PyExecutor:
         if self.model_engine is None:  # released by an earlier shutdown
             return
         device = self.model_engine.device
+        if self.model_engine.step_channel is not None:
+            self.model_engine.step_channel.send_stop()  # tensor parallelism: workers exit
         self.model_engine = None  # type: ignore[assignment]
         self.kv_cache_manager = None  # type: ignore[assignment]
         self.scheduler = None  # type: ignore[assignment]

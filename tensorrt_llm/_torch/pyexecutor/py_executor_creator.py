@@ -59,6 +59,7 @@ from .py_executor_overlap import OverlapPyExecutor
 from .resource_manager import SeqSlotManager
 from .sampler import TorchSampler
 from .scheduler import SimpleScheduler
+from .tp_setup import attach_step_channel, check_tp_config
 
 logger = logging.getLogger(__name__)
 
@@ -269,8 +270,9 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         )
     device = config.device
     text_config = config.text_config
+    check_tp_config(config)
     cls = get_model_class(config.architecture)
-    spec = KVCacheSpec.from_text_config(text_config, config.kv_cache_dtype)
+    spec = KVCacheSpec.from_text_config(text_config, config.kv_cache_dtype, config.mapping.tp_size)
     model_config = ModelConfig(
         pretrained_config=config.pretrained_config,
         torch_dtype=config.dtype,
@@ -278,6 +280,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         max_num_seq_slots=config.batch_size_cap,
         max_num_tokens=config.max_num_tokens,
         checkpoint_dir=config.checkpoint_dir,
+        mapping=config.mapping,
     )
     presized = _presize_hybrid(config, cls, model_config, spec)
     if presized is not None:
@@ -297,6 +300,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         max_seq_len=engine_max_seq_len,
         tokens_per_block=config.tokens_per_block,
     )
+    attach_step_channel(engine, config)  # tensor parallelism: rank 0 sends every step
     piecewise = _capture_piecewise(config, engine) if config.use_cuda_graph else None
     has_vision = engine.model.has_vision
     dummies = _dummy_requests(input_processor, engine, engine_max_seq_len, has_vision)
