@@ -33,7 +33,7 @@ from .._torch.quantization import QUANTIZATION_MODES, resolve_quant_config
 from ..inputs.validation import check_mm_processor_kwargs
 from .generation_defaults import GENERATION_CONFIG_MODES
 from .reuse_args import resolve_block_reuse, vision_embedding_cache_bytes
-from .upstream_args import KvCacheConfig, apply_upstream_fields
+from .upstream_args import KvCacheConfig, apply_upstream_fields, engine_mapping
 
 DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,
@@ -127,7 +127,8 @@ class LlmArgs:
     # "auto": the checkpoint's generation_config.json gives the defaults of fields a request
     # leaves unset (temperature, top_p, top_k, do_sample=false greedy, eos ids); "ignore": not.
     generation_config: str = "auto"
-    # TensorRT-LLM's spellings (upstream_args.py): "pytorch" only; one GPU; the KV knobs as a
+    # TensorRT-LLM's spellings (upstream_args.py): "pytorch" only; tensor parallelism on one
+    # node (dense text stacks; pipeline parallelism is refused); the KV knobs as a
     # KvCacheConfig (or a dict of its fields), moved onto the kv_cache_* fields above.
     backend: str = "pytorch"
     tensor_parallel_size: int = 1
@@ -381,6 +382,7 @@ class LlmArgs:
             vision_embedding_cache_bytes=vision_embedding_cache_bytes(
                 self.vision_embedding_cache_mib, device
             ),
+            mapping=engine_mapping(self),
         )
 
 

@@ -17,7 +17,10 @@ def all_reduce(x: torch.Tensor, mapping: Mapping) -> torch.Tensor:
     """Sum of `x` over the tp group, in place (the partial outputs of a row-parallel layer)."""
     if mapping.tp_size == 1:
         return x
-    dist.all_reduce(x, group=tp_group(mapping))
+    try:
+        dist.all_reduce(x, group=tp_group(mapping))
+    except RuntimeError as exc:
+        raise collective_error("all_reduce", exc) from exc
     return x
 
 
@@ -27,5 +30,14 @@ def all_gather(x: torch.Tensor, mapping: Mapping, dim: int = -1) -> torch.Tensor
         return x
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(mapping.tp_size)]
-    dist.all_gather(parts, x, group=tp_group(mapping))
+    try:
+        dist.all_gather(parts, x, group=tp_group(mapping))
+    except RuntimeError as exc:
+        raise collective_error("all_gather", exc) from exc
     return torch.cat(parts, dim=dim)
+
+
+def collective_error(op: str, exc: BaseException) -> RuntimeError:
+    """The error a step fails with when a collective does (typically: a rank died; the
+    engine process's watcher then stops the engine)."""
+    return RuntimeError(f"tensor-parallel {op} failed (a rank may be gone): {exc}")

@@ -15,6 +15,7 @@ otherwise), so a single-GPU step does no work here.
 from __future__ import annotations
 
 import io
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +25,13 @@ import torch.distributed as dist
 from ...mapping import Mapping
 from ..attention_backend.interface import AttentionMetadata
 from ..distributed import tp_group
+from ..distributed.ops import collective_error
 from ..input_batch import InputBatch
 
 if TYPE_CHECKING:
     from .resource_manager import KVCacheManager
+
+logger = logging.getLogger(__name__)
 
 CMD_STEP = 1
 CMD_KV_CACHE = 2
@@ -91,21 +95,34 @@ class StepChannel:
             batch.position_ids.reshape(pos_axes, -1)[:, :num_tokens].reshape(-1),
         ]
         packed = torch.cat([p.to(self.wire, torch.int64) for p in parts])
-        dist.broadcast(packed, self.src, group=self.group)
+        self._broadcast(packed)
         if media is not None:
-            dist.broadcast(media.to(self.wire), self.src, group=self.group)
+            self._broadcast(media.to(self.wire))
 
     def send_kv_cache(self, kv: KVCacheManager | None) -> None:
         sizes = (0, 0) if kv is None else (kv.num_blocks, kv.max_blocks_per_seq)
         self._broadcast_header([CMD_KV_CACHE, *sizes])
 
     def send_stop(self) -> None:
-        self._broadcast_header([CMD_STOP])
+        """Tell the workers to exit; ranks already gone are only logged (the engine's owner
+        kills what is left: `executor/tp_ranks.py`)."""
+        try:
+            self._broadcast_header([CMD_STOP])
+        except RuntimeError as exc:
+            logger.warning("could not send stop to the tensor-parallel ranks: %s", exc)
 
     def _broadcast_header(self, values: list[int]) -> None:
         header = torch.zeros(_HEADER, dtype=torch.int64)
         header[: len(values)] = torch.tensor(values, dtype=torch.int64)
-        dist.broadcast(header.to(self.wire), self.src, group=self.group)
+        self._broadcast(header.to(self.wire))
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        try:
+            dist.broadcast(tensor, self.src, group=self.group)
+        except RuntimeError as exc:
+            # NOTE: a dead rank surfaces here or in a layer's collective (gloo: connection
+            # closed); the engine process's watcher stops the engine (executor/tp_ranks.py).
+            raise collective_error("step broadcast", exc) from exc
 
     # ------------------------------------------------------------------ workers
     def receive(self) -> InputBatch | KvCacheCommand | None:

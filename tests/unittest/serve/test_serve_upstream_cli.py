@@ -133,7 +133,7 @@ def test_extra_llm_api_options_refused(capsys: pytest.CaptureFixture[str], tmp_p
         ("kv_cache_config: {enable_block_reuse: 2}\n", "enable_block_reuse must be"),
         ("kv_cache_config: {pages: 3}\n", "unknown kv_cache_config field"),
         ("cuda_graph_config: {sizes: [1]}\n", "unknown cuda_graph_config field"),
-        ("tensor_parallel_size: 2\n", "more than one is not supported yet"),
+        ("pipeline_parallel_size: 2\n", "pipeline parallelism is not supported yet"),
         ("backend: tensorrt\n", "backend must be one of"),
     ],
 )
