@@ -84,6 +84,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--max_batch_size", type=int, default=None)
     p.add_argument(
+        "--tp_size",
+        type=int,
+        default=1,
+        help="tensor-parallel ranks on this node (LLM's tensor_parallel_size; dense stacks, "
+        "needs --no_cuda_graph for now)",
+    )
+    p.add_argument(
         "--max_num_tokens",
         type=int,
         default=None,
@@ -213,6 +220,7 @@ def _run_ours(
         kv_cache_free_gpu_memory_fraction=kv_fraction,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        tensor_parallel_size=args.tp_size,
         **({"executor_mode": args.executor_mode} if args.executor_mode else {}),
     )
     rows = []
@@ -260,6 +268,7 @@ def serve_flags(args: argparse.Namespace, folder: Path) -> list[str]:
     if args.quantization:
         flags += ["--quantization", args.quantization]
     for name, flag in (
+        ("tp_size", "--tp_size"),
         ("max_batch_size", "--max_batch_size"),
         ("max_num_tokens", "--max_num_tokens"),
         ("kv_cache_fraction", "--kv_cache_free_gpu_memory_fraction"),

@@ -27,10 +27,17 @@ def text_lm(model: torch.nn.Module) -> Any:
     return getattr(model, "llm", model)
 
 
-def _manager(lm: Any, seed: int = 0) -> FakeKVCacheManager:
+def _manager(lm: Any, device: torch.device, seed: int = 0) -> FakeKVCacheManager:
     layers = lm.model.layers
     attn = layers[0].self_attn
-    return FakeKVCacheManager(len(layers), 32, 4, attn.num_kv_heads, attn.head_dim, seed=seed)
+    return FakeKVCacheManager(
+        len(layers), 32, 4, attn.num_kv_heads, attn.head_dim, seed=seed, device=device
+    )
+
+
+def _run(lm: Any, device: torch.device, sequences: Any, schedule: Any) -> list[torch.Tensor]:
+    logits = run_schedule(lm, _manager(lm, device), sequences, schedule, device=device)
+    return [t.cpu() for t in logits]
 
 
 def schedule_logits_all(mapping: Mapping, checkpoint_dirs: list[str]) -> list[dict[str, Any]]:
@@ -38,22 +45,24 @@ def schedule_logits_all(mapping: Mapping, checkpoint_dirs: list[str]) -> list[di
     return [schedule_logits(mapping, d) for d in checkpoint_dirs]
 
 
-def schedule_logits(mapping: Mapping, checkpoint_dir: str) -> dict[str, Any]:
+def schedule_logits(mapping: Mapping, checkpoint_dir: str, on_gpu: bool = False) -> dict[str, Any]:
     """The TP=1 and this rank's TP=N logits of one chunked-prefill + decode schedule (the
-    same token sequences and KV block order for both), plus the shard sizes built."""
+    same token sequences and KV block order for both), plus the shard sizes built; with
+    `on_gpu`, on this rank's GPU (the collectives then run over NCCL)."""
+    device = torch.device("cuda", mapping.local_rank) if on_gpu else torch.device("cpu")
     config = load_pretrained_config(checkpoint_dir)
     cls = get_model_class(config.tllm_architecture)
     base = ModelConfig(pretrained_config=config, checkpoint_dir=checkpoint_dir)
-    single = text_lm(load_model(cls, base, "cpu"))
-    sharded = text_lm(load_model(cls, replace(base, mapping=mapping), "cpu"))
+    single = text_lm(load_model(cls, base, device))
+    sharded = text_lm(load_model(cls, replace(base, mapping=mapping), device))
     vocab = int(single.config.vocab_size)
     gen = torch.Generator().manual_seed(5)
     sequences = [torch.randint(0, vocab, (n + NUM_DECODE + 1,), generator=gen) for n in PROMPTS]
     schedule = chunked_schedule(PROMPTS, chunked=2, num_decode=NUM_DECODE)
     attn = sharded.model.layers[0].self_attn
     return {
-        "reference": run_schedule(single, _manager(single), sequences, schedule),
-        "sharded": run_schedule(sharded, _manager(sharded), sequences, schedule),
+        "reference": _run(single, device, sequences, schedule),
+        "sharded": _run(sharded, device, sequences, schedule),
         "heads": (attn.num_heads, attn.num_kv_heads),
         "embed_rows": sharded.model.embed_tokens.weight.shape[0],
     }

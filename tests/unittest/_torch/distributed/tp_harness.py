@@ -1,9 +1,9 @@
 """Run one function on N gloo ranks (spawned processes) with a bounded wait.
 
 `spawn_ranks(body, world_size, *args)` calls `body(mapping, *args)` on every rank after
-`init_distributed` (a file:// rendezvous in a fresh temp dir) and returns each rank's result in
-rank order. A rank that raises, exits or outlives `timeout_s` fails the call; every process is
-killed before it returns, so a test never leaves one behind.
+`init_distributed` (a file:// rendezvous in a fresh temp dir; gloo, or NCCL on GPU r) and
+returns each rank's result in rank order. A rank that raises, exits or outlives `timeout_s`
+fails the call; every process is killed before it returns, so a test never leaves one behind.
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ def _rank_main(
     init_method: str,
     results: Any,
     args: tuple[Any, ...],
+    device_type: str,
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     try:
         mapping = Mapping(world_size=world_size, rank=rank, tp_size=world_size)
-        init_distributed(mapping, torch.device("cpu"), init_method, timeout_s=60)
+        device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+        init_distributed(mapping, device, init_method, timeout_s=60)
         try:
             # As bytes: a tensor put on the queue as is would be shared through a handle
             # that dies with this process.
@@ -49,8 +51,13 @@ def _rank_main(
 
 
 def spawn_ranks(
-    body: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 180.0
+    body: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 180.0,
+    device_type: str = "cpu",
 ) -> list[Any]:
+    """`device_type="cuda"`: rank r on GPU r, NCCL."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,7 +65,7 @@ def spawn_ranks(
         procs = [
             ctx.Process(
                 target=_rank_main,
-                args=(body, rank, world_size, init_method, results, args),
+                args=(body, rank, world_size, init_method, results, args, device_type),
                 daemon=True,
             )
             for rank in range(world_size)
