@@ -55,7 +55,9 @@ class TensorParallelRanks:
     def start(cls, config: Any) -> tuple[TensorParallelRanks, Any]:
         """Launch ranks 1.. and join the group as rank 0; returns (ranks, rank 0's config)."""
         from .._torch.distributed import init_distributed
+        from .._torch.pyexecutor.tp_setup import check_model_shards
 
+        check_model_shards(config)  # refusals come from here, not from a rank that died
         mapping: Mapping = config.mapping
         if mapping.world_size > torch.cuda.device_count() and config.device.type == "cuda":
             raise ValueError(

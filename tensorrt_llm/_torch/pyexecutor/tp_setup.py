@@ -9,6 +9,10 @@ model is built, rather than run wrong or slow.
 
 from __future__ import annotations
 
+import torch
+
+from ..models.modeling_auto import get_model_class
+from ..models.modeling_utils import ModelConfig
 from .engine_config import EngineConfig
 from .model_engine import PyTorchModelEngine
 from .tp_step_channel import StepChannel
@@ -27,6 +31,27 @@ def check_tp_config(config: EngineConfig) -> None:
     if refused:
         raise ValueError(
             f"tensor_parallel_size={mapping.tp_size} does not support yet: " + ", ".join(refused)
+        )
+
+
+def check_model_shards(config: EngineConfig) -> None:
+    """Build rank 0's model on the meta device (no memory): a stack that does not shard yet,
+    or a head / channel count that does not split over the ranks, raises here, before the
+    other ranks are started (`executor/tp_ranks.py`)."""
+    check_tp_config(config)
+    if not config.mapping.has_tp:
+        return
+    cls = get_model_class(config.architecture)
+    with torch.device("meta"):
+        cls(
+            ModelConfig(
+                pretrained_config=config.pretrained_config,
+                torch_dtype=config.dtype,
+                attn_backend=config.attn_backend,
+                max_num_seq_slots=config.batch_size_cap,
+                max_num_tokens=config.max_num_tokens,
+                mapping=config.mapping,
+            )
         )
 
 

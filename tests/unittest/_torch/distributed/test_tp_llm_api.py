@@ -78,3 +78,9 @@ def test_killed_rank_ends_the_engine_with_an_error(ckpt: Path) -> None:
             llm.generate("after", GREEDY)
     finally:
         llm.shutdown()
+
+
+def test_unsupported_stack_is_refused_before_ranks_start(tmp_path: Path) -> None:
+    hybrid = write_tiny_checkpoint("qwen3_5", tmp_path / "qwen3_5")
+    with pytest.raises(ValueError, match="does not support tensor_parallel_size=2 yet"):
+        LLM(str(hybrid), tensor_parallel_size=2, **KWARGS)
