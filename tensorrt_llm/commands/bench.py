@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tp_size",
         type=int,
         default=1,
-        help="tensor-parallel ranks on this node (LLM's tensor_parallel_size; dense stacks, "
+        help="tensor-parallel ranks on this node (LLM's tensor_parallel_size; not hybrid stacks, "
         "needs --no_cuda_graph for now)",
     )
     p.add_argument(

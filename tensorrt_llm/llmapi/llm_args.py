@@ -128,7 +128,7 @@ class LlmArgs:
     # leaves unset (temperature, top_p, top_k, do_sample=false greedy, eos ids); "ignore": not.
     generation_config: str = "auto"
     # TensorRT-LLM's spellings (upstream_args.py): "pytorch" only; tensor parallelism on one
-    # node (dense text stacks; pipeline parallelism is refused); the KV knobs as a
+    # node (not hybrid stacks; pipeline parallelism is refused); the KV knobs as a
     # KvCacheConfig (or a dict of its fields), moved onto the kv_cache_* fields above.
     backend: str = "pytorch"
     tensor_parallel_size: int = 1

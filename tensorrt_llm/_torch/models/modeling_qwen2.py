@@ -244,7 +244,7 @@ def check_tensor_parallel(cls: type[Qwen2TextForCausalLM], mapping: ParallelMapp
     if mapping is not None and mapping.has_tp and not cls.supports_tensor_parallel:
         raise ValueError(
             f"{cls.__name__} does not support tensor_parallel_size={mapping.tp_size} yet "
-            "(tensor parallelism covers the dense Qwen2/Qwen3 text stacks)"
+            "(tensor parallelism covers the Qwen2, Qwen3 and Qwen3-MoE text stacks)"
         )
 
 
@@ -258,7 +258,7 @@ class Qwen2TextForCausalLM(nn.Module):
     is_hybrid: ClassVar[bool] = False
     has_vision: ClassVar[bool] = False
     multimodal_data_device_paths: ClassVar[list[str]] = []
-    # Whether the stack shards across tensor-parallel ranks (dense Qwen2/Qwen3 stacks).
+    # Whether the stack shards across tensor-parallel ranks (not the hybrid stacks yet).
     supports_tensor_parallel: ClassVar[bool] = True
 
     def __init__(
@@ -273,6 +273,7 @@ class Qwen2TextForCausalLM(nn.Module):
         super().__init__()
         check_tensor_parallel(type(self), mapping)
         self.config = config
+        self.mapping = mapping if mapping is not None else ParallelMapping()
         self.model = self.model_cls(config, dtype=dtype, attn_backend=attn_backend, mapping=mapping)
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype=dtype, mapping=mapping)
         if tie_word_embeddings is None:

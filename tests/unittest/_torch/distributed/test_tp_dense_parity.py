@@ -1,6 +1,7 @@
 """Tensor parallelism of the dense text stacks on 2 gloo ranks: every step's logits of a
 chunked-prefill + decode schedule through the paged KV cache equal the TP=1 model's (float32),
-for Qwen2, Qwen3 and the text decoders of Qwen2-VL, Qwen2.5-VL and Qwen3-VL; plus a kv head
+for Qwen2, Qwen3 and the text decoders of Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE
+(experts split over the ranks); plus a kv head
 replicated on both ranks, a vocabulary that does not split evenly and a tied LM head."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from tp_harness import spawn_ranks
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 
 WORLD = 2
-FAMILIES = ("qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+# qwen3_vl_moe: its 4 experts split 2 a rank (expert parallelism, moe_ep_size = tp_size).
+FAMILIES = ("qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 
 def test_tp2_logits_equal_tp1(tmp_path: Path) -> None:

@@ -94,7 +94,7 @@ def test_mapping_checks() -> None:
 
 
 def test_unsupported_stacks_refuse_tp(tmp_path: Path) -> None:
-    for family in ("qwen3_vl_moe", "qwen3_5"):
+    for family in ("qwen3_5", "qwen3_5_moe"):
         config = load_pretrained_config(write_tiny_checkpoint(family, tmp_path / family))
         cls = get_model_class(config.tllm_architecture)
         mapping = Mapping(world_size=2, rank=0, tp_size=2)
