@@ -133,6 +133,9 @@ class LlmArgs:
     backend: str = "pytorch"
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # With tensor_parallel_size > 1: "data" splits each step's images over the ranks (the
+    # tower's weights whole on each); "weights" (a sharded tower) is refused until it exists.
+    mm_encoder_tp_mode: str = "data"
     kv_cache_config: KvCacheConfig | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:

@@ -80,6 +80,11 @@ def apply_upstream_fields(args: LlmArgs) -> None:
             raise ValueError(f"{name} must be an int >= 1, got {size!r}")
         if size > 1 and name == "pipeline_parallel_size":
             raise ValueError(f"{name}={size}: pipeline parallelism is not supported yet")
+    if args.mm_encoder_tp_mode != "data":
+        raise ValueError(
+            f"mm_encoder_tp_mode={args.mm_encoder_tp_mode!r}: only 'data' (each rank encodes a "
+            "share of the step's images) is supported"
+        )
     if args.tensor_parallel_size > 1 and args.executor_mode != "process":
         raise ValueError(
             f"tensor_parallel_size={args.tensor_parallel_size} needs executor_mode='process' "

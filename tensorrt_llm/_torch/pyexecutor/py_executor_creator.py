@@ -308,6 +308,10 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     activation = max(0, peak - torch.cuda.memory_allocated(device)) if peak else 0
     reuse_on = config.enable_block_reuse
     embed_cache_bytes = config.vision_embedding_cache_bytes if reuse_on and has_vision else 0
+    if embed_cache_bytes and config.mapping.has_tp:
+        # Rank 0 alone would skip cached items the data-parallel tower still splits.
+        logger.info("vision embedding cache: off with tensor_parallel_size > 1 (not built yet)")
+        embed_cache_bytes = 0
     if embed_cache_bytes:
         # Its tensors grow as images arrive: reserved like the probe's peak, before KV sizing.
         cast(Any, engine.model).vision_embedding_cache = VisionEmbeddingCache(embed_cache_bytes)

@@ -66,3 +66,31 @@ def schedule_logits(mapping: Mapping, checkpoint_dir: str, on_gpu: bool = False)
         "heads": (attn.num_heads, attn.num_kv_heads),
         "embed_rows": sharded.model.embed_tokens.weight.shape[0],
     }
+
+
+def tower_whole_and_data_parallel(mapping: Mapping, checkpoint_dir: str) -> dict[str, Any]:
+    """The VL model's tower over several images of different sizes: whole on this rank, and
+    data-parallel over the tp ranks (`_run_tower`); both outputs, main and deepstack."""
+    import numpy as np
+    from PIL import Image
+
+    from tensorrt_llm.inputs.registry import create_input_processor
+
+    proc = create_input_processor(checkpoint_dir)
+    rng = np.random.default_rng(0)
+    images = [
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        for h, w in ((56, 84), (28, 28), (84, 56))
+    ]
+    prompt = proc.default_multimodal_prompt("What is shown?", num_images=len(images))
+    _, extra = proc({"prompt": prompt, "multi_modal_data": {"image": images}}, None)
+    data = extra["multimodal_data"]["image"]
+    config = load_pretrained_config(checkpoint_dir)
+    cls = get_model_class(config.tllm_architecture)
+    model_config = ModelConfig(config, checkpoint_dir=checkpoint_dir, mapping=mapping)
+    model = load_model(cls, model_config, "cpu")
+    pixels, grid = data["pixel_values"], data["image_grid_thw"]
+    with torch.inference_mode():
+        whole = model._run_tower_whole(pixels, grid)
+        parallel = model._run_tower(pixels, grid)
+    return {"whole": whole, "parallel": parallel, "items": int(grid.shape[0])}
