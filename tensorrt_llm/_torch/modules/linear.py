@@ -88,27 +88,38 @@ class Linear(nn.Module):
         return self.fp8_block is None and self.weight.dtype == FP8_DTYPE
 
     def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
-        if self.reduce_output:
-            # NOTE: one all-reduce per row-parallel layer; the bias joins the full sum once.
-            out = all_reduce(self._forward(x, None), self.mapping)
-            return out if self.bias is None else out + self.bias
-        return self._forward(x, self.bias)
-
-    def _forward(self, x: torch.Tensor | Fp8Activation, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.reduce_output:  # NOTE: one flag read on one GPU, the body below unchanged
+            return self._forward_row_parallel(x)
         if self.fp8_block is not None:
             if isinstance(x, Fp8Activation) and x.group != self.fp8_block[1]:
                 raise TypeError(
                     f"FP8 activations in groups of {x.group or 'a row'} given to a block-FP8 "
                     f"Linear with {self.fp8_block[1]}-column scale blocks"
                 )
-            return fp8_block_forward(x, self.weight, self.weight_scale_inv, bias, self.fp8_block)
+            return fp8_block_forward(
+                x, self.weight, self.weight_scale_inv, self.bias, self.fp8_block
+            )
         if isinstance(x, Fp8Activation) and x.group:
             raise TypeError("block-FP8 activation groups given to a Linear that is not block-FP8")
         if self.per_channel_fp8:
-            return fp8_linear(x, self.weight, self.weight_scale, bias)
+            return fp8_linear(x, self.weight, self.weight_scale, self.bias)
         if isinstance(x, Fp8Activation):
             raise TypeError("FP8 activation rows given to a 16-bit Linear")
-        return F.linear(x, self.weight, bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def _forward_row_parallel(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        """A ROW layer's partial product (no bias: block-FP8 is refused with tensor
+        parallelism), all-reduced once; the bias joins the full sum once."""
+        if isinstance(x, Fp8Activation) and x.group:
+            raise TypeError("block-FP8 activation groups given to a Linear that is not block-FP8")
+        if self.per_channel_fp8:
+            out = fp8_linear(x, self.weight, self.weight_scale, None)
+        elif isinstance(x, Fp8Activation):
+            raise TypeError("FP8 activation rows given to a 16-bit Linear")
+        else:
+            out = F.linear(x, self.weight)
+        out = all_reduce(out, self.mapping)
+        return out if self.bias is None else out + self.bias
 
     def to_fp8_block_(self, block: tuple[int, int], quantize_on_load: bool = False) -> None:
         """Switch to block-FP8 before the weights exist (typically on the meta device): an
