@@ -10,6 +10,11 @@ How the engine builds a model (see `load_model`):
      which fills fused projections from their HF parts and raises a ValueError naming any
      missing or unexpected weights.
 
+Tensor parallelism: a module built for one rank records the checkpoint slice of each of its
+parameters (`tp_shards`, modules/tensor_parallel.py); `load_hf_weights` copies only those
+slices, and `load_model` of a sharded model reads the files lazily (`checkpoint_slices.py`),
+so a rank never holds another rank's weights.
+
 Block-FP8 checkpoints: `build_model_on_meta(..., prepare=)` switches the chosen `Linear`s to
 block-FP8 while the model is still on meta (so the weights never exist in 16 bits on the
 device), and `load_hf_weights` hands each such layer its e4m3 `weight` and fp32
@@ -29,6 +34,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 from tqdm import tqdm
+
+from .checkpoint_slices import lazy_safetensors_checkpoint, materialize
+from .distributed import TensorShard
 
 # our fused projection -> the HF projections stacked along the output dim, in order
 FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
@@ -151,6 +159,7 @@ def load_hf_weights(
         renamed[target] = tensor
     params = dict(model.named_parameters(remove_duplicate=False))
     sources = {p: _split_fused(p, fused) for p in params}
+    shards = _param_shards(model)
     expected = {hf for names in sources.values() for hf in names}
     blocks = _block_fp8_layers(model)
     optional = set(optional)
@@ -172,7 +181,22 @@ def load_hf_weights(
             present = [renamed[n] for n in hf_names if n in renamed]
             if not present:
                 continue  # an optional weight (tied head) left out of the checkpoint
-            _copy_into(params[param_name], param_name, present, hf_names)
+            parts = shards.get(param_name)
+            if parts is not None and len(parts) == len(present):  # else _copy_into names it
+                present = [
+                    s.take(v) if s is not None else v for s, v in zip(parts, present, strict=True)
+                ]
+            _copy_into(params[param_name], param_name, [materialize(v) for v in present], hf_names)
+
+
+def _param_shards(model: nn.Module) -> dict[str, tuple[TensorShard | None, ...]]:
+    """Parameter name -> one checkpoint slice per source part, for modules built for one
+    tensor-parallel rank (their `tp_shards`); empty for an unsharded model."""
+    out: dict[str, tuple[TensorShard | None, ...]] = {}
+    for name, module in model.named_modules():
+        for local, parts in (getattr(module, "tp_shards", None) or {}).items():
+            out[f"{name}.{local}" if name else local] = parts
+    return out
 
 
 def _block_fp8_layers(model: nn.Module) -> dict[str, Any]:
@@ -270,5 +294,10 @@ def load_model(
     if checkpoint_dir is None:
         raise ValueError("load_model needs a checkpoint_dir (or model_config.checkpoint_dir)")
     model = build_model_on_meta(cls, model_config, device, prepare)
-    model.load_weights(load_safetensors_checkpoint(checkpoint_dir))  # type: ignore[operator]
+    mapping = getattr(model_config, "mapping", None)
+    if mapping is not None and mapping.has_tp:
+        files, _ = checkpoint_shards(checkpoint_dir)
+        model.load_weights(lazy_safetensors_checkpoint(files))  # type: ignore[operator]
+    else:
+        model.load_weights(load_safetensors_checkpoint(checkpoint_dir))  # type: ignore[operator]
     return model

@@ -66,6 +66,7 @@ def serve_flags(args: argparse.Namespace, folder: Path) -> list[str]:
             "in an --extra_llm_api_options YAML (pass it through --serve_args)"
         )
     for name, flag in (
+        ("tp_size", "--tp_size"),
         ("max_batch_size", "--max_batch_size"),
         ("max_num_tokens", "--max_num_tokens"),
         ("kv_cache_fraction", "--kv_cache_free_gpu_memory_fraction"),

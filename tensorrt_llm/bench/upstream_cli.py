@@ -81,6 +81,7 @@ def _add_throughput(t: argparse.ArgumentParser) -> None:
     t.add_argument("--device", default="auto")
     t.add_argument("--attn_backend", default="auto")
     t.add_argument("--max_batch_size", type=int, default=None, help="default: max concurrency")
+    t.add_argument("--tp_size", type=int, default=1, help="tensor-parallel ranks on this node")
     t.add_argument("--max_num_tokens", type=int, default=_MAX_NUM_TOKENS)
     t.add_argument("--max_seq_len", type=int, default=None, help="default: the checkpoint's")
     t.add_argument("--kv_cache_free_gpu_mem_fraction", type=float, default=_KV_FRACTION)
@@ -176,6 +177,7 @@ def _run_ours(
         max_seq_len=args.max_seq_len,
         attn_backend=args.attn_backend,
         kv_cache_free_gpu_memory_fraction=args.kv_cache_free_gpu_mem_fraction,
+        tensor_parallel_size=args.tp_size,
         **({"executor_mode": args.executor_mode} if args.executor_mode else {}),
     )
     rows = []

@@ -85,6 +85,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--max_batch_size", type=int, default=None)
     p.add_argument(
+        "--tp_size",
+        type=int,
+        default=1,
+        help="tensor-parallel ranks on this node (LLM's tensor_parallel_size; not hybrid stacks, "
+        "needs --no_cuda_graph for now)",
+    )
+    p.add_argument(
         "--max_num_tokens",
         type=int,
         default=None,
@@ -197,6 +204,7 @@ def _run_ours(
         kv_cache_free_gpu_memory_fraction=kv_fraction,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        tensor_parallel_size=args.tp_size,
         **(
             ({"executor_mode": args.executor_mode} if args.executor_mode else {})
             | spec_llm_kwargs(args)

@@ -204,7 +204,7 @@ def _add_upstream_flags(p: argparse.ArgumentParser) -> None:
         "--tp_size",
         type=int,
         default=None,
-        help="tensor-parallel GPUs (LLM's tensor_parallel_size); only 1 is supported yet",
+        help="tensor-parallel ranks on this node (LLM's tensor_parallel_size; not hybrid stacks)",
     )
     g.add_argument(
         "--pp_size",
@@ -349,12 +349,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             else "no such backend"
         )
         parser.error(f"--backend {args.backend}: {what}; choose from {list(BACKENDS)}")
-    for flag in _RENAMED_LLM_FLAGS:
-        value = getattr(args, flag)
-        if value is not None and value > 1:
-            parser.error(
-                f"--{flag} {value}: more than one GPU is not supported yet; use --{flag} 1"
-            )
+    if args.pp_size is not None and args.pp_size > 1:
+        parser.error(f"--pp_size {args.pp_size}: pipeline parallelism is not supported yet")
     try:
         args.llm_api_options = load_llm_api_options(args.extra_llm_api_options, _flag_kwargs(args))
     except ValueError as exc:

@@ -71,7 +71,8 @@ def _startup_error(exc: BaseException) -> tuple[str, bytes | None, str, str]:
     return MSG_ERROR, blob, type(exc).__name__ + ": " + str(exc), text
 
 
-def _build(args: Any) -> Any:
+def _build(args: Any) -> tuple[Any, Any]:
+    """(the executor, the other tensor-parallel ranks or None)."""
     from .._torch.pyexecutor.py_executor_creator import create_py_executor
     from ..inputs.registry import create_input_processor, load_tokenizer
 
@@ -83,7 +84,18 @@ def _build(args: Any) -> Any:
     processor = create_input_processor(
         args.model, tokenizer=tokenizer, trust_remote_code=args.trust_remote_code
     )
-    return create_py_executor(args.to_engine_config(), processor)
+    config = args.to_engine_config()
+    ranks = None
+    if config.mapping.has_tp:  # this process is rank 0 and starts the others
+        from .tp_ranks import TensorParallelRanks
+
+        ranks, config = TensorParallelRanks.start(config)
+    try:
+        return create_py_executor(config, processor), ranks
+    except BaseException:
+        if ranks is not None:
+            ranks.stop(timeout_s=0)
+        raise
 
 
 class _EngineWorker:
@@ -178,9 +190,10 @@ def worker_main(
     requests = ipc.make_socket(context, zmq.PULL, request_address, bind=False)
     responses = ipc.make_socket(context, zmq.PUSH, response_address, bind=False)
     code = 0
+    ranks = None
     try:
         try:
-            executor = _build(args)
+            executor, ranks = _build(args)
         except BaseException as exc:  # reported to LLM(...) as the same exception
             responses.send(pickle.dumps(_startup_error(exc), protocol=5))
             code = 2
@@ -189,6 +202,8 @@ def worker_main(
         responses.send(pickle.dumps((MSG_READY, worker.info()), protocol=5))
         code = _serve(worker, requests)
     finally:
+        if ranks is not None:
+            ranks.stop()  # the executor's shutdown told them to stop
         requests.close()
         # Give the last message (stopped / error) a moment to leave before the socket closes.
         responses.setsockopt(zmq.LINGER, 2000)

@@ -43,7 +43,7 @@ from .reuse_args import (
     vision_embedding_cache_bytes,
 )
 from .scheduler_args import CapacitySchedulerPolicy, SchedulerConfig, resolve_scheduler_config
-from .upstream_args import KvCacheConfig, apply_upstream_fields
+from .upstream_args import KvCacheConfig, apply_upstream_fields, engine_mapping
 
 DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,
@@ -143,11 +143,15 @@ class LlmArgs:
     # "auto": the checkpoint's generation_config.json gives the defaults of fields a request
     # leaves unset (temperature, top_p, top_k, do_sample=false greedy, eos ids); "ignore": not.
     generation_config: str = "auto"
-    # TensorRT-LLM's spellings (upstream_args.py): "pytorch" only; one GPU; the KV knobs as a
+    # TensorRT-LLM's spellings (upstream_args.py): "pytorch" only; tensor parallelism on one
+    # node (not hybrid stacks; pipeline parallelism is refused); the KV knobs as a
     # KvCacheConfig (or a dict of its fields), moved onto the kv_cache_* fields above.
     backend: str = "pytorch"
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # With tensor_parallel_size > 1: "data" splits each step's images over the ranks (the
+    # tower's weights whole on each); "weights" (a sharded tower) is refused until it exists.
+    mm_encoder_tp_mode: str = "data"
     kv_cache_config: KvCacheConfig | dict[str, Any] | None = None
     # Admission policy (`scheduler_args.py`): None or MAX_UTILIZATION, blocks on demand with
     # preemption; GUARANTEED_NO_EVICT reserves prompt + max_tokens up front (TensorRT-LLM's).
@@ -428,6 +432,7 @@ class LlmArgs:
                 self.recurrent_state_snapshot_mib
             ),
             speculative_config=speculative,
+            mapping=engine_mapping(self),
         )
 
 

@@ -2,8 +2,8 @@
 `tensor_parallel_size`, `pipeline_parallel_size`.
 
 They map onto `LlmArgs`' own fields, so one validation applies; a value this project does not
-implement yet (prefix caching, more than one GPU, another backend) is a clear error, never a
-silent no-op.
+implement yet (pipeline parallelism, another backend) is a clear error, never a silent no-op.
+`tensor_parallel_size` becomes the engine's `Mapping` (`engine_mapping`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from ..mapping import Mapping
 
 if TYPE_CHECKING:
     from .llm_args import LlmArgs
@@ -61,6 +63,12 @@ def _kv_cache_config(value: Any) -> KvCacheConfig:
     raise ValueError(f"kv_cache_config must be a KvCacheConfig, a dict or None, got {value!r}")
 
 
+def engine_mapping(args: LlmArgs) -> Mapping:
+    """The engine's rank layout: rank 0 of `tensor_parallel_size` ranks on this node."""
+    size = args.tensor_parallel_size
+    return Mapping(world_size=size, rank=0, tp_size=size)
+
+
 def apply_upstream_fields(args: LlmArgs) -> None:
     """Check `backend` and the parallel sizes, and move `kv_cache_config`'s values onto the
     flat fields (called from `LlmArgs.__post_init__`, before those are validated)."""
@@ -70,10 +78,18 @@ def apply_upstream_fields(args: LlmArgs) -> None:
         size = getattr(args, name)
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"{name} must be an int >= 1, got {size!r}")
-        if size > 1:
-            raise ValueError(
-                f"{name}={size}: this build runs on one GPU; more than one is not supported yet"
-            )
+        if size > 1 and name == "pipeline_parallel_size":
+            raise ValueError(f"{name}={size}: pipeline parallelism is not supported yet")
+    if args.mm_encoder_tp_mode != "data":
+        raise ValueError(
+            f"mm_encoder_tp_mode={args.mm_encoder_tp_mode!r}: only 'data' (each rank encodes a "
+            "share of the step's images) is supported"
+        )
+    if args.tensor_parallel_size > 1 and args.executor_mode != "process":
+        raise ValueError(
+            f"tensor_parallel_size={args.tensor_parallel_size} needs executor_mode='process' "
+            "(the engine process is rank 0 and starts the other ranks)"
+        )
     if args.kv_cache_config is None:
         return
     config = _kv_cache_config(args.kv_cache_config)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ...inputs.registry import TextInputProcessor
+from ...mapping import Mapping as ParallelMapping
 from ..attention_backend import AttentionMetadata
 from ..modules.attention import Attention
 from ..modules.embedding import Embedding, LMHead
@@ -109,6 +110,7 @@ class Qwen2DecoderLayer(nn.Module):
         qk_norm: bool,
         attn_backend: str,
         dtype: torch.dtype,
+        mapping: ParallelMapping | None = None,
     ) -> None:
         super().__init__()
         eps = config.rms_norm_eps
@@ -124,8 +126,11 @@ class Qwen2DecoderLayer(nn.Module):
             rms_norm_eps=eps,
             attn_backend=attn_backend,
             dtype=dtype,
+            mapping=mapping,
         )
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, dtype=dtype)
+        self.mlp = GatedMLP(
+            config.hidden_size, config.intermediate_size, dtype=dtype, mapping=mapping
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
 
@@ -153,12 +158,19 @@ class Qwen2Model(nn.Module):
     qk_norm: ClassVar[bool] = False
 
     def __init__(
-        self, config: Any, *, dtype: torch.dtype = torch.float32, attn_backend: str = "vanilla"
+        self,
+        config: Any,
+        *,
+        dtype: torch.dtype = torch.float32,
+        attn_backend: str = "vanilla",
+        mapping: ParallelMapping | None = None,
     ) -> None:
         super().__init__()
         _check_text_config(config)
         self.config = config
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens = Embedding(
+            config.vocab_size, config.hidden_size, dtype=dtype, mapping=mapping
+        )
         qkv_bias, o_bias = self.projection_biases(config)
         self.layers = nn.ModuleList(
             Qwen2DecoderLayer(
@@ -169,6 +181,7 @@ class Qwen2Model(nn.Module):
                 qk_norm=self.qk_norm,
                 attn_backend=attn_backend,
                 dtype=dtype,
+                mapping=mapping,
             )
             for i in range(config.num_hidden_layers)
         )
@@ -226,6 +239,15 @@ class Qwen2Model(nn.Module):
         return cast(torch.Tensor, out)  # no reader: the norm returns a 16-bit tensor
 
 
+def check_tensor_parallel(cls: type[Qwen2TextForCausalLM], mapping: ParallelMapping | None) -> None:
+    """A ValueError naming the class when it cannot shard over `mapping`'s tp ranks."""
+    if mapping is not None and mapping.has_tp and not cls.supports_tensor_parallel:
+        raise ValueError(
+            f"{cls.__name__} does not support tensor_parallel_size={mapping.tp_size} yet "
+            "(tensor parallelism covers the Qwen2, Qwen3 and Qwen3-MoE text stacks)"
+        )
+
+
 class Qwen2TextForCausalLM(nn.Module):
     """Decoder stack + LM head from an HF text config (reused by the VL models)."""
 
@@ -236,6 +258,8 @@ class Qwen2TextForCausalLM(nn.Module):
     is_hybrid: ClassVar[bool] = False
     has_vision: ClassVar[bool] = False
     multimodal_data_device_paths: ClassVar[list[str]] = []
+    # Whether the stack shards across tensor-parallel ranks (not the hybrid stacks yet).
+    supports_tensor_parallel: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -244,11 +268,14 @@ class Qwen2TextForCausalLM(nn.Module):
         dtype: torch.dtype = torch.float32,
         attn_backend: str = "vanilla",
         tie_word_embeddings: bool | None = None,
+        mapping: ParallelMapping | None = None,
     ) -> None:
         super().__init__()
+        check_tensor_parallel(type(self), mapping)
         self.config = config
-        self.model = self.model_cls(config, dtype=dtype, attn_backend=attn_backend)
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.mapping = mapping if mapping is not None else ParallelMapping()
+        self.model = self.model_cls(config, dtype=dtype, attn_backend=attn_backend, mapping=mapping)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype=dtype, mapping=mapping)
         if tie_word_embeddings is None:
             tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.tie_word_embeddings = tie_word_embeddings
@@ -352,5 +379,6 @@ class Qwen2ForCausalLM(Qwen2TextForCausalLM):
             model_config.pretrained_config,
             dtype=model_config.torch_dtype,
             attn_backend=model_config.attn_backend,
+            mapping=model_config.mapping,
         )
         self.model_config = model_config

@@ -34,5 +34,6 @@ class Qwen3ForCausalLM(Qwen3TextForCausalLM):
             model_config.pretrained_config,
             dtype=model_config.torch_dtype,
             attn_backend=model_config.attn_backend,
+            mapping=model_config.mapping,
         )
         self.model_config = model_config

@@ -8,7 +8,9 @@ from typing import Any, ClassVar
 import torch
 
 from ...inputs.registry import TextInputProcessor
+from ...mapping import Mapping as ParallelMapping
 from ..modules.fused_moe import MoE, convert_hf_expert_weights, prepare_fp8_block_experts_
+from ..modules.fused_moe.expert_parallel import expert_range, select_local_experts
 from .modeling_qwen2 import Qwen2Model
 from .modeling_qwen3 import Qwen3Model, Qwen3TextForCausalLM
 from .modeling_utils import ModelConfig, register_auto_model
@@ -26,18 +28,25 @@ class Qwen3MoeModel(Qwen3Model):
     """Qwen3 stack whose sparse layers swap the dense MLP for `MoE`."""
 
     def __init__(
-        self, config: Any, *, dtype: torch.dtype = torch.float32, attn_backend: str = "vanilla"
+        self,
+        config: Any,
+        *,
+        dtype: torch.dtype = torch.float32,
+        attn_backend: str = "vanilla",
+        mapping: ParallelMapping | None = None,
     ) -> None:
-        super().__init__(config, dtype=dtype, attn_backend=attn_backend)
+        super().__init__(config, dtype=dtype, attn_backend=attn_backend, mapping=mapping)
         for i, layer in enumerate(self.layers):
             if is_sparse_layer(config, i):
-                layer.mlp = MoE.from_config(config, dtype=dtype)
+                layer.mlp = MoE.from_config(config, dtype=dtype, mapping=mapping)
 
 
 class Qwen3MoeTextForCausalLM(Qwen3TextForCausalLM):
     """Qwen3-MoE stack + LM head from an HF text config (Qwen3MoeConfig, Qwen3VLMoeTextConfig)."""
 
     model_cls: ClassVar[type[Qwen2Model]] = Qwen3MoeModel
+    # Attention and dense layers tensor-parallel, the routed experts expert-parallel.
+    supports_tensor_parallel: ClassVar[bool] = True
 
     def load_weights(
         self,
@@ -51,9 +60,14 @@ class Qwen3MoeTextForCausalLM(Qwen3TextForCausalLM):
             target = rename(name) if rename is not None else name
             if target is not None:
                 named[target] = tensor
+        num_experts = self.config.num_experts
+        mapping = self.mapping
+        if mapping.moe_ep_size > 1:
+            named = select_local_experts(named, num_experts, mapping)
+            num_experts = expert_range(num_experts, mapping)[1]
         named = convert_hf_expert_weights(
             named,
-            num_experts=self.config.num_experts,
+            num_experts=num_experts,
             hidden_size=self.config.hidden_size,
             intermediate_size=self.config.moe_intermediate_size,
         )
@@ -70,5 +84,6 @@ class Qwen3MoeForCausalLM(Qwen3MoeTextForCausalLM):
             model_config.pretrained_config,
             dtype=model_config.torch_dtype,
             attn_backend=model_config.attn_backend,
+            mapping=model_config.mapping,
         )
         self.model_config = model_config

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import torch
 from torch import nn
 
+from ...mapping import Mapping as ParallelMapping
 from ..attention_backend import AttentionMetadata, get_attention_backend
 from ..attention_backend.piecewise import run_attention
 from ..modules.embedding import Embedding, LMHead
@@ -37,7 +38,13 @@ from ..modules.rms_norm import RMSNorm
 from ..modules.triton_kernels.mrope import rope_qk_
 from ..seq_slots import slot_rows
 from ..weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
-from .modeling_qwen2 import Qwen2Model, Qwen2TextForCausalLM, build_rotary_embedding, text_head_dim
+from .modeling_qwen2 import (
+    Qwen2Model,
+    Qwen2TextForCausalLM,
+    build_rotary_embedding,
+    check_tensor_parallel,
+    text_head_dim,
+)
 
 if TYPE_CHECKING:
     from .modeling_qwen3_5_mtp import Qwen3_5MTP
@@ -338,6 +345,7 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
     model: Qwen3_5Model
     # NOTE: also tells QwenVLModelBase to pass max_num_seq_slots (sizes the recurrent state).
     is_hybrid: ClassVar[bool] = True
+    supports_tensor_parallel: ClassVar[bool] = False  # DeltaNet heads are not sharded yet
 
     def __init__(
         self,
@@ -347,8 +355,10 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
         attn_backend: str = "vanilla",
         tie_word_embeddings: bool | None = None,
         max_num_seq_slots: int = 8,
+        mapping: ParallelMapping | None = None,
     ) -> None:
         nn.Module.__init__(self)
+        check_tensor_parallel(type(self), mapping)
         self.config = config
         self.model = self.model_cls(
             config, dtype=dtype, attn_backend=attn_backend, max_num_seq_slots=max_num_seq_slots

@@ -25,6 +25,7 @@ from .modeling_qwen2 import Qwen2DecoderLayer, Qwen2Model, Qwen2TextForCausalLM
 from .modeling_utils import ModelConfig
 from .qwen_vl_mrope import _prepare_qwen_vl_mrope_config, apply_generation_deltas
 from .qwen_vl_vision_inputs import MODALITIES, VisionTower, chunk_embeddings, split_vl_weights
+from .vision_data_parallel import run_tower_data_parallel
 from .vision_embedding_cache import VisionEmbeddingCache
 from .vision_step_encoder import encode_modality
 
@@ -64,6 +65,7 @@ class QwenVLModelBase(nn.Module):
             dtype=model_config.torch_dtype,
             attn_backend=model_config.attn_backend,
             tie_word_embeddings=tie,
+            mapping=model_config.mapping,
             **extra,
         )
         # `language_model_only: true` checkpoints have no vision tower; media is rejected.
@@ -115,6 +117,15 @@ class QwenVLModelBase(nn.Module):
     # ------------------------------------------------------------------ vision
     def _run_tower(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
         # `_encode_step_media` calls this only once it has checked that the tower exists.
+        mapping = self.model_config.mapping
+        if mapping.has_tp:  # mm_encoder_tp_mode "data": each rank encodes a share
+            merge = self.config.vision_config.spatial_merge_size
+            return run_tower_data_parallel(self._run_tower_whole, pixels, grid_thw, merge, mapping)
+        return self._run_tower_whole(pixels, grid_thw)
+
+    def _run_tower_whole(
+        self, pixels: torch.Tensor, grid_thw: torch.Tensor
+    ) -> tuple[torch.Tensor, list]:
         out = cast("VisionTower", self.visual)(pixels, grid_thw)
         return out.embeddings, list(out.deepstack_embeddings)
 

@@ -4,12 +4,13 @@ every model is built from."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 import torch
 from torch import nn
 
+from ...mapping import Mapping as ParallelMapping
 from ..model_registry import ModelRegistration, RegistryView, add_registration
 
 # architecture name (HF `architectures[0]`) -> model class: a view of the one registry.
@@ -80,3 +81,5 @@ class ModelConfig:
     max_num_seq_slots: int = 8
     max_num_tokens: int = 8192
     checkpoint_dir: str | None = None
+    # This rank's place in a tensor-parallel engine (the default: one GPU, no sharding).
+    mapping: ParallelMapping = field(default_factory=ParallelMapping)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...mapping import Mapping
 from ..attention_backend import AttentionMetadata, get_attention_backend
 from ..attention_backend.piecewise import run_attention
+from ..distributed import TensorShard, column_shard, kv_head_shard
 from .fp8_linear import Fp8Activation, UnscaledOutput
 from .linear import Linear
 from .rms_norm import RMSNorm
+from .tensor_parallel import TensorParallelMode
 from .triton_kernels.mrope import rope_qk_
 
 
@@ -20,6 +23,11 @@ class Attention(nn.Module):
     `qk_norm` adds Qwen3's per-head RMSNorm on q and k, applied before the rotary.
     The rotary angles come in from the model as packed `cos_sin: [T, rotary_dim]`; with
     `rotary_dim < head_dim` only the first `rotary_dim` channels of each head rotate.
+
+    Tensor parallelism: each rank holds `num_heads / tp` query heads and their kv heads (a kv
+    head is replicated on several ranks when there are fewer kv heads than ranks); qkv_proj is
+    column-parallel and o_proj row-parallel, so the layer all-reduces once. `num_heads` and
+    `num_kv_heads` are the full model's; the attributes hold this rank's.
     """
 
     def __init__(
@@ -35,10 +43,21 @@ class Attention(nn.Module):
         rms_norm_eps: float = 1e-6,
         attn_backend: str = "vanilla",
         dtype: torch.dtype | None = None,
+        mapping: Mapping | None = None,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads != 0:
             raise ValueError(f"num_heads {num_heads} not divisible by num_kv_heads {num_kv_heads}")
+        mapping = mapping if mapping is not None else Mapping()
+        full_q, full_kv = num_heads * head_dim, num_kv_heads * head_dim
+        shards = None
+        if mapping.has_tp:
+            tp, rank = mapping.tp_size, mapping.tp_rank
+            q_shard = column_shard(num_heads, tp, rank, "num_attention_heads")
+            kv_rows, num_kv_heads = kv_head_shard(num_kv_heads, head_dim, tp, rank)
+            num_heads = q_shard.length
+            q_rows = TensorShard(0, q_shard.start * head_dim, num_heads * head_dim)
+            shards = (q_rows, kv_rows, kv_rows)
         self.hidden_size = hidden_size
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -48,12 +67,22 @@ class Attention(nn.Module):
         self.kv_size = num_kv_heads * head_dim
         self.qkv_proj = Linear(
             hidden_size,
-            self.q_size + 2 * self.kv_size,
+            full_q + 2 * full_kv,
             bias=qkv_bias,
             dtype=dtype,
-            output_splits=(self.q_size, self.kv_size, self.kv_size),
+            output_splits=(full_q, full_kv, full_kv),
+            mapping=mapping,
+            tensor_parallel_mode=TensorParallelMode.COLUMN,
+            output_shards=shards,
         )
-        self.o_proj = Linear(self.q_size, hidden_size, bias=o_bias, dtype=dtype)
+        self.o_proj = Linear(
+            full_q,
+            hidden_size,
+            bias=o_bias,
+            dtype=dtype,
+            mapping=mapping,
+            tensor_parallel_mode=TensorParallelMode.ROW,
+        )
         self.q_norm = RMSNorm(head_dim, rms_norm_eps, dtype=dtype) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, rms_norm_eps, dtype=dtype) if qk_norm else None
         backend_cls = get_attention_backend(attn_backend)

@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ...mapping import Mapping
 from .fp8_linear import Fp8Activation, UnscaledOutput, padded_rows
 from .linear import Linear
+from .tensor_parallel import TensorParallelMode
 from .triton_kernels.activation import silu_and_mul, silu_and_mul_group_quant
 
 if TYPE_CHECKING:
@@ -21,6 +23,8 @@ class GatedMLP(nn.Module):
     `gate_up_proj` holds HF's `gate_proj` rows first, then `up_proj` (see
     `_torch/weight_loading.py` FUSED_PROJECTIONS), so one matmul serves both, and the
     activation reads that layout directly (one Triton kernel on CUDA, chunk+silu+mul elsewhere).
+    Tensor parallelism: gate_up is column-parallel (gate and up split alike, so each rank's
+    rows still read [gate | up]) and down_proj row-parallel: one all-reduce.
     """
 
     def __init__(
@@ -29,6 +33,7 @@ class GatedMLP(nn.Module):
         intermediate_size: int,
         bias: bool = False,
         dtype: torch.dtype | None = None,
+        mapping: Mapping | None = None,
     ) -> None:
         super().__init__()
         self.hidden_size = hidden_size
@@ -39,8 +44,17 @@ class GatedMLP(nn.Module):
             bias=bias,
             dtype=dtype,
             output_splits=(intermediate_size, intermediate_size),
+            mapping=mapping,
+            tensor_parallel_mode=TensorParallelMode.COLUMN,
         )
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype)
+        self.down_proj = Linear(
+            intermediate_size,
+            hidden_size,
+            bias=bias,
+            dtype=dtype,
+            mapping=mapping,
+            tensor_parallel_mode=TensorParallelMode.ROW,
+        )
 
     def forward(
         self, x: torch.Tensor | Fp8Activation, defer_output_scale: bool = False

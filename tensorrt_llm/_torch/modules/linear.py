@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...mapping import Mapping
+from ..distributed import TensorShard, all_reduce
 from .fp8_block_linear import fp8_block_forward, load_fp8_block, scale_rows
 from .fp8_linear import (
     FP8_DTYPE,
@@ -22,6 +24,7 @@ from .fp8_linear import (
     quantize_linear_fp8_,
     uses_tensorwise_gemm,
 )
+from .tensor_parallel import ParamShards, TensorParallelMode, shard_linear
 
 
 class Linear(nn.Module):
@@ -30,6 +33,10 @@ class Linear(nn.Module):
     `output_splits` records how the output rows are made of several HF projections (for a
     fused qkv or gate_up projection), so the weight loader can place each shard and later
     quantised variants know the boundaries.
+
+    Tensor parallelism (`mapping.tp_size > 1` and a `tensor_parallel_mode`): the sizes given
+    are the full model's; the layer holds this rank's shard (`tensor_parallel.py`), and a ROW
+    layer all-reduces its output before adding the bias. Without either it is the plain layer.
     """
 
     def __init__(
@@ -39,6 +46,10 @@ class Linear(nn.Module):
         bias: bool = False,
         dtype: torch.dtype | None = None,
         output_splits: Sequence[int] | None = None,
+        *,
+        mapping: Mapping | None = None,
+        tensor_parallel_mode: TensorParallelMode | None = None,
+        output_shards: Sequence[TensorShard] | None = None,
     ) -> None:
         super().__init__()
         if in_features <= 0 or out_features <= 0:
@@ -46,6 +57,20 @@ class Linear(nn.Module):
         splits = tuple(output_splits) if output_splits is not None else (out_features,)
         if sum(splits) != out_features:
             raise ValueError(f"output_splits {splits} do not sum to out_features={out_features}")
+        self.mapping = mapping if mapping is not None else Mapping()
+        # Checkpoint slices of this rank's parameters (empty: whole tensors), and whether the
+        # output is a partial sum to all-reduce (a ROW layer under tensor parallelism).
+        self.tp_shards: ParamShards = {}
+        self.reduce_output = False
+        if tensor_parallel_mode is not None and self.mapping.has_tp:
+            local = shard_linear(
+                in_features, splits, tensor_parallel_mode, self.mapping, output_shards
+            )
+            in_features, splits = local.in_features, local.output_splits
+            out_features = sum(splits)
+            self.tp_shards, self.reduce_output = local.tp_shards, local.reduce_output
+        elif output_shards is not None:
+            raise ValueError("output_shards needs a tensor-parallel mapping and mode")
         self.in_features = in_features
         self.out_features = out_features
         self.output_splits = splits
@@ -63,6 +88,8 @@ class Linear(nn.Module):
         return self.fp8_block is None and self.weight.dtype == FP8_DTYPE
 
     def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        if self.reduce_output:  # NOTE: one flag read on one GPU, the body below unchanged
+            return self._forward_row_parallel(x)
         if self.fp8_block is not None:
             if isinstance(x, Fp8Activation) and x.group != self.fp8_block[1]:
                 raise TypeError(
@@ -80,12 +107,31 @@ class Linear(nn.Module):
             raise TypeError("FP8 activation rows given to a 16-bit Linear")
         return F.linear(x, self.weight, self.bias)
 
+    def _forward_row_parallel(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        """A ROW layer's partial product (no bias: block-FP8 is refused with tensor
+        parallelism), all-reduced once; the bias joins the full sum once."""
+        if isinstance(x, Fp8Activation) and x.group:
+            raise TypeError("block-FP8 activation groups given to a Linear that is not block-FP8")
+        if self.per_channel_fp8:
+            out = fp8_linear(x, self.weight, self.weight_scale, None)
+        elif isinstance(x, Fp8Activation):
+            raise TypeError("FP8 activation rows given to a 16-bit Linear")
+        else:
+            out = F.linear(x, self.weight)
+        out = all_reduce(out, self.mapping)
+        return out if self.bias is None else out + self.bias
+
     def to_fp8_block_(self, block: tuple[int, int], quantize_on_load: bool = False) -> None:
         """Switch to block-FP8 before the weights exist (typically on the meta device): an
         e4m3 `weight [N, K]` and an fp32 `weight_scale_inv` in `block` (bn, bk) blocks, or
         row-granular (bn = 1) when a fused shard does not end on a bn boundary."""
         if self.fp8_block is not None or self.per_channel_fp8:
             raise ValueError("Linear is already FP8")
+        if self.tp_shards:
+            raise ValueError(
+                "block-FP8 layers with tensor_parallel_size > 1 are not supported yet "
+                "(their weight_scale_inv blocks are not sharded)"
+            )
         device = self.weight.device
         bn = scale_rows(self.output_splits, block)
         grid = (-(-self.out_features // bn), -(-self.in_features // block[1]))
@@ -150,7 +196,8 @@ class Linear(nn.Module):
         bias and `x` takes the tensor-wise GEMM (always, for `Fp8Activation` rows); None
         otherwise (call `forward`).
         """
-        if not self.per_channel_fp8 or self.bias is not None:
+        if not self.per_channel_fp8 or self.bias is not None or self.reduce_output:
+            # A partial sum must be scaled before the reduce: a ROW layer always scales.
             return None
         if isinstance(x, Fp8Activation):
             out, row_scale = fp8_gemm_unscaled(x, self.weight)
@@ -168,9 +215,10 @@ class Linear(nn.Module):
 
     def extra_repr(self) -> str:
         block = f", fp8_block={self.fp8_block}" if self.fp8_block is not None else ""
+        tp = f", tp_rank={self.mapping.tp_rank}/{self.mapping.tp_size}" if self.tp_shards else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, output_splits={self.output_splits}{block}"
+            f"bias={self.bias is not None}, output_splits={self.output_splits}{block}{tp}"
         )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ...mapping import Mapping
 from ..quantization import QuantConfig
 from .spec_decode.config import MTPDecodingConfig
 
@@ -166,6 +167,9 @@ class EngineConfig:
     recurrent_state_snapshot_bytes: int | None = None
     # MTP speculative decoding (spec_decode/config.py), checked against the checkpoint; None: off.
     speculative_config: MTPDecodingConfig | None = None
+    # This process's rank of a tensor-parallel engine (default: one GPU). Rank 0 runs the
+    # executor (`create_py_executor`), the others `tp_worker.run_tp_worker`.
+    mapping: Mapping = field(default_factory=Mapping)
 
     @property
     def text_config(self) -> Any:

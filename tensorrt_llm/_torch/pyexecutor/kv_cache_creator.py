@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..distributed import kv_heads_per_rank
 from .llm_request import LlmRequest
 from .model_engine import PyTorchModelEngine
 from .resource_manager import KVCacheManager, SeqSlotManager
@@ -35,7 +36,10 @@ class KVCacheSpec:
     dtype: torch.dtype
 
     @classmethod
-    def from_text_config(cls, text_config: Any, dtype: torch.dtype) -> KVCacheSpec:
+    def from_text_config(
+        cls, text_config: Any, dtype: torch.dtype, tp_size: int = 1
+    ) -> KVCacheSpec:
+        """`tp_size`: the cache of one tensor-parallel rank (its kv heads only)."""
         head_dim = getattr(text_config, "head_dim", None) or (
             text_config.hidden_size // text_config.num_attention_heads
         )
@@ -43,7 +47,8 @@ class KVCacheSpec:
         num_layers = sum(1 for t in layer_types if t == "full_attention") or (
             text_config.num_hidden_layers
         )
-        return cls(num_layers, text_config.num_key_value_heads, head_dim, dtype)
+        num_kv_heads = kv_heads_per_rank(text_config.num_key_value_heads, tp_size)
+        return cls(num_layers, num_kv_heads, head_dim, dtype)
 
     def make_manager(
         self,

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .cuda_graph_runner import CUDAGraphRunner
     from .piecewise_graph_runner import PiecewiseCUDAGraphRunner
     from .resource_manager import KVCacheManager
+    from .tp_step_channel import StepChannel
 
 
 class PyTorchModelEngine:
@@ -57,6 +58,9 @@ class PyTorchModelEngine:
         self.cuda_graph_runner: CUDAGraphRunner | None = None  # set by create_py_executor
         # Prefill/mixed steps of VL models (`cuda_graph_config.piecewise_max_tokens`).
         self.piecewise_graph_runner: PiecewiseCUDAGraphRunner | None = None
+        # Tensor parallelism, rank 0: each step (and KV cache) is sent to the worker ranks
+        # before it runs (`tp_step_channel.py`). None on one GPU: no work per step.
+        self.step_channel: StepChannel | None = None
         self.buffers = InputBuffers.allocate(
             max_num_tokens, max_batch_size, self.max_blocks_per_seq, self.use_mrope, self.device
         )
@@ -76,6 +80,8 @@ class PyTorchModelEngine:
     def set_kv_cache_manager(self, kv_cache_manager: KVCacheManager | None) -> None:
         self.kv_cache_manager = kv_cache_manager
         self.batch_builder.kv_cache_manager = kv_cache_manager
+        if self.step_channel is not None:
+            self.step_channel.send_kv_cache(kv_cache_manager)
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
@@ -88,6 +94,8 @@ class PyTorchModelEngine:
     def run(self, batch: InputBatch) -> torch.Tensor:
         """Logits of each request's last token: [num_seqs, vocab], context requests first
         (or of every token with `batch.return_context_logits`)."""
+        if self.step_channel is not None:
+            self.step_channel.send_step(batch)
         runner = self.cuda_graph_runner
         if runner is not None and runner.can_run(batch):
             return runner.run(batch)
@@ -108,6 +116,8 @@ class PyTorchModelEngine:
         plan = batch.prompt_logprobs
         if plan is None or batch.return_context_logits:
             return self.run(batch), None
+        if self.step_channel is not None:
+            self.step_channel.send_step(batch)  # raises: not supported yet
         piecewise = self.piecewise_graph_runner
         if piecewise is not None and piecewise.can_run(batch):
             hidden = piecewise.run_hidden(batch)

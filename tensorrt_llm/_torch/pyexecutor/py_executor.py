@@ -151,6 +151,10 @@ class PyExecutor:
         if self.model_engine is None:  # released by an earlier shutdown
             return
         device = self.model_engine.device
+        # Tensor parallelism: the worker ranks exit (getattr: test engines have no channel).
+        channel = getattr(self.model_engine, "step_channel", None)
+        if channel is not None:
+            channel.send_stop()
         self.model_engine = None  # type: ignore[assignment]
         self.kv_cache_manager = None  # type: ignore[assignment]
         self.scheduler = None  # type: ignore[assignment]

@@ -66,6 +66,7 @@ from .spec_decode.setup import (
     prepare_mtp,
     snapshot_reserve_bytes,
 )
+from .tp_setup import attach_step_channel, check_tp_config
 from .warmup import StartupTuning, arm_step_compile_guard, run_warmup, warmup_enabled
 
 logger = logging.getLogger(__name__)
@@ -279,9 +280,11 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         )
     device = config.device
     text_config = config.text_config
+    check_tp_config(config)
     cls = get_model_class(config.architecture)
     spec = kv_spec_with_mtp(
-        KVCacheSpec.from_text_config(text_config, config.kv_cache_dtype), config
+        KVCacheSpec.from_text_config(text_config, config.kv_cache_dtype, config.mapping.tp_size),
+        config,
     )
     model_config = ModelConfig(
         pretrained_config=config.pretrained_config,
@@ -290,6 +293,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         max_num_seq_slots=config.batch_size_cap,
         max_num_tokens=config.max_num_tokens,
         checkpoint_dir=config.checkpoint_dir,
+        mapping=config.mapping,
     )
     presized = _presize_hybrid(config, cls, model_config, spec)
     if presized is not None:
@@ -309,6 +313,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         max_seq_len=engine_max_seq_len,
         tokens_per_block=config.tokens_per_block,
     )
+    attach_step_channel(engine, config)  # tensor parallelism: rank 0 sends every step
     warmed = warmup_enabled(device)
     # Before the first forward (graph capture, probe): fla's first calls tune here.
     tuning = StartupTuning.begin(device) if warmed else None
@@ -319,6 +324,10 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     activation = max(0, peak - torch.cuda.memory_allocated(device)) if peak else 0
     reuse_on = config.enable_block_reuse
     embed_cache_bytes = config.vision_embedding_cache_bytes if reuse_on and has_vision else 0
+    if embed_cache_bytes and config.mapping.has_tp:
+        # Rank 0 alone would skip cached items the data-parallel tower still splits.
+        logger.info("vision embedding cache: off with tensor_parallel_size > 1 (not built yet)")
+        embed_cache_bytes = 0
     if embed_cache_bytes:
         # Its tensors grow as images arrive: reserved like the probe's peak, before KV sizing.
         cast(Any, engine.model).vision_embedding_cache = VisionEmbeddingCache(embed_cache_bytes)

@@ -134,3 +134,13 @@ def test_guided_json_runs_on_cpu_and_needs_no_ignore_eos(tiny_config: Path, tmp_
     bad.write_text("[1, 2]")
     with pytest.raises(SystemExit, match="a JSON schema object expected"):
         main([*base[:-1], str(bad), "--no-ignore_eos"])
+
+
+def test_tp_size_2_on_cpu(tiny_config: Path, tmp_path: Path) -> None:
+    """`--tp_size 2`: the engine process runs rank 0 and starts rank 1 (gloo on the CPU)."""
+    out = tmp_path / "result.json"
+    args = ["--config", str(tiny_config), "--isl", "60", "--osl", "4", "--image_size", "32"]
+    args += ["--concurrency", "2", "--dtype", "float32", "--device", "cpu", "--tp_size", "2"]
+    assert main([*args, "--output", str(out)]) == 0
+    row = json.loads(out.read_text())["ours"][0]
+    assert row["requests"] == 2 and row["output_tok_s"] > 0

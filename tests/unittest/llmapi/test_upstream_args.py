@@ -46,7 +46,9 @@ def test_enable_block_reuse_maps_and_defaults_on(ckpt: str) -> None:
         ),
         ({"kv_cache_config": KvCacheConfig(free_gpu_memory_fraction=2.0)}, "fraction"),
         ({"backend": "tensorrt"}, "backend must be one of"),
-        ({"tensor_parallel_size": 2}, "one GPU"),
+        ({"pipeline_parallel_size": 2}, "pipeline parallelism is not supported"),
+        ({"mm_encoder_tp_mode": "weights"}, "only 'data'"),
+        ({"tensor_parallel_size": 2, "executor_mode": "inproc"}, "needs executor_mode='process'"),
         ({"pipeline_parallel_size": 0}, "pipeline_parallel_size must be an int >= 1"),
     ],
 )

@@ -61,9 +61,10 @@ def test_parallel_size_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert kwargs == {"tensor_parallel_size": 1, "pipeline_parallel_size": 1}
     built = LlmArgs.from_kwargs(model=str(tmp_path), **kwargs)
     assert built.tensor_parallel_size == 1 and built.pipeline_parallel_size == 1
-    for flag in ("--tp_size", "--pp_size"):
-        err = _error(capsys, ["serve", "ckpt", flag, "2"])
-        assert f"{flag} 2: more than one GPU is not supported yet" in err
+    err = _error(capsys, ["serve", "ckpt", "--pp_size", "2"])
+    assert "--pp_size 2: pipeline parallelism is not supported yet" in err
+    # Tensor parallelism reaches the LLM (the engine process starts the other ranks).
+    assert llm_kwargs(parse_args(["ckpt", "--tp_size", "2"]))["tensor_parallel_size"] == 2
     # Below 1 reaches LlmArgs, which says what it accepts.
     with pytest.raises(ValueError, match="tensor_parallel_size must be an int >= 1"):
         LlmArgs.from_kwargs(model=str(tmp_path), **llm_kwargs(parse_args(["x", "--tp_size", "0"])))
@@ -133,7 +134,7 @@ def test_extra_llm_api_options_refused(capsys: pytest.CaptureFixture[str], tmp_p
         ("kv_cache_config: {enable_block_reuse: 2}\n", "enable_block_reuse must be"),
         ("kv_cache_config: {pages: 3}\n", "unknown kv_cache_config field"),
         ("cuda_graph_config: {sizes: [1]}\n", "unknown cuda_graph_config field"),
-        ("tensor_parallel_size: 2\n", "more than one is not supported yet"),
+        ("pipeline_parallel_size: 2\n", "pipeline parallelism is not supported yet"),
         ("backend: tensorrt\n", "backend must be one of"),
     ],
 )

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ....mapping import Mapping as ParallelMapping
+from ...distributed import all_reduce
 from ..gated_mlp import GatedMLP
 from ..linear import Linear
 from ..triton_kernels.fp8_block import BLOCK_SIZE, FP8_DTYPE
@@ -39,6 +41,7 @@ from ..triton_kernels.fused_moe_ref import (  # noqa: F401
     fused_moe_dense_ref,
     fused_moe_ref,
 )
+from .expert_parallel import expert_range, local_routing
 from .fp8_experts import (
     SCALE_SUFFIX,
     check_fp8_pair,
@@ -277,7 +280,11 @@ def convert_hf_expert_weights(
 
 
 class MoE(nn.Module):
-    """`experts(x) [+ sigmoid(shared_expert_gate(x)) * shared_expert(x)]` over [T, hidden]."""
+    """`experts(x) [+ sigmoid(shared_expert_gate(x)) * shared_expert(x)]` over [T, hidden].
+
+    Expert parallelism (`mapping.moe_ep_size > 1`, expert_parallel.py): `experts` holds this
+    rank's share, routing stays global, and the routed output is all-reduced once.
+    """
 
     def __init__(
         self,
@@ -289,13 +296,21 @@ class MoE(nn.Module):
         norm_topk_prob: bool = True,
         dtype: torch.dtype | None = None,
         weight_block_size: tuple[int, int] | None = None,
+        mapping: ParallelMapping | None = None,
     ) -> None:
         super().__init__()
         self.hidden_size = hidden_size
+        self.mapping = mapping if mapping is not None else ParallelMapping()
         self.gate = TopKRouter(hidden_size, num_experts, top_k, norm_topk_prob, dtype=dtype)
+        # (first expert, count) of this rank; None without expert parallelism.
+        self.local_experts: tuple[int, int] | None = None
+        if self.mapping.moe_ep_size > 1:
+            if shared_expert_intermediate_size:
+                raise ValueError("expert parallelism with a shared expert is not supported yet")
+            self.local_experts = expert_range(num_experts, self.mapping)
         self.experts = MoEExperts(
-            num_experts, hidden_size, intermediate_size, dtype=dtype,
-            weight_block_size=weight_block_size,
+            self.local_experts[1] if self.local_experts else num_experts,
+            hidden_size, intermediate_size, dtype=dtype, weight_block_size=weight_block_size,
         )  # fmt: skip
         self.shared_expert: GatedMLP | None = None
         self.shared_expert_gate: Linear | None = None
@@ -309,6 +324,7 @@ class MoE(nn.Module):
         config: Any,
         dtype: torch.dtype | None = None,
         weight_block_size: tuple[int, int] | None = None,
+        mapping: ParallelMapping | None = None,
     ) -> MoE:
         """Build from an HF Qwen3-MoE / Qwen3-VL-MoE / Qwen3.5-MoE / Qwen3-Next text config;
         `weight_block_size` builds the routed experts block-FP8 (a `-FP8` checkpoint)."""
@@ -329,6 +345,7 @@ class MoE(nn.Module):
             norm_topk_prob=norm,
             dtype=dtype,
             weight_block_size=weight_block_size,
+            mapping=mapping,
         )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -338,7 +355,11 @@ class MoE(nn.Module):
             )
         x = hidden_states.reshape(-1, self.hidden_size)
         topk_weights, topk_ids = self.gate(x)
-        out = self.experts(x, topk_ids, topk_weights)
+        if self.local_experts is not None:
+            topk_ids, topk_weights = local_routing(topk_ids, topk_weights, *self.local_experts)
+            out = all_reduce(self.experts(x, topk_ids, topk_weights), self.mapping)
+        else:
+            out = self.experts(x, topk_ids, topk_weights)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out.reshape(hidden_states.shape)

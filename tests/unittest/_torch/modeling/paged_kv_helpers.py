@@ -146,22 +146,23 @@ def run_schedule(
     sequences: Sequence[torch.Tensor],
     schedule: Sequence[Step],
     positions: Sequence[torch.Tensor] | None = None,
+    device: str | torch.device = "cpu",
 ) -> list[torch.Tensor]:
     """Run `model` over `schedule`, feeding tokens from `sequences[rid]` ([L] each) and
     positions from `positions[rid]` ([L] or [3, L]; default arange). Returns each step's
-    last-token logits `[num_seqs, vocab]`."""
+    last-token logits `[num_seqs, vocab]`. `device`: where the step's tensors go."""
     outputs = []
     for step in schedule:
         rows = step_rows(step)
-        md = build_metadata(manager, *step)
-        ids = torch.cat([sequences[r][c : c + n] for r, c, n in rows])
+        md = build_metadata(manager, *step, device=device)
+        ids = torch.cat([sequences[r][c : c + n] for r, c, n in rows]).to(device)
         if positions is None:
             pos = torch.cat([torch.arange(c, c + n) for _, c, n in rows])[None]
         else:
             pos = torch.cat([positions[r][..., c : c + n] for r, c, n in rows], dim=-1)
             pos = pos[:, None] if pos.dim() == 2 else pos[None]
         with torch.no_grad():
-            outputs.append(model(md, input_ids=ids, position_ids=pos))
+            outputs.append(model(md, input_ids=ids, position_ids=pos.to(device)))
     return outputs
 
 

@@ -1,0 +1,76 @@
+"""Lazy safetensors tensors: a tensor-parallel rank reads only its shard of each weight.
+
+`lazy_safetensors_checkpoint(dir)` maps every weight name to a `LazyTensor` (shape and dtype
+from the header, nothing read yet). `TensorShard.take(lazy)` indexes it through safetensors'
+`get_slice`, which reads just the rows (or columns) asked for from the memory-mapped file;
+`materialize()` / `.to(...)` read the whole tensor (replicated weights, the vision tower).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+# safetensors' dtype names -> torch
+_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+class LazyTensor:
+    """One checkpoint tensor, read on demand (whole or a slice)."""
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self._handle = handle
+        self.name = name
+        view = handle.get_slice(name)
+        self.shape = torch.Size(view.get_shape())
+        dtype = view.get_dtype()
+        if dtype not in _DTYPES:
+            raise ValueError(f"checkpoint tensor {name!r} has unsupported dtype {dtype}")
+        self.dtype = _DTYPES[dtype]
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        """Only the indexed part is read (basic slices)."""
+        part: torch.Tensor = self._handle.get_slice(self.name)[index]
+        return part
+
+    def materialize(self) -> torch.Tensor:
+        tensor: torch.Tensor = self._handle.get_tensor(self.name)
+        return tensor
+
+    def to(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.materialize().to(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"LazyTensor({self.name!r}, shape={tuple(self.shape)}, dtype={self.dtype})"
+
+
+def materialize(value: Any) -> torch.Tensor:
+    """A tensor from a loaded tensor or a `LazyTensor`."""
+    return value.materialize() if isinstance(value, LazyTensor) else value
+
+
+def lazy_safetensors_checkpoint(shards: list[Path]) -> dict[str, LazyTensor]:
+    """Every tensor of the shard files, unread; the files stay memory-mapped while any of
+    their `LazyTensor`s lives."""
+    out: dict[str, LazyTensor] = {}
+    for shard in shards:
+        handle = safe_open(str(shard), framework="pt", device="cpu")
+        for name in handle.keys():
+            out[name] = LazyTensor(handle, name)
+    return out

@@ -1,0 +1,25 @@
+"""torch.distributed for the engine: process groups (NCCL on CUDA, gloo on CPU), the
+collectives the tensor-parallel modules call, and how a checkpoint tensor is sharded.
+
+NOTE: every collective returns its input untouched when `mapping.tp_size == 1`, and the
+modules only call them when they were built with `Mapping.has_tp`: the single-GPU engine does
+no extra work per step.
+"""
+
+from .ops import all_gather, all_reduce
+from .process_group import destroy_distributed, init_distributed, is_initialized, tp_group
+from .sharding import TensorShard, column_shard, kv_head_shard, kv_heads_per_rank, vocab_shard
+
+__all__ = [
+    "TensorShard",
+    "all_gather",
+    "all_reduce",
+    "column_shard",
+    "destroy_distributed",
+    "init_distributed",
+    "is_initialized",
+    "kv_head_shard",
+    "kv_heads_per_rank",
+    "tp_group",
+    "vocab_shard",
+]

@@ -1,0 +1,43 @@
+"""The collectives of the tensor-parallel modules, over the mapping's tp group.
+
+Both return their input as is at `tp_size == 1`. Under a CUDA graph the NCCL kernels are
+captured with the rest of the step (they take no host-side decision per call).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ...mapping import Mapping
+from .process_group import tp_group
+
+
+def all_reduce(x: torch.Tensor, mapping: Mapping) -> torch.Tensor:
+    """Sum of `x` over the tp group, in place (the partial outputs of a row-parallel layer)."""
+    if mapping.tp_size == 1:
+        return x
+    try:
+        dist.all_reduce(x, group=tp_group(mapping))
+    except RuntimeError as exc:
+        raise collective_error("all_reduce", exc) from exc
+    return x
+
+
+def all_gather(x: torch.Tensor, mapping: Mapping, dim: int = -1) -> torch.Tensor:
+    """The ranks' `x` concatenated along `dim`, in rank order (vocab-parallel logits)."""
+    if mapping.tp_size == 1:
+        return x
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(mapping.tp_size)]
+    try:
+        dist.all_gather(parts, x, group=tp_group(mapping))
+    except RuntimeError as exc:
+        raise collective_error("all_gather", exc) from exc
+    return torch.cat(parts, dim=dim)
+
+
+def collective_error(op: str, exc: BaseException) -> RuntimeError:
+    """The error a step fails with when a collective does (typically: a rank died; the
+    engine process's watcher then stops the engine)."""
+    return RuntimeError(f"tensor-parallel {op} failed (a rank may be gone): {exc}")

@@ -1,0 +1,70 @@
+"""The vision tower data-parallel over the tensor-parallel ranks (`mm_encoder_tp_mode="data"`).
+
+The tower's weights are whole on every rank (small next to the text stack). A step's packed
+items (images, or a video's frames as one item) are split into `tp_size` contiguous groups
+of about equal token counts; each rank encodes its group, and one all-gather of the padded
+outputs (main embeddings and Qwen3-VL's deepstack levels stacked together) gives every rank
+all of them, in item order. Every rank knows every group's size from the grids, which all
+ranks hold, so no sizes travel.
+
+NOTE: with fewer items than ranks the step runs the tower whole on every rank (no collective;
+the decision is the same everywhere since the grids are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ...mapping import Mapping
+from ..distributed import all_gather
+
+TowerFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, list[torch.Tensor]]]
+
+
+def split_items(tokens: list[int], parts: int) -> list[tuple[int, int]]:
+    """Contiguous item ranges [a, b), one per part, none empty, about equal in tokens."""
+    if len(tokens) < parts:
+        raise ValueError(f"{len(tokens)} items cannot fill {parts} parts")
+    total = sum(tokens)
+    bounds = [0]
+    running = 0
+    for i, n in enumerate(tokens):
+        running += n
+        # Close a part once it reaches its share, leaving at least one item per later part.
+        left_items = len(tokens) - (i + 1)
+        left_parts = parts - len(bounds)
+        if left_parts > 0 and (running * parts >= total * len(bounds) or left_items == left_parts):
+            bounds.append(i + 1)
+    bounds.append(len(tokens))
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def run_tower_data_parallel(
+    run_tower: TowerFn,
+    pixels: torch.Tensor,
+    grid_thw: torch.Tensor,
+    merge: int,
+    mapping: Mapping,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`run_tower(pixels, grid_thw)`'s result, each rank encoding its share of the items."""
+    grid = grid_thw.cpu().reshape(-1, 3)
+    rows = [int(n) for n in grid.prod(dim=-1).tolist()]  # pixel rows per item
+    tokens = [n // merge**2 for n in rows]
+    if len(rows) < mapping.tp_size:
+        return run_tower(pixels, grid_thw)
+    ranges = split_items(tokens, mapping.tp_size)
+    first, last = ranges[mapping.tp_rank]
+    pixel_start = sum(rows[:first])
+    mine = pixels[pixel_start : pixel_start + sum(rows[first:last])]
+    main, levels = run_tower(mine, grid_thw[first:last])
+    counts = [sum(tokens[a:b]) for a, b in ranges]
+    width = max(counts)
+    local = torch.stack([main, *levels])  # [1 + L, my tokens, D]
+    padded = local.new_zeros(local.shape[0], width, local.shape[2])
+    padded[:, : local.shape[1]] = local
+    gathered = all_gather(padded, mapping, dim=1)  # [1 + L, tp * width, D]
+    parts = [gathered[:, r * width : r * width + n] for r, n in enumerate(counts)]
+    full = torch.cat(parts, dim=1)
+    return full[0], list(full[1:])

@@ -1,0 +1,68 @@
+"""What a tensor-parallel engine checks and sets up on rank 0 (`create_py_executor`'s hook).
+
+Block reuse needs nothing here: a worker's KV blocks hold its heads of the same tokens, since
+it runs every step rank 0 runs, into the blocks rank 0's tables name.
+
+The parts not built yet for `tensor_parallel_size > 1` are refused here by name, before any
+model is built, rather than run wrong or slow.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.modeling_auto import get_model_class
+from ..models.modeling_utils import ModelConfig
+from .engine_config import EngineConfig
+from .model_engine import PyTorchModelEngine
+from .tp_step_channel import StepChannel
+
+
+def check_tp_config(config: EngineConfig) -> None:
+    """A ValueError naming each setting that tensor parallelism does not support yet."""
+    mapping = config.mapping
+    if not mapping.has_tp:
+        return
+    refused = []
+    if config.use_cuda_graph:
+        refused.append("CUDA graphs (pass cuda_graph_config=None)")
+    if config.quantization is not None or config.quant_config is not None:
+        refused.append(f"quantization ({config.quantization or 'fp8_block checkpoint'})")
+    if refused:
+        raise ValueError(
+            f"tensor_parallel_size={mapping.tp_size} does not support yet: " + ", ".join(refused)
+        )
+
+
+def check_model_shards(config: EngineConfig) -> None:
+    """Build rank 0's model on the meta device (no memory): a stack that does not shard yet,
+    or a head / channel count that does not split over the ranks, raises here, before the
+    other ranks are started (`executor/tp_ranks.py`)."""
+    check_tp_config(config)
+    if not config.mapping.has_tp:
+        return
+    cls = get_model_class(config.architecture)
+    with torch.device("meta"):
+        cls(
+            ModelConfig(
+                pretrained_config=config.pretrained_config,
+                torch_dtype=config.dtype,
+                attn_backend=config.attn_backend,
+                max_num_seq_slots=config.batch_size_cap,
+                max_num_tokens=config.max_num_tokens,
+                mapping=config.mapping,
+            )
+        )
+
+
+def attach_step_channel(engine: PyTorchModelEngine, config: EngineConfig) -> None:
+    """Rank 0 of a tensor-parallel engine: send every step to the workers (no-op on one
+    GPU). The workers must be running `tp_worker.run_tp_worker` with the same config."""
+    mapping = config.mapping
+    if not mapping.has_tp:
+        return
+    if not mapping.is_first_rank:
+        raise ValueError(
+            f"rank {mapping.rank} builds a worker (tp_worker.run_tp_worker), not an executor"
+        )
+    engine.step_channel = StepChannel(mapping, config.device)

@@ -1,0 +1,200 @@
+"""The step channel of a tensor-parallel engine: rank 0 sends, the worker ranks receive.
+
+Rank 0 owns the scheduler. Every time its engine runs a step it broadcasts the step's
+`InputBatch` to the tp group in two (or three) collectives: a fixed int64 header (command and
+sizes), one packed int64 tensor with every per-token / per-request array (ids, positions, slot
+mapping, block tables, lengths, seq slots), and, only for steps with multimodal params, their
+bytes (`torch.save`, loaded onto the worker's own device). Model weights never travel.
+Commands besides a step: a new KV cache (its block count: block ids must mean the same
+memory on every rank), and stop.
+
+NOTE: only a tensor-parallel engine has a channel (`PyTorchModelEngine.step_channel` is None
+otherwise), so a single-GPU step does no work here.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from ...mapping import Mapping
+from ..attention_backend.interface import AttentionMetadata
+from ..distributed import tp_group
+from ..distributed.ops import collective_error
+from ..input_batch import InputBatch
+
+if TYPE_CHECKING:
+    from .resource_manager import KVCacheManager
+
+logger = logging.getLogger(__name__)
+
+CMD_STEP = 1
+CMD_KV_CACHE = 2
+CMD_STOP = 3
+_HEADER = 12  # int64 entries of the fixed header
+
+
+@dataclass(frozen=True)
+class KvCacheCommand:
+    """Build (num_blocks > 0) or drop (0) the worker's KV cache."""
+
+    num_blocks: int
+    max_blocks_per_seq: int
+
+
+class StepChannel:
+    """Broadcasts from the tp group's first rank; `receive()` on the others."""
+
+    def __init__(self, mapping: Mapping, device: torch.device) -> None:
+        if not mapping.has_tp:
+            raise ValueError("a step channel is for tensor_parallel_size > 1")
+        self.mapping = mapping
+        self.device = device
+        self.group = tp_group(mapping)
+        self.src = mapping.tp_group[0]
+        # gloo broadcasts host tensors, NCCL device ones.
+        self.wire = device if device.type == "cuda" else torch.device("cpu")
+
+    # ------------------------------------------------------------------ rank 0
+    def send_step(self, batch: InputBatch) -> None:
+        if batch.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs with tensor_parallel_size > 1 is not supported yet")
+        md = batch.attn_metadata
+        num_seqs, width = md.block_tables.shape
+        pos_axes = batch.position_ids.shape[0] if batch.position_ids.dim() == 3 else 1
+        media = _pack_objects(batch.multimodal_params) if batch.multimodal_params else None
+        header = [
+            CMD_STEP,
+            md.num_contexts,
+            md.num_generations,
+            md.num_ctx_tokens,
+            md.num_tokens,
+            md.tokens_per_block,
+            num_seqs,
+            width,
+            md.slot_mapping.shape[0],
+            pos_axes,
+            int(batch.return_context_logits),
+            0 if media is None else media.numel(),
+        ]
+        self._broadcast_header(header)
+        num_tokens = md.num_tokens
+        parts = [
+            md.seq_lens,
+            md.num_cached_tokens,
+            md.seq_slots,
+            md.cu_seqlens_q,
+            md.block_tables.reshape(-1),
+            md.slot_mapping,
+            batch.input_ids[:num_tokens],
+            batch.position_ids.reshape(pos_axes, -1)[:, :num_tokens].reshape(-1),
+        ]
+        packed = torch.cat([p.to(self.wire, torch.int64) for p in parts])
+        self._broadcast(packed)
+        if media is not None:
+            self._broadcast(media.to(self.wire))
+
+    def send_kv_cache(self, kv: KVCacheManager | None) -> None:
+        sizes = (0, 0) if kv is None else (kv.num_blocks, kv.max_blocks_per_seq)
+        self._broadcast_header([CMD_KV_CACHE, *sizes])
+
+    def send_stop(self) -> None:
+        """Tell the workers to exit; ranks already gone are only logged (the engine's owner
+        kills what is left: `executor/tp_ranks.py`)."""
+        try:
+            self._broadcast_header([CMD_STOP])
+        except RuntimeError as exc:
+            logger.warning("could not send stop to the tensor-parallel ranks: %s", exc)
+
+    def _broadcast_header(self, values: list[int]) -> None:
+        header = torch.zeros(_HEADER, dtype=torch.int64)
+        header[: len(values)] = torch.tensor(values, dtype=torch.int64)
+        self._broadcast(header.to(self.wire))
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        try:
+            dist.broadcast(tensor, self.src, group=self.group)
+        except RuntimeError as exc:
+            # NOTE: a dead rank surfaces here or in a layer's collective (gloo: connection
+            # closed); the engine process's watcher stops the engine (executor/tp_ranks.py).
+            raise collective_error("step broadcast", exc) from exc
+
+    # ------------------------------------------------------------------ workers
+    def receive(self) -> InputBatch | KvCacheCommand | None:
+        """The next command: a step's batch, a KV-cache command, or None for stop."""
+        header = torch.empty(_HEADER, dtype=torch.int64, device=self.wire)
+        dist.broadcast(header, self.src, group=self.group)
+        h = header.tolist()
+        if h[0] == CMD_STOP:
+            return None
+        if h[0] == CMD_KV_CACHE:
+            return KvCacheCommand(h[1], h[2])
+        if h[0] != CMD_STEP:
+            raise RuntimeError(f"unknown step-channel command {h[0]} from rank {self.src}")
+        return self._receive_step(h)
+
+    def _receive_step(self, h: list[int]) -> InputBatch:
+        num_ctx, num_gen, num_ctx_tokens, num_tokens, tpb = h[1:6]
+        num_seqs, width, padded, pos_axes, context_logits, media_bytes = h[6:12]
+        sizes = [
+            num_seqs,
+            num_seqs,
+            num_seqs,
+            num_seqs + 1,
+            num_seqs * width,
+            padded,
+            num_tokens,
+            pos_axes * num_tokens,
+        ]
+        packed = torch.empty(sum(sizes), dtype=torch.int64, device=self.wire)
+        dist.broadcast(packed, self.src, group=self.group)
+        lens, cached, slots, cu, tables, slot_mapping, ids, pos = packed.to(self.device).split(
+            sizes
+        )
+        params: list[Any] = []
+        if media_bytes:
+            raw = torch.empty(media_bytes, dtype=torch.uint8, device=self.wire)
+            dist.broadcast(raw, self.src, group=self.group)
+            params = _unpack_objects(raw, self.device)
+        int32 = torch.int32
+        positions = pos.to(int32).reshape(pos_axes, 1, num_tokens)
+        md = AttentionMetadata(
+            num_contexts=num_ctx,
+            num_generations=num_gen,
+            num_ctx_tokens=num_ctx_tokens,
+            num_tokens=num_tokens,
+            seq_lens_cpu=lens.to(int32).cpu(),
+            num_cached_tokens_cpu=cached.to(int32).cpu(),
+            seq_lens=lens.to(int32),
+            num_cached_tokens=cached.to(int32),
+            cu_seqlens_q=cu.to(int32),
+            block_tables=tables.to(int32).reshape(num_seqs, width),
+            slot_mapping=slot_mapping,
+            seq_slots=slots,
+            seq_slots_cpu=slots.cpu(),
+            kv_cache_manager=None,  # the worker's own, set by its loop
+            tokens_per_block=tpb,
+        )
+        return InputBatch(
+            attn_metadata=md,
+            input_ids=ids,
+            position_ids=positions if pos_axes == 3 else positions[0],
+            multimodal_params=params,
+            return_context_logits=bool(context_logits),
+        )
+
+
+def _pack_objects(value: Any) -> torch.Tensor:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _unpack_objects(raw: torch.Tensor, device: torch.device) -> Any:
+    data = raw.cpu().numpy().tobytes()
+    return torch.load(io.BytesIO(data), map_location=device, weights_only=False)

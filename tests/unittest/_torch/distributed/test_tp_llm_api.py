@@ -1,0 +1,86 @@
+"""`LLM(..., tensor_parallel_size=2)` on the CPU: the engine process is rank 0 and starts rank
+1 (gloo); greedy outputs equal one rank's. A killed rank ends the engine with an error within
+a bounded time, and no rank outlives a shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
+
+# Two slots and 16-token steps: batching, chunked prefill and slot reuse in one generate.
+KWARGS = dict(device="cpu", max_batch_size=2, max_num_tokens=16)
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+PROMPTS = ["hello there, how are you", "a much longer prompt " * 4, "short", "one more"]
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint("qwen3", tmp_path_factory.mktemp("tp") / "qwen3")
+
+
+def test_llm_tp2_greedy_equals_tp1(ckpt: Path) -> None:
+    with LLM(str(ckpt), **KWARGS) as llm:
+        reference = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    llm = LLM(str(ckpt), tensor_parallel_size=2, **KWARGS)
+    try:
+        ranks = _children(llm._executor.pid)
+        assert len(ranks) == 1
+        outputs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    finally:
+        llm.shutdown()
+    assert outputs == reference
+    assert not any(_alive(p) for p in ranks)
+
+
+def test_killed_rank_ends_the_engine_with_an_error(ckpt: Path) -> None:
+    llm = LLM(str(ckpt), tensor_parallel_size=2, **KWARGS)
+    try:
+        executor = llm._executor
+        (rank1,) = _children(executor.pid)
+        long = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+        handles = [llm.generate_async(f"long {i}", long) for i in range(2)]
+        time.sleep(0.3)
+        os.kill(rank1, signal.SIGKILL)
+        start = time.monotonic()
+        outs = [h.result(timeout=30) for h in handles]
+        assert time.monotonic() - start < 15.0
+        for out in outs:
+            assert out.outputs[0].finish_reason == "error"
+            # The step in flight fails on the lost rank, or the engine is gone already.
+            error = out.error or ""
+            assert "tensor-parallel" in error or "exit code 4" in error, error
+        deadline = time.monotonic() + 10.0
+        while executor.is_alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not executor.is_alive
+        with pytest.raises(RuntimeError, match="engine process died"):
+            llm.generate("after", GREEDY)
+    finally:
+        llm.shutdown()
+
+
+def test_unsupported_stack_is_refused_before_ranks_start(tmp_path: Path) -> None:
+    hybrid = write_tiny_checkpoint("qwen3_5", tmp_path / "qwen3_5")
+    with pytest.raises(ValueError, match="does not support tensor_parallel_size=2 yet"):
+        LLM(str(hybrid), tensor_parallel_size=2, **KWARGS)

@@ -1,0 +1,96 @@
+"""What each rank runs in the tensor-parallel tests (importable by spawned processes)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tensorrt_llm._torch.config_utils import load_pretrained_config
+from tensorrt_llm._torch.models.modeling_auto import get_model_class
+from tensorrt_llm._torch.models.modeling_utils import ModelConfig
+from tensorrt_llm._torch.weight_loading import load_model
+from tensorrt_llm.mapping import Mapping
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "modeling"))
+from paged_kv_helpers import FakeKVCacheManager, chunked_schedule, run_schedule  # noqa: E402
+
+PROMPTS = [7, 5, 11]
+NUM_DECODE = 6
+
+
+def text_lm(model: torch.nn.Module) -> Any:
+    """The causal LM of a checkpoint's model (the `llm` of a VL model)."""
+    return getattr(model, "llm", model)
+
+
+def _manager(lm: Any, device: torch.device, seed: int = 0) -> FakeKVCacheManager:
+    layers = lm.model.layers
+    attn = layers[0].self_attn
+    return FakeKVCacheManager(
+        len(layers), 32, 4, attn.num_kv_heads, attn.head_dim, seed=seed, device=device
+    )
+
+
+def _run(lm: Any, device: torch.device, sequences: Any, schedule: Any) -> list[torch.Tensor]:
+    logits = run_schedule(lm, _manager(lm, device), sequences, schedule, device=device)
+    return [t.cpu() for t in logits]
+
+
+def schedule_logits_all(mapping: Mapping, checkpoint_dirs: list[str]) -> list[dict[str, Any]]:
+    """`schedule_logits` of several checkpoints in one spawn (spawning costs seconds)."""
+    return [schedule_logits(mapping, d) for d in checkpoint_dirs]
+
+
+def schedule_logits(mapping: Mapping, checkpoint_dir: str, on_gpu: bool = False) -> dict[str, Any]:
+    """The TP=1 and this rank's TP=N logits of one chunked-prefill + decode schedule (the
+    same token sequences and KV block order for both), plus the shard sizes built; with
+    `on_gpu`, on this rank's GPU (the collectives then run over NCCL)."""
+    device = torch.device("cuda", mapping.local_rank) if on_gpu else torch.device("cpu")
+    config = load_pretrained_config(checkpoint_dir)
+    cls = get_model_class(config.tllm_architecture)
+    base = ModelConfig(pretrained_config=config, checkpoint_dir=checkpoint_dir)
+    single = text_lm(load_model(cls, base, device))
+    sharded = text_lm(load_model(cls, replace(base, mapping=mapping), device))
+    vocab = int(single.config.vocab_size)
+    gen = torch.Generator().manual_seed(5)
+    sequences = [torch.randint(0, vocab, (n + NUM_DECODE + 1,), generator=gen) for n in PROMPTS]
+    schedule = chunked_schedule(PROMPTS, chunked=2, num_decode=NUM_DECODE)
+    attn = sharded.model.layers[0].self_attn
+    return {
+        "reference": _run(single, device, sequences, schedule),
+        "sharded": _run(sharded, device, sequences, schedule),
+        "heads": (attn.num_heads, attn.num_kv_heads),
+        "embed_rows": sharded.model.embed_tokens.weight.shape[0],
+    }
+
+
+def tower_whole_and_data_parallel(mapping: Mapping, checkpoint_dir: str) -> dict[str, Any]:
+    """The VL model's tower over several images of different sizes: whole on this rank, and
+    data-parallel over the tp ranks (`_run_tower`); both outputs, main and deepstack."""
+    import numpy as np
+    from PIL import Image
+
+    from tensorrt_llm.inputs.registry import create_input_processor
+
+    proc = create_input_processor(checkpoint_dir)
+    rng = np.random.default_rng(0)
+    images = [
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        for h, w in ((56, 84), (28, 28), (84, 56))
+    ]
+    prompt = proc.default_multimodal_prompt("What is shown?", num_images=len(images))
+    _, extra = proc({"prompt": prompt, "multi_modal_data": {"image": images}}, None)
+    data = extra["multimodal_data"]["image"]
+    config = load_pretrained_config(checkpoint_dir)
+    cls = get_model_class(config.tllm_architecture)
+    model_config = ModelConfig(config, checkpoint_dir=checkpoint_dir, mapping=mapping)
+    model = load_model(cls, model_config, "cpu")
+    pixels, grid = data["pixel_values"], data["image_grid_thw"]
+    with torch.inference_mode():
+        whole = model._run_tower_whole(pixels, grid)
+        parallel = model._run_tower(pixels, grid)
+    return {"whole": whole, "parallel": parallel, "items": int(grid.shape[0])}

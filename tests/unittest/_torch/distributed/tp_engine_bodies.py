@@ -1,0 +1,84 @@
+"""Rank bodies of the engine-level tensor-parallel tests: rank 0 runs a real executor (the
+scheduler, the sampler, the KV cache) and broadcasts each step; rank 1 runs the worker loop."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from tensorrt_llm._torch.pyexecutor.engine_config import EngineConfig
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.py_executor_creator import create_py_executor
+from tensorrt_llm._torch.pyexecutor.tp_worker import run_tp_worker
+from tensorrt_llm.inputs.multimodal import MultimodalParams
+from tensorrt_llm.inputs.registry import create_input_processor
+from tensorrt_llm.llmapi.llm_args import LlmArgs
+from tensorrt_llm.mapping import Mapping
+from tensorrt_llm.sampling_params import SamplingParams
+
+PROMPTS = ["hello there, how are you", "a much longer prompt " * 4, "short", "one more"]
+MAX_TOKENS = 6
+
+
+def engine_config(checkpoint_dir: str, **overrides: Any) -> EngineConfig:
+    """Two seq slots and 16-token steps: four requests batch, prefill in chunks and reuse
+    the slots of finished ones."""
+    args = LlmArgs(
+        model=checkpoint_dir,
+        device="cpu",
+        max_batch_size=2,
+        max_num_tokens=16,
+        **overrides,
+    )
+    return args.to_engine_config()
+
+
+def _image(seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (56, 84, 3), dtype=np.uint8))
+
+
+def _requests(proc: Any, with_images: bool) -> list[LlmRequest]:
+    inputs: list[dict[str, Any]] = [{"prompt": p} for p in PROMPTS]
+    if with_images:
+        for n in (1, 2):
+            prompt = proc.default_multimodal_prompt("What is shown?", num_images=n)
+            media = {"image": [_image(s) for s in range(n)]}
+            inputs.append({"prompt": prompt, "multi_modal_data": media})
+    out = []
+    for i, item in enumerate(inputs):
+        ids, extra = proc(item, None)
+        params = MultimodalParams(extra.get("multimodal_data", {})) if extra else None
+        greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+        out.append(LlmRequest(i + 1, ids, greedy, multimodal_params=params))
+    return out
+
+
+def generate(config: EngineConfig, with_images: bool) -> list[list[int]]:
+    proc = create_input_processor(config.checkpoint_dir)
+    executor = create_py_executor(config, proc)
+    try:
+        requests = _requests(proc, with_images)
+        for req in requests:
+            executor.enqueue_request(req)
+        finished = 0
+        while finished < len(requests):
+            resp = executor.responses.get(timeout=120)
+            if resp.error is not None:
+                raise RuntimeError(f"request {resp.request_id}: {resp.error}")
+            finished += int(resp.finished)
+        return [list(r.output_token_ids) for r in requests]
+    finally:
+        executor.shutdown()
+
+
+def greedy_tp1_and_tp(mapping: Mapping, checkpoint_dir: str, with_images: bool) -> Any:
+    """Rank 0: (TP=1 tokens, TP=N tokens); the others: how many steps their worker ran."""
+    config = engine_config(checkpoint_dir)
+    if mapping.rank != 0:
+        return run_tp_worker(replace(config, mapping=mapping))
+    reference = generate(config, with_images)
+    return reference, generate(replace(config, mapping=mapping), with_images)
