@@ -10,6 +10,7 @@ the device.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -84,6 +85,19 @@ class InputBatchBuilder:
         if self.kv_cache_manager is None:
             raise RuntimeError("the engine has no KV cache manager")
         return self.kv_cache_manager.get_block_array(req.request_id)
+
+    def block_table(self, requests: Sequence[LlmRequest]) -> np.ndarray:
+        """[len(requests), width] int32 block ids, -1 past each row's blocks.
+
+        NOTE: only as wide as the longest block list, not max_blocks_per_seq (8192 columns at
+        a 262144-token max_seq_len: megabytes to fill and copy every step). Kernels read only
+        what each row's kv_len covers."""
+        row_blocks = [self._block_ids(req) for req in requests]
+        width = max((b.shape[0] for b in row_blocks), default=0) or 1
+        table = np.full((len(requests), width), -1, dtype=np.int32)
+        for i, blocks in enumerate(row_blocks):
+            table[i, : blocks.shape[0]] = blocks
+        return table
 
     def _context_positions(self, req: LlmRequest, begin: int, end: int) -> torch.Tensor | None:
         """The chunk's mRoPE positions [3,1,n] (device or host), or None for text LLMs."""
@@ -193,14 +207,7 @@ class InputBatchBuilder:
             raise RuntimeError(f"batch of {len(requests)} exceeds max_batch_size")
         tpb = self.tokens_per_block
         num_ctx, num_gen = len(ctx), len(gen)
-        # NOTE: only as wide as this step's longest block list, not max_blocks_per_seq (8192
-        # columns at a 262144-token max_seq_len: megabytes to fill and copy every step).
-        # Entries past a row's blocks keep older values; kernels read only what kv_len covers.
-        row_blocks = [self._block_ids(req) for req in requests]
-        width = max((b.shape[0] for b in row_blocks), default=0) or 1
-        block_table = np.full((len(requests), width), -1, dtype=np.int32)
-        for i, blocks in enumerate(row_blocks):
-            block_table[i, : blocks.shape[0]] = blocks
+        block_table = self.block_table(requests)
         # Context chunks: a short loop (few requests, many tokens each).
         ids_parts: list[np.ndarray] = []
         pos_parts: list[np.ndarray] = []

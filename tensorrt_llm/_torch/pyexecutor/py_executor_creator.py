@@ -19,14 +19,8 @@ from ...inputs.multimodal import MultimodalParams
 from ..models.modeling_auto import get_model_class
 from ..models.modeling_utils import ModelConfig
 from ..models.vision_embedding_cache import VisionEmbeddingCache
-from ..modules.fp8_block_model import (
-    apply_fp8_block_config_,
-    fill_dummy_fp8_block_,
-    quantize_moe_experts_fp8_block_,
-)
 from ..modules.linear import quantize_model_fp8_
 from ..quantization import QuantConfig
-from ..weight_loading import build_model_on_meta, load_model
 from .capacity import (
     BatchSizing,
     SeqLenSizing,
@@ -45,9 +39,9 @@ from .kv_cache_creator import (
     KVCacheSpec,
     choose_num_blocks,
     kv_bytes_per_token,
-    kv_tokens_upper_bound,
     run_capacity_probe,
 )
+from .model_build import build_model, engine_max_seq_len, model_config_of
 from .model_engine import PyTorchModelEngine
 from .piecewise_graph_runner import (
     DEFAULT_PIECEWISE_MAX_TOKENS,
@@ -63,7 +57,6 @@ from .scheduler import SimpleScheduler
 from .spec_decode.setup import (
     attach_spec_decoder,
     kv_spec_with_mtp,
-    prepare_mtp,
     snapshot_reserve_bytes,
 )
 from .tp_setup import attach_step_channel, check_tp_config
@@ -107,54 +100,6 @@ def _dummy_requests(
 
 
 @torch.no_grad()
-def _fill_dummy_weights(model: torch.nn.Module, seed: int) -> None:
-    """Random weights at real sizes (benchmarks): small normal matrices, unit norms, zero biases.
-
-    Generated where the parameter lives: host-side generation of billions of values is slow.
-    """
-    generators: dict[torch.device, torch.Generator] = {}
-    for name, param in model.named_parameters():
-        if param.dtype == torch.float8_e4m3fn or name.endswith("weight_scale_inv"):
-            continue  # block-FP8 layers: fill_dummy_fp8_block_
-        gen = generators.get(param.device)
-        if gen is None:
-            gen = generators[param.device] = torch.Generator(param.device).manual_seed(seed)
-        if param.dim() >= 2:
-            param.normal_(0.0, 0.02, generator=gen)
-        elif name.endswith("bias"):
-            param.zero_()
-        else:
-            param.fill_(1.0)
-
-
-def _build_model(
-    cls: type,
-    model_config: ModelConfig,
-    device: torch.device,
-    config: EngineConfig,
-) -> torch.nn.Module:
-    quant = config.quant_config
-
-    def prepare(model: torch.nn.Module) -> None:  # on meta: no 16-bit copy of FP8 layers
-        if config.speculative_config is not None:
-            prepare_mtp(model, config.attn_backend)
-        if quant is not None:
-            converted = apply_fp8_block_config_(model, quant)
-            source = "checkpoint" if quant.from_checkpoint else "quantized at load"
-            logger.info("fp8_block: %d block-FP8 linear layers (%s)", converted, source)
-
-    if config.load_format == "dummy":
-        model = build_model_on_meta(cls, model_config, device, prepare)
-        _fill_dummy_weights(model, config.seed)
-        if quant is not None:
-            fill_dummy_fp8_block_(model, config.seed)
-    else:
-        model = load_model(cls, model_config, device, prepare=prepare)
-    if quant is not None and (config.load_format == "dummy" or not quant.from_checkpoint):
-        quantize_moe_experts_fp8_block_(model)
-    return model.eval()
-
-
 def _check_quant_config(config: EngineConfig) -> QuantConfig | None:
     quant = config.quant_config
     if quant is not None and config.quantization == "fp8":
@@ -195,20 +140,6 @@ def _final_sizing(
         return BatchSizing(num_slots, "cpu default")
     typical = typical_request_tokens(config.max_seq_len)
     return size_from_kv(num_slots, num_blocks, config.tokens_per_block, typical)
-
-
-def _engine_max_seq_len(config: EngineConfig, spec: KVCacheSpec) -> int:
-    """The max_seq_len the engine's block tables are sized for: a default one bounded by the
-    most tokens the KV cache could hold (a 262144-token max_position_embeddings must not size
-    tables for tokens that cannot fit); the user's as given."""
-    if config.max_seq_len_source == MAX_SEQ_LEN_USER:
-        return config.max_seq_len
-    bound = kv_tokens_upper_bound(
-        spec, config.device, config.kv_cache_free_gpu_memory_fraction, config.kv_cache_max_tokens
-    )
-    if bound is None:
-        return config.max_seq_len
-    return max(config.tokens_per_block, min(config.max_seq_len, bound))
 
 
 def _final_max_seq_len(
@@ -286,31 +217,23 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         KVCacheSpec.from_text_config(text_config, config.kv_cache_dtype, config.mapping.tp_size),
         config,
     )
-    model_config = ModelConfig(
-        pretrained_config=config.pretrained_config,
-        torch_dtype=config.dtype,
-        attn_backend=config.attn_backend,
-        max_num_seq_slots=config.batch_size_cap,
-        max_num_tokens=config.max_num_tokens,
-        checkpoint_dir=config.checkpoint_dir,
-        mapping=config.mapping,
-    )
+    model_config = model_config_of(config)
     presized = _presize_hybrid(config, cls, model_config, spec)
     if presized is not None:
         model_config = replace(model_config, max_num_seq_slots=presized.max_batch_size)
     num_slots = model_config.max_num_seq_slots
     _check_quant_config(config)
-    model = _build_model(cls, model_config, device, config)
+    model = build_model(cls, model_config, device, config)
     if config.quantization == "fp8":
         converted = quantize_model_fp8_(model)
         logger.info("fp8: quantised %d linear layers of the text decoder", converted)
-    engine_max_seq_len = _engine_max_seq_len(config, spec)
+    table_seq_len = engine_max_seq_len(config, spec)
     engine = PyTorchModelEngine(
         model,
         device,
         max_num_tokens=config.max_num_tokens,
         max_batch_size=num_slots,
-        max_seq_len=engine_max_seq_len,
+        max_seq_len=table_seq_len,
         tokens_per_block=config.tokens_per_block,
     )
     attach_step_channel(engine, config)  # tensor parallelism: rank 0 sends every step
@@ -319,7 +242,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     tuning = StartupTuning.begin(device) if warmed else None
     piecewise = _capture_piecewise(config, engine) if config.use_cuda_graph else None
     has_vision = engine.model.has_vision
-    dummies = _dummy_requests(input_processor, engine, engine_max_seq_len, has_vision)
+    dummies = _dummy_requests(input_processor, engine, table_seq_len, has_vision)
     peak = run_capacity_probe(engine, spec, dummies, config.tokens_per_block)
     activation = max(0, peak - torch.cuda.memory_allocated(device)) if peak else 0
     reuse_on = config.enable_block_reuse

@@ -14,11 +14,10 @@ from dataclasses import replace
 import torch
 
 from ..models.modeling_auto import get_model_class
-from ..models.modeling_utils import ModelConfig
 from .engine_config import EngineConfig
 from .kv_cache_creator import KVCacheSpec
+from .model_build import build_model, engine_max_seq_len, model_config_of
 from .model_engine import PyTorchModelEngine
-from .py_executor_creator import _build_model, _engine_max_seq_len
 from .tp_setup import check_tp_config
 from .tp_step_channel import KvCacheCommand, StepChannel
 
@@ -31,22 +30,13 @@ def build_engine_shard(config: EngineConfig) -> tuple[PyTorchModelEngine, KVCach
         config.text_config, config.kv_cache_dtype, config.mapping.tp_size
     )
     cls = get_model_class(config.architecture)
-    model_config = ModelConfig(
-        pretrained_config=config.pretrained_config,
-        torch_dtype=config.dtype,
-        attn_backend=config.attn_backend,
-        max_num_seq_slots=config.batch_size_cap,
-        max_num_tokens=config.max_num_tokens,
-        checkpoint_dir=config.checkpoint_dir,
-        mapping=config.mapping,
-    )
-    model = _build_model(cls, model_config, config.device, config)
+    model = build_model(cls, model_config_of(config), config.device, config)
     engine = PyTorchModelEngine(
         model,
         config.device,
         max_num_tokens=config.max_num_tokens,
         max_batch_size=config.batch_size_cap,
-        max_seq_len=_engine_max_seq_len(config, spec),
+        max_seq_len=engine_max_seq_len(config, spec),
         tokens_per_block=config.tokens_per_block,
     )
     return engine, spec

@@ -89,11 +89,7 @@ def build_chunk_batch(
     if len(requests) > builder.max_batch_size:
         raise RuntimeError(f"batch of {len(requests)} exceeds max_batch_size")
     tpb = builder.tokens_per_block
-    row_blocks = [builder._block_ids(req) for req in requests]
-    width = max((b.shape[0] for b in row_blocks), default=0) or 1
-    block_table = np.full((len(requests), width), -1, dtype=np.int32)
-    for i, blocks in enumerate(row_blocks):
-        block_table[i, : blocks.shape[0]] = blocks
+    block_table = builder.block_table(requests)
     ids_parts: list[np.ndarray] = []
     pos_parts: list[np.ndarray] = []
     slot_parts: list[np.ndarray] = []

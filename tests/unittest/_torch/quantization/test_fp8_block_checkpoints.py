@@ -184,7 +184,7 @@ def test_executor_loads_the_fp8_checkpoint(family: str, root: Path) -> None:
 
 def test_dummy_weights_in_block_layout(root: Path) -> None:
     """trtllm-bench's route: load_format="dummy" + quantization="fp8_block"."""
-    from tensorrt_llm._torch.pyexecutor import py_executor_creator
+    from tensorrt_llm._torch.pyexecutor import model_build
     from tensorrt_llm.llmapi.llm_args import LlmArgs
 
     fp8, _ = write_pair("qwen3_vl", root)
@@ -192,7 +192,7 @@ def test_dummy_weights_in_block_layout(root: Path) -> None:
     for ckpt in (ref, fp8):  # a 16-bit config, and one that already says block-FP8
         args = LlmArgs(model=str(ckpt), device="cpu", load_format="dummy", quantization="fp8_block")
         config = args.to_engine_config()
-        model = py_executor_creator._build_model(*_route(config), torch.device("cpu"), config)
+        model = model_build.build_model(*_route(config), torch.device("cpu"), config)
         blocks = [m for m in model.modules() if getattr(m, "fp8_block", None) is not None]
         assert blocks and all(m.weight.dtype == FP8_DTYPE for m in blocks)
         for m in blocks:

@@ -1,0 +1,99 @@
+"""Building an engine's model from its `EngineConfig`: the model config, meta init and weights
+(or random ones at real size), and the max_seq_len the engine's tables are sized for. Shared by
+`create_py_executor` (rank 0) and the tensor-parallel worker ranks (`tp_worker.py`)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..models.modeling_utils import ModelConfig
+from ..modules.fp8_block_model import (
+    apply_fp8_block_config_,
+    fill_dummy_fp8_block_,
+    quantize_moe_experts_fp8_block_,
+)
+from ..weight_loading import build_model_on_meta, load_model
+from .engine_config import MAX_SEQ_LEN_USER, EngineConfig
+from .kv_cache_creator import KVCacheSpec, kv_tokens_upper_bound
+from .spec_decode.setup import prepare_mtp
+
+logger = logging.getLogger(__name__)
+
+
+def fill_dummy_weights(model: torch.nn.Module, seed: int) -> None:
+    """Random weights at real sizes (benchmarks): small normal matrices, unit norms, zero biases.
+
+    Generated where the parameter lives: host-side generation of billions of values is slow.
+    """
+    generators: dict[torch.device, torch.Generator] = {}
+    for name, param in model.named_parameters():
+        if param.dtype == torch.float8_e4m3fn or name.endswith("weight_scale_inv"):
+            continue  # block-FP8 layers: fill_dummy_fp8_block_
+        gen = generators.get(param.device)
+        if gen is None:
+            gen = generators[param.device] = torch.Generator(param.device).manual_seed(seed)
+        if param.dim() >= 2:
+            param.normal_(0.0, 0.02, generator=gen)
+        elif name.endswith("bias"):
+            param.zero_()
+        else:
+            param.fill_(1.0)
+
+
+def model_config_of(config: EngineConfig) -> ModelConfig:
+    """The model's build config from the engine's (every rank builds from the same one)."""
+    return ModelConfig(
+        pretrained_config=config.pretrained_config,
+        torch_dtype=config.dtype,
+        attn_backend=config.attn_backend,
+        max_num_seq_slots=config.batch_size_cap,
+        max_num_tokens=config.max_num_tokens,
+        checkpoint_dir=config.checkpoint_dir,
+        mapping=config.mapping,
+    )
+
+
+def build_model(
+    cls: type,
+    model_config: ModelConfig,
+    device: torch.device,
+    config: EngineConfig,
+) -> torch.nn.Module:
+    """The model with its weights (the checkpoint's, or random at real size for "dummy"),
+    its block-FP8 layers switched on meta first, eval mode."""
+    quant = config.quant_config
+
+    def prepare(model: torch.nn.Module) -> None:  # on meta: no 16-bit copy of FP8 layers
+        if config.speculative_config is not None:
+            prepare_mtp(model, config.attn_backend)
+        if quant is not None:
+            converted = apply_fp8_block_config_(model, quant)
+            source = "checkpoint" if quant.from_checkpoint else "quantized at load"
+            logger.info("fp8_block: %d block-FP8 linear layers (%s)", converted, source)
+
+    if config.load_format == "dummy":
+        model = build_model_on_meta(cls, model_config, device, prepare)
+        fill_dummy_weights(model, config.seed)
+        if quant is not None:
+            fill_dummy_fp8_block_(model, config.seed)
+    else:
+        model = load_model(cls, model_config, device, prepare=prepare)
+    if quant is not None and (config.load_format == "dummy" or not quant.from_checkpoint):
+        quantize_moe_experts_fp8_block_(model)
+    return model.eval()
+
+
+def engine_max_seq_len(config: EngineConfig, spec: KVCacheSpec) -> int:
+    """The max_seq_len the engine's block tables are sized for: a default one bounded by the
+    most tokens the KV cache could hold (a 262144-token max_position_embeddings must not size
+    tables for tokens that cannot fit); the user's as given."""
+    if config.max_seq_len_source == MAX_SEQ_LEN_USER:
+        return config.max_seq_len
+    bound = kv_tokens_upper_bound(
+        spec, config.device, config.kv_cache_free_gpu_memory_fraction, config.kv_cache_max_tokens
+    )
+    if bound is None:
+        return config.max_seq_len
+    return max(config.tokens_per_block, min(config.max_seq_len, bound))
