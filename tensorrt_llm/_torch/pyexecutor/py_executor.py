@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..._utils import async_tensor_h2d
+from .executor_responses import count_finished, refresh_gauges, response_of
 from .executor_types import (  # noqa: F401 (re-exported: the executor's public types)
     SHUTDOWN_ERROR,
     ExecutorStats,
@@ -31,16 +32,15 @@ from .executor_types import (  # noqa: F401 (re-exported: the executor's public 
     ResponseCallback,
     deliver_response,
 )
-from .guided_decoder import GuidedDecoder, admit_guided
+from .guided_decoder import GuidedDecoder
 from .llm_request import (
     ERROR_ENGINE,
     ERROR_INVALID_INPUT,
-    ERROR_PROMPT_TOO_LONG,
     ERROR_SHUTTING_DOWN,
     LlmRequest,
 )
 from .prompt_logprobs import attach
-from .request_errors import run_isolated
+from .request_errors import admission_error, run_isolated
 from .request_lifecycle import apply_step_results
 from .sampler_logprobs import SampledStep
 
@@ -216,7 +216,7 @@ class PyExecutor:
             # NOTE: answered apart: the callback, sent count, slot and KV blocks keyed by this
             # id belong to the live request, and `_finish` would free them.
             request.set_error(f"request id {rid} is already in use", ERROR_ENGINE)
-            self._deliver(callback, self._response(request, []))
+            self._deliver(callback, response_of(request, []))
             with self._stats_lock:
                 self._stats.num_failed += 1
             return
@@ -233,16 +233,7 @@ class PyExecutor:
         """(message, error code) when the request cannot be admitted."""
         if self._stopping:
             return SHUTDOWN_ERROR, ERROR_SHUTTING_DOWN
-        # Token ids the sampler would index with (logit_bias, bad words): out of the vocab
-        # they would fault on the device, so the request fails here, alone.
-        invalid = self.sampler.why_invalid(request)
-        if invalid is not None:
-            return f"invalid sampling parameters: {invalid}", ERROR_INVALID_INPUT
-        reason = self.why_never_fits(request)
-        if reason is not None:
-            return reason, ERROR_PROMPT_TOO_LONG
-        reason = admit_guided(self.guided_decoder, request)  # None at once when unguided
-        return None if reason is None else (reason, ERROR_INVALID_INPUT)
+        return admission_error(request, self.sampler, self.guided_decoder, self.why_never_fits)
 
     def why_never_fits(self, request: LlmRequest) -> str | None:
         """Why the request can never run on this engine (max_seq_len, max_num_tokens, KV
@@ -404,22 +395,7 @@ class PyExecutor:
         if not new and not req.is_finished:
             return
         self._num_sent[rid] = sent + len(new)
-        self._deliver(self._callbacks.get(rid), self._response(req, new))
-
-    @staticmethod
-    def _response(req: LlmRequest, new: list[int]) -> LlmResponse:
-        return LlmResponse(
-            request_id=req.request_id,
-            new_token_ids=list(new),
-            finished=req.is_finished,
-            finish_reason=req.finish_reason,
-            stop_reason=req.stop_reason,
-            error=req.error,
-            error_code=req.error_code,
-            new_logprobs=req.logprobs_tail(len(new)),
-            prompt_logprobs=req.take_prompt_logprobs(),
-            num_cached_tokens=req.num_cached_tokens,
-        )
+        self._deliver(self._callbacks.get(rid), response_of(req, new))
 
     def _deliver(self, callback: ResponseCallback | None, response: LlmResponse) -> None:
         deliver_response(callback, response, self.responses)
@@ -444,12 +420,7 @@ class PyExecutor:
         if req in self._active:
             self._active.remove(req)
         with self._stats_lock:
-            if req.finish_reason == "error":
-                self._stats.num_failed += 1
-            elif req.finish_reason == "cancelled":
-                self._stats.num_cancelled += 1
-            else:
-                self._stats.num_completed += 1
+            count_finished(self._stats, req)
         self._refresh_gauges()
         self._emit(req)
         self._callbacks.pop(rid, None)
@@ -457,21 +428,14 @@ class PyExecutor:
 
     def _refresh_gauges(self) -> ExecutorStats:
         """Update the gauges of the published stats from the live state; returns a copy."""
-        running = sum(1 for req in self._active if req.seq_slot is not None)
-        kv = self.kv_cache_manager
-        slots = self.seq_slot_manager
         with self._stats_lock:
-            self._stats.num_running = running
-            self._stats.num_waiting = len(self._active) - running + self._commands.qsize()
-            self._stats.num_free_seq_slots = slots.num_free
-            self._stats.num_total_seq_slots = slots.max_num_slots
-            self._stats.kv_cache_usage = kv.usage
-            self._stats.num_free_kv_blocks = kv.num_free_blocks
-            self._stats.num_total_kv_blocks = kv.num_blocks
-            prefix = getattr(kv, "prefix_cache_stats", None)
-            if prefix is not None:
-                self._stats.prefix_cache_queries = prefix.queries
-                self._stats.prefix_cache_hits = prefix.hits
+            refresh_gauges(
+                self._stats,
+                self._active,
+                self.kv_cache_manager,
+                self.seq_slot_manager,
+                self._commands.qsize(),
+            )
             return ExecutorStats(**vars(self._stats))
 
     def _publish_stats(self) -> None:

@@ -1,4 +1,5 @@
-"""Per-request input errors of an engine step, and the step without the requests at fault.
+"""Per-request input errors: why a request cannot be admitted, and the errors of an engine
+step with the step run again without the requests at fault.
 
 A step batches many requests, so an exception raised while it runs would fail all of them.
 `RequestInputError` is for errors that one request's own input causes (a malformed placeholder
@@ -12,15 +13,39 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 # Defined below the models (which raise it) and re-exported here, where the executor catches it.
 from ..input_errors import RequestInputError  # noqa: F401
-from .llm_request import LlmRequest
+from .guided_decoder import admit_guided
+from .llm_request import ERROR_INVALID_INPUT, ERROR_PROMPT_TOO_LONG, LlmRequest
 from .scheduler import ScheduledRequests
+
+if TYPE_CHECKING:
+    from .guided_decoder import GuidedDecoder
+    from .sampler import TorchSampler
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def admission_error(
+    request: LlmRequest,
+    sampler: TorchSampler,
+    guided_decoder: GuidedDecoder | None,
+    why_never_fits: Callable[[LlmRequest], str | None],
+) -> tuple[str, str] | None:
+    """(message, error code) when the request's own input keeps it out, else None."""
+    # Token ids the sampler would index with (logit_bias, bad words): out of the vocab
+    # they would fault on the device, so the request fails here, alone.
+    invalid = sampler.why_invalid(request)
+    if invalid is not None:
+        return f"invalid sampling parameters: {invalid}", ERROR_INVALID_INPUT
+    reason = why_never_fits(request)
+    if reason is not None:
+        return reason, ERROR_PROMPT_TOO_LONG
+    reason = admit_guided(guided_decoder, request)  # None at once when unguided
+    return None if reason is None else (reason, ERROR_INVALID_INPUT)
 
 
 def without_requests(scheduled: ScheduledRequests, drop: Iterable[LlmRequest]) -> ScheduledRequests:
