@@ -48,9 +48,13 @@ def _reqs() -> list[LlmRequest]:
     return [LlmRequest(i, [1, 2, 3, 4], SamplingParams(max_tokens=12)) for i in range(4)]
 
 
-def test_reservation_caps_concurrency_and_never_preempts() -> None:
-    # 10 blocks: two whole reservations (8) fit, a third does not.
-    peak, preemptions = _run(_sched(10, guaranteed=True), _reqs())
+@pytest.mark.parametrize("draft_len", [0, 3])
+def test_reservation_caps_concurrency_and_never_preempts(draft_len: int) -> None:
+    # 10 blocks: two whole reservations (8) fit, a third does not. With MTP drafts the spare
+    # KV of a generation row is capped at prompt + max_tokens too, so the reservation holds.
+    sched = _sched(10, guaranteed=True)
+    sched.set_draft_len(draft_len)
+    peak, preemptions = _run(sched, _reqs())
     assert (peak, preemptions) == (2, 0)
 
 
