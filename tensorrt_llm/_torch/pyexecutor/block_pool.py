@@ -65,7 +65,11 @@ class BlockPool:
         self.reset()
 
     def reset(self) -> None:
-        """Every block free, the cache empty (the counters are kept: they are cumulative)."""
+        """Every block free, the cache empty (the counters are kept: they are cumulative).
+        `on_evict` hears of every cached key, as if each had been evicted."""
+        if self.on_evict is not None:
+            for key in list(getattr(self, "_block_of", ())):
+                self.on_evict(key)
         # Popped from the end, so low ids go out first, as KVCacheManager did (stable layouts).
         self._free: list[int] = list(range(self.num_blocks - 1, -1, -1))
         self._ref = [0] * self.num_blocks

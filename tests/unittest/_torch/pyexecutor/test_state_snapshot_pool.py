@@ -150,6 +150,20 @@ def test_snapshots_leave_with_their_blocks() -> None:
     snaps.check_invariants()
 
 
+def test_a_block_pool_reset_drops_every_snapshot() -> None:
+    blocks = BlockPool(4)
+    snaps = _pool(_state(), 8)
+    blocks.on_evict = snaps.drop
+    ids = blocks.allocate(2)
+    assert ids is not None
+    for block, key in zip(ids, _keys(2), strict=True):
+        blocks.register(block, key)
+        assert snaps.save(key, 0)
+    blocks.reset()
+    assert snaps.num_keyed == 0 and blocks.num_cached_blocks == 0
+    snaps.check_invariants()
+
+
 def test_random_operations_keep_the_invariants() -> None:
     rng = random.Random(0)
     pool = _pool(_state(), 4)
