@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from text_checkpoints import TEXT_FAMILIES, write_text_checkpoint
 
 import tensorrt_llm
 from tensorrt_llm import LLM, SamplingParams
@@ -313,3 +314,53 @@ def test_chunked_hybrid_prefill_through_the_pieces(family: str, tmp_path: Path) 
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == eager
     assert sum(chunks) >= 2  # later chunks of a prompt ran through the pieces
+
+
+@pytest.mark.parametrize("arch", sorted(TEXT_FAMILIES))
+def test_moe_and_hybrid_text_llms_through_the_pieces(arch: str, tmp_path: Path) -> None:
+    """The registered MoE and hybrid text LLMs run piecewise by default: through the stand-in
+    pieces (prefill, chunked and mixed steps) their greedy tokens equal eager."""
+    ckpt = str(write_text_checkpoint(arch, tmp_path))
+    long = " ".join(["the weather report for the coming week, day by day"] * 12)
+    prompts = [long, "hello", "a third prompt that joins once the first one stops"]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (2, 6, 6)]
+    # No block reuse: the second round must prefill every chunk again.
+    kwargs = dict(max_batch_size=2, max_num_tokens=64, enable_block_reuse=False)
+    with LLM(model=ckpt, executor_mode="inproc", **kwargs) as llm:
+        eager = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        engine = llm._executor.model_engine
+        assert type(engine.model).__name__ == arch and why_not_piecewise(engine.model) == ""
+        pieces = _EagerPieces(engine.model, bucket=64)
+        engine.piecewise_graph_runner = pieces
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == eager and pieces.runs >= 6  # the long prompt alone has 6 chunks
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", sorted(TEXT_FAMILIES))
+def test_text_llm_piecewise_graphs_match_eager_on_gpu(arch: str, tmp_path: Path) -> None:
+    """The real graphs (default limit: min(2048, 64) -> buckets 16, 32, 64) against the eager
+    vanilla path, fp32: prefill, chunked and mixed steps give the same greedy tokens."""
+    ckpt = str(write_text_checkpoint(arch, tmp_path))
+    long = " ".join(["the weather report for the coming week, day by day"] * 12)
+    prompts = [long, "hello", "a third prompt that joins once the first one stops"]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (3, 8, 8)]
+
+    def run(**kwargs) -> tuple[list[list[int]], int]:
+        with LLM(
+            model=ckpt, device="cuda", dtype="float32", max_batch_size=2, max_num_tokens=64,
+            enable_block_reuse=False, executor_mode="inproc", **kwargs,
+        ) as llm:  # fmt: skip
+            runner = llm._executor.model_engine.piecewise_graph_runner
+            replays = []
+            if runner is not None:
+                real_run = runner.run
+                runner.run = lambda *a: replays.append(1) or real_run(*a)
+            outs = llm.generate(prompts, params, use_tqdm=False)
+        return [o.outputs[0].token_ids for o in outs], len(replays)
+
+    reference, _ = run(
+        attn_backend="vanilla", cuda_graph_config=None, disable_overlap_scheduler=True
+    )
+    got, replays = run(attn_backend="triton")
+    assert got == reference and replays >= 6
