@@ -87,7 +87,7 @@ class _Pieces:
 
 class PiecewiseCUDAGraphRunner:
     """Captures the pieces of each token bucket (`capture_all` at startup; a bucket missing
-    then is captured on its first step) and replays them around the eager attention calls."""
+    then is captured on its first step) and replays them around the eager mixer calls."""
 
     def __init__(self, engine: PyTorchModelEngine, token_buckets: list[int]) -> None:
         model = engine.model.as_piecewise()
@@ -158,7 +158,7 @@ class PiecewiseCUDAGraphRunner:
         return buf[:bucket]
 
     def _stack_call(self, bucket: int) -> torch.Tensor:
-        # The metadata only reaches the attention calls, which the handler takes over.
+        # The metadata only reaches the mixer calls, which the handler takes over.
         deepstack = None if self._deepstack is None else list(self._deepstack[:, :bucket].unbind(0))
         return self.stack(
             None,
@@ -169,7 +169,7 @@ class PiecewiseCUDAGraphRunner:
 
     @torch.inference_mode()
     def capture(self, bucket: int) -> None:
-        """Capture the pieces of one bucket (needs no KV cache: no attention runs)."""
+        """Capture the pieces of one bucket (needs no KV cache: no mixer runs)."""
         self._pieces[bucket] = self._capture(bucket)
 
     def capture_all(self) -> None:
