@@ -9,6 +9,7 @@ metadata it is handed, so the captured pieces never hold per-step state.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,18 +77,22 @@ def gdn_metadata(attn_metadata: AttentionMetadata) -> GatedDeltaNetMetadata:
 class StepRows:
     """The DeltaNet view and seq-slot rows of the current step, shared by a stack's mixers:
     built by the first mixer that sees a step's metadata, reused by the others (a step's
-    metadata object is new each step and never changed; batch_builder)."""
+    metadata object is new each step and never changed; batch_builder).
+
+    NOTE: the step is known by a weak reference: holding its metadata would keep its KV cache
+    manager alive (the capacity probe's, whose memory the real KV cache is sized from)."""
 
     def __init__(self) -> None:
-        self._key: AttentionMetadata | None = None
+        self._key: weakref.ref[AttentionMetadata] | None = None
         self._rows: tuple[GatedDeltaNetMetadata, torch.Tensor] | None = None
 
     def of(
         self, attn_metadata: AttentionMetadata, device: torch.device
     ) -> tuple[GatedDeltaNetMetadata, torch.Tensor]:
-        if self._rows is None or self._key is not attn_metadata:
+        if self._rows is None or self._key is None or self._key() is not attn_metadata:
             slots = attn_metadata.seq_slots[: attn_metadata.num_seqs].to(device)
-            self._key, self._rows = attn_metadata, (gdn_metadata(attn_metadata), slots)
+            self._key = weakref.ref(attn_metadata)
+            self._rows = (gdn_metadata(attn_metadata), slots)
         return self._rows
 
 

@@ -10,6 +10,8 @@ are checked here, for dense, MoE and hybrid stacks.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,9 @@ from text_checkpoints import TEXT_FAMILIES, write_text_checkpoint
 
 import tensorrt_llm
 from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.piecewise import run_attention, run_split, split_handler
-from tensorrt_llm._torch.models.qwen3_next_recurrent import DeltaNetMixer
+from tensorrt_llm._torch.models.qwen3_next_recurrent import DeltaNetMixer, StepRows
 from tensorrt_llm._torch.pyexecutor.piecewise_graph_runner import (
     PiecewiseCUDAGraphRunner,
     piecewise_token_buckets,
@@ -364,3 +367,35 @@ def test_text_llm_piecewise_graphs_match_eager_on_gpu(arch: str, tmp_path: Path)
     )
     got, replays = run(attn_backend="triton")
     assert got == reference and replays >= 6
+
+
+def _metadata(num_cached: list[int], seq_lens: list[int]) -> AttentionMetadata:
+    n = len(seq_lens)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return AttentionMetadata(
+        num_contexts=n, num_generations=0, num_ctx_tokens=sum(seq_lens),
+        num_tokens=sum(seq_lens), seq_lens_cpu=lens,
+        num_cached_tokens_cpu=torch.tensor(num_cached, dtype=torch.int32), seq_lens=lens,
+        num_cached_tokens=torch.tensor(num_cached, dtype=torch.int32),
+        cu_seqlens_q=torch.zeros(n + 1, dtype=torch.int32), block_tables=torch.zeros(n, 1),
+        slot_mapping=torch.zeros(sum(seq_lens), dtype=torch.long),
+        seq_slots=torch.arange(n), seq_slots_cpu=torch.arange(n), kv_cache_manager=None,
+        tokens_per_block=16,
+    )  # fmt: skip
+
+
+def test_step_rows_are_built_once_per_step_and_hold_no_metadata() -> None:
+    """The DeltaNet mixers of one step share its view (built once); a new step's metadata
+    rebuilds it; the view never keeps a step's metadata (and its KV cache manager) alive."""
+    rows = StepRows()
+    md = _metadata([0, 5], [3, 4])
+    meta, slots = rows.of(md, torch.device("cpu"))
+    assert meta.context_lens == (3, 4) and meta.has_initial_state == (False, True)
+    assert slots.tolist() == [0, 1]
+    assert rows.of(md, torch.device("cpu"))[0] is meta  # the same step: reused
+    other = _metadata([2], [6])
+    assert rows.of(other, torch.device("cpu"))[0].context_lens == (6,)
+    ref = weakref.ref(other)
+    del other
+    gc.collect()
+    assert ref() is None
