@@ -30,10 +30,19 @@ from tensorrt_llm.inputs.registry import (
     get_input_processor_class,
 )
 
+# The per-model switch of piecewise prefill graphs: dense and MoE Qwen-VL, the hybrid Qwen3.5 /
+# 3.6 stacks and the MoE / hybrid text LLMs (the dense text LLMs were never measured).
 PIECEWISE = {
     "Qwen2VLForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration",
     "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+    "QwenImageBenchForConditionalGeneration",
+    "Qwen3MoeForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
 }
 
 
@@ -114,7 +123,7 @@ def test_consumers_read_the_one_registration() -> None:
         get_model_class("LlamaForCausalLM")
 
 
-def test_piecewise_only_on_dense_qwen_vl() -> None:
+def test_piecewise_switch_per_model() -> None:
     for arch, cls in import_all_models().items():
         assert cls.supports_piecewise is (arch in PIECEWISE), arch
         assert get_registration(arch).supports_piecewise is (arch in PIECEWISE)

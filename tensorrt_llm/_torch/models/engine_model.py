@@ -33,15 +33,15 @@ class StackInputs:
 @dataclass(frozen=True)
 class PiecewiseStack:
     """The text decoder stack as the piecewise graphs capture it, with the sizes of its
-    static inputs and of the attention output the pieces share."""
+    static inputs (the mixers' outputs are shaped like their inputs, `run_split`)."""
 
     # (None, inputs_embeds=[T, hidden], cos_sin=[T, width], deepstack_embeds=list | None)
-    # -> final-normed hidden [T, hidden]; every attention call goes through `run_attention`.
+    # -> final-normed hidden [T, hidden]; every token mixer (attention, DeltaNet) goes through
+    # `attention_backend.piecewise.run_split`, and nothing else reads the metadata.
     stack: Callable[..., torch.Tensor]
-    num_layers: int  # attention calls per forward (one per layer: every layer is dense)
+    num_layers: int  # mixer calls per forward (one per layer)
     hidden_size: int
-    dtype: torch.dtype  # of the embeddings and the attention output
-    attn_out_width: int  # heads x head_dim of the attention output
+    dtype: torch.dtype  # of the embeddings
     cos_sin_width: int  # columns of one row of the rotary table
     cos_sin_dtype: torch.dtype
     deepstack_levels: int  # Qwen3-VL's deepstack inputs per step (0: none)

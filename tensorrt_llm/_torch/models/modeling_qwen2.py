@@ -20,15 +20,16 @@ from ..attention_backend import AttentionMetadata
 from ..modules.attention import Attention
 from ..modules.embedding import Embedding, LMHead
 from ..modules.fp8_linear import UnscaledOutput
+from ..modules.fused_moe import MoE
 from ..modules.gated_mlp import GatedMLP, mlp_after_norm
 from ..modules.rms_norm import RMSNorm
 from ..modules.rotary_embedding import MRotaryEmbedding, RotaryEmbedding, parse_rope_scaling
 from ..weight_loading import load_hf_weights
 from .modeling_utils import ModelConfig, register_auto_model
+from .piecewise_stack import TextPiecewiseMixin
 
 if TYPE_CHECKING:
     from ..input_batch import InputBatch
-    from .engine_model import PiecewiseModel
 
 # text model_type -> (HF default mrope_section, interleaved channels)
 _MROPE_DEFAULTS: dict[str, tuple[tuple[int, int, int], bool]] = {
@@ -78,6 +79,13 @@ class DecoderStack(Protocol):
 
     embed_tokens: Embedding
     rotary_emb: RotaryEmbedding
+    layers: nn.ModuleList
+
+    def get_cos_sin(self, position_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def piecewise_blocker(self) -> str:
+        """Why piecewise graphs cannot split this stack at its mixers ("" when they can)."""
+        ...
 
     def __call__(
         self,
@@ -188,6 +196,16 @@ class Qwen2Model(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
         self.rotary_emb = build_rotary_embedding(config)
 
+    def piecewise_blocker(self) -> str:
+        """Each layer's one split point is its attention; the rest must be row-wise: a dense
+        MLP or the sync-free MoE block (its routing and grouped GEMM stay on the device)."""
+        for i, layer in enumerate(self.layers):
+            mlp = getattr(layer, "mlp", None)
+            if not isinstance(layer, Qwen2DecoderLayer) or not isinstance(mlp, (GatedMLP, MoE)):
+                kind = f"{type(layer).__name__}, {type(mlp).__name__}"
+                return f"layer {i} ({kind}) is not a full-attention layer with a dense or MoE MLP"
+        return ""
+
     @classmethod
     def projection_biases(cls, config: Any) -> tuple[bool, bool]:
         """(qkv bias, o_proj bias): Qwen2 always has q/k/v biases and no o_proj bias."""
@@ -248,8 +266,9 @@ def check_tensor_parallel(cls: type[Qwen2TextForCausalLM], mapping: ParallelMapp
         )
 
 
-class Qwen2TextForCausalLM(nn.Module):
-    """Decoder stack + LM head from an HF text config (reused by the VL models)."""
+class Qwen2TextForCausalLM(TextPiecewiseMixin, nn.Module):
+    """Decoder stack + LM head from an HF text config (reused by the VL models); piecewise
+    prefill graphs where the registration allows (`TextPiecewiseMixin`)."""
 
     # Subclasses narrow it to their stack's class.
     model_cls: ClassVar[Callable[..., DecoderStack]] = Qwen2Model
@@ -328,12 +347,6 @@ class Qwen2TextForCausalLM(nn.Module):
     def per_slot_state(self) -> dict[str, torch.Tensor]:
         """Device tensors with one row per seq slot plus the dummy slot (none here)."""
         return {}
-
-    def why_not_piecewise(self) -> str:
-        return f"{type(self).__name__} is not a Qwen-VL model (no stack_inputs)"
-
-    def as_piecewise(self) -> PiecewiseModel | None:
-        return None
 
     def compute_logits(
         self,

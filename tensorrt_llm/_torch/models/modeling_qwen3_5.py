@@ -25,6 +25,7 @@ from .modeling_utils import ModelConfig, register_auto_model
     input_processor=Qwen3VLInputProcessorBase,
     config_class="Qwen3_5Config",
     text_architecture="Qwen3_5ForCausalLM",
+    supports_piecewise=True,
 )
 class Qwen3_5VLModel(QwenVLModelBase):
     """Qwen3.5 / Qwen3.6 dense: hybrid text stack, Qwen3-VL tower, no deepstack."""
@@ -40,6 +41,7 @@ class Qwen3_5VLModel(QwenVLModelBase):
     input_processor=Qwen3VLInputProcessorBase,
     config_class="Qwen3_5MoeConfig",
     text_architecture="Qwen3_5MoeForCausalLM",
+    supports_piecewise=True,
 )
 class Qwen3_5MoeVLModel(QwenVLModelBase):
     """Qwen3.5 / Qwen3.6 MoE: hybrid text stack with MoE layers, no deepstack."""
@@ -56,6 +58,7 @@ class Qwen3_5MoeVLModel(QwenVLModelBase):
     input_processor=Qwen3VLInputProcessorBase,
     config_class="Qwen3_5Config",
     text_architecture="Qwen3_5ForCausalLM",
+    supports_piecewise=True,
 )
 class QwenImageBenchModel(QwenVLModelBase):
     """Image-bench checkpoints: the Qwen3.5 dense model under its own route."""
@@ -75,7 +78,10 @@ def _text_kwargs(model_config: ModelConfig) -> dict[str, Any]:
 
 
 @register_auto_model(
-    "Qwen3_5ForCausalLM", input_processor=TextInputProcessor, config_class="Qwen3_5TextConfig"
+    "Qwen3_5ForCausalLM",
+    input_processor=TextInputProcessor,
+    config_class="Qwen3_5TextConfig",
+    supports_piecewise=True,
 )
 class Qwen3_5ForCausalLM(Qwen3_5TextForCausalLM):
     def __init__(self, model_config: ModelConfig) -> None:
@@ -87,6 +93,7 @@ class Qwen3_5ForCausalLM(Qwen3_5TextForCausalLM):
     "Qwen3_5MoeForCausalLM",
     input_processor=TextInputProcessor,
     config_class="Qwen3_5MoeTextConfig",
+    supports_piecewise=True,
 )
 class Qwen3_5MoeForCausalLM(Qwen3_5MoeTextForCausalLM):
     def __init__(self, model_config: ModelConfig) -> None:

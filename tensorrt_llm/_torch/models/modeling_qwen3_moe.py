@@ -76,7 +76,10 @@ class Qwen3MoeTextForCausalLM(Qwen3TextForCausalLM):
 
 
 @register_auto_model(
-    "Qwen3MoeForCausalLM", input_processor=TextInputProcessor, config_class="Qwen3MoeConfig"
+    "Qwen3MoeForCausalLM",
+    input_processor=TextInputProcessor,
+    config_class="Qwen3MoeConfig",
+    supports_piecewise=True,
 )
 class Qwen3MoeForCausalLM(Qwen3MoeTextForCausalLM):
     def __init__(self, model_config: ModelConfig) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
@@ -22,21 +21,19 @@ from torch import nn
 
 from ...mapping import Mapping as ParallelMapping
 from ..attention_backend import AttentionMetadata, get_attention_backend
-from ..attention_backend.piecewise import run_attention
+from ..attention_backend.piecewise import run_attention, run_split
 from ..modules.embedding import Embedding, LMHead
 from ..modules.fp8_linear import Fp8Activation, UnscaledOutput
 from ..modules.fused_moe import MoE, convert_hf_expert_weights, prepare_fp8_block_experts_
 from ..modules.gated_delta_net import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
     GatedDeltaNet,
-    GatedDeltaNetMetadata,
     convert_qwen3_next_gdn_weights,
 )
 from ..modules.gated_mlp import GatedMLP, mlp_after_norm
 from ..modules.linear import Linear
 from ..modules.rms_norm import RMSNorm
 from ..modules.triton_kernels.mrope import rope_qk_
-from ..seq_slots import slot_rows
 from ..weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
 from .modeling_qwen2 import (
     Qwen2Model,
@@ -45,6 +42,7 @@ from .modeling_qwen2 import (
     check_tensor_parallel,
     text_head_dim,
 )
+from .qwen3_next_recurrent import DeltaNetMixer, RecurrentStateCache, StepRows
 
 if TYPE_CHECKING:
     from .modeling_qwen3_5_mtp import Qwen3_5MTP
@@ -141,58 +139,6 @@ class GatedAttention(nn.Module):
         return self.o_proj.forward_deferred(out) if defer_output_scale else self.o_proj(out)
 
 
-class RecurrentStateCache(nn.Module):
-    """Conv and SSM state of every DeltaNet layer, one row per seq slot plus a dummy slot.
-
-    NOTE: built with an explicit device so a meta-device build still allocates it; the SSM
-    state is float32 whatever the model dtype (it accumulates over the whole sequence).
-    """
-
-    def __init__(
-        self, layers: Sequence[GatedDeltaNet], max_num_seq_slots: int, dtype: torch.dtype
-    ) -> None:
-        super().__init__()
-        rows = slot_rows(max_num_seq_slots)
-        self.num_layers = len(layers)
-        for j, gdn in enumerate(layers):
-            conv = torch.zeros(rows, *gdn.conv_state_shape, dtype=dtype, device="cpu")
-            ssm = torch.zeros(rows, *gdn.ssm_state_shape, dtype=torch.float32, device="cpu")
-            self.register_buffer(f"conv_{j}", conv, persistent=False)
-            self.register_buffer(f"ssm_{j}", ssm, persistent=False)
-
-    def pools(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return getattr(self, f"conv_{j}"), getattr(self, f"ssm_{j}")
-
-
-@dataclass(frozen=True)
-class RecurrentStep:
-    """One DeltaNet layer's view of a step: its state pools and the rows the batch uses."""
-
-    conv_pool: torch.Tensor  # [slots + 1, conv_dim, kernel - 1]
-    ssm_pool: torch.Tensor  # [slots + 1, Hv, K, V] float32
-    slots: torch.Tensor  # [num_seqs] int64 on the pools' device, batch order
-    metadata: GatedDeltaNetMetadata
-
-    def run(self, gdn: GatedDeltaNet, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Run the layer on the batch's rows: the small conv states are gathered and scattered
-        back here; the large SSM states are read and written by the layer in the pool."""
-        conv = self.conv_pool.index_select(0, self.slots)
-        out = gdn(hidden_states, conv, self.ssm_pool, self.metadata, ssm_slots=self.slots)
-        self.conv_pool.index_copy_(0, self.slots, conv)
-        return out
-
-
-def gdn_metadata(attn_metadata: AttentionMetadata) -> GatedDeltaNetMetadata:
-    """The DeltaNet view of a step, from host-side fields only (no device sync)."""
-    num_ctx = attn_metadata.num_contexts
-    return GatedDeltaNetMetadata(
-        context_lens=tuple(int(n) for n in attn_metadata.seq_lens_cpu[:num_ctx]),
-        # A fresh request (nothing cached yet) starts from zero even in a recycled slot.
-        has_initial_state=tuple(bool(n > 0) for n in attn_metadata.num_cached_tokens_cpu[:num_ctx]),
-        num_decodes=attn_metadata.num_generations,
-    )
-
-
 class HybridDecoderLayer(nn.Module):
     """Pre-norm layer: DeltaNet or gated attention, then a dense or MoE MLP."""
 
@@ -227,9 +173,10 @@ class HybridDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         cos_sin: torch.Tensor,
         attn_metadata: AttentionMetadata,
-        recurrent: RecurrentStep | None,
+        recurrent: DeltaNetMixer | None,
     ) -> tuple[torch.Tensor | UnscaledOutput, torch.Tensor]:
-        """Returns `(mlp_out, residual)`; `recurrent` is given to DeltaNet layers only.
+        """Returns `(mlp_out, residual)`; `recurrent` is given to DeltaNet layers only (their
+        split point of piecewise graphs, as attention is the other layers').
 
         As in `Qwen2DecoderLayer`, the norms hand FP8 readers (the attention's qkv, the dense
         MLP's gate_up) e4m3 rows, and FP8 o_proj/down_proj outputs stay unscaled until the
@@ -242,8 +189,11 @@ class HybridDecoderLayer(nn.Module):
         if linear:
             if recurrent is None:
                 raise ValueError("a linear-attention layer needs its recurrent state")
+            if recurrent.gdn is not self.linear_attn:
+                raise ValueError("the recurrent state handed to a layer is another layer's")
             # No reader was given: the norm returned a 16-bit tensor.
-            hidden_states = recurrent.run(self.linear_attn, cast(torch.Tensor, normed))
+            normed16 = cast(torch.Tensor, normed)
+            hidden_states = run_split(recurrent, normed16, attn_metadata=attn_metadata)
         else:
             hidden_states = self.self_attn(normed, cos_sin, attn_metadata, defer_output_scale=True)
         return mlp_after_norm(self.post_attention_layernorm, self.mlp, hidden_states, residual)
@@ -291,6 +241,15 @@ class Qwen3_5Model(nn.Module):
         self.rotary_emb = build_rotary_embedding(config)
         gdns = [layer.linear_attn for layer in layers if layer.layer_type == "linear_attention"]
         self.recurrent_states = RecurrentStateCache(gdns, max_num_seq_slots, dtype)
+        # NOTE: plain objects (not submodules): they reach the pools through the cache module
+        # at call time, so moving the model to its device moves what they use.
+        rows = StepRows()
+        self.mixers = [DeltaNetMixer(g, self.recurrent_states, j, rows) for j, g in enumerate(gdns)]
+
+    def piecewise_blocker(self) -> str:
+        """Every layer splits at its one mixer (attention or `DeltaNetMixer`); the rest (norms,
+        dense MLP or the sync-free MoE block) is row-wise."""
+        return ""
 
     get_cos_sin = Qwen2Model.get_cos_sin
 
@@ -317,16 +276,12 @@ class Qwen3_5Model(nn.Module):
             if position_ids is None:
                 raise ValueError("pass position_ids or a precomputed cos_sin")
             cos_sin = self.get_cos_sin(position_ids)
-        meta = gdn_metadata(attn_metadata)
-        slots = attn_metadata.seq_slots[: attn_metadata.num_seqs].to(hidden_states.device)
-        gdn_idx = 0
+        # `attn_metadata` is None while the piecewise graphs capture: only the split points
+        # (attention, the DeltaNet mixers) read it, and those calls are the runner's then.
+        mixers = iter(self.mixers)
         residual: torch.Tensor | None = None
         for layer in self.layers:
-            recurrent = None
-            if layer.layer_type == "linear_attention":
-                conv_pool, ssm_pool = self.recurrent_states.pools(gdn_idx)
-                recurrent = RecurrentStep(conv_pool, ssm_pool, slots, meta)
-                gdn_idx += 1
+            recurrent = next(mixers) if layer.layer_type == "linear_attention" else None
             hidden_states, residual = layer(
                 hidden_states, residual, cos_sin, attn_metadata, recurrent
             )

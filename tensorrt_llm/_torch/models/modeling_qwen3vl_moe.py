@@ -15,6 +15,7 @@ from .modeling_utils import register_auto_model
     input_processor=Qwen3VLInputProcessorBase,
     config_class="Qwen3VLMoeConfig",
     text_architecture="Qwen3MoeForCausalLM",
+    supports_piecewise=True,
 )
 class Qwen3MoeVLModel(QwenVLModelBase):
     """Qwen3-VL-MoE: Qwen3-MoE text stack, Qwen3-VL tower with deepstack."""

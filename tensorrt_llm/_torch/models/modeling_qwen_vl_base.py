@@ -17,12 +17,12 @@ from torch import nn
 from ...inputs.multimodal import MultimodalParams
 from ..attention_backend.interface import AttentionMetadata
 from ..input_errors import RequestInputError
-from ..modules.gated_mlp import GatedMLP
 from ..seq_slots import slot_rows
 from .engine_model import PiecewiseStack, StackInputs
 from .modeling_multimodal_utils import VISION_DEVICE_PATHS, compose_device_paths
-from .modeling_qwen2 import Qwen2DecoderLayer, Qwen2Model, Qwen2TextForCausalLM
+from .modeling_qwen2 import Qwen2TextForCausalLM
 from .modeling_utils import ModelConfig
+from .piecewise_stack import not_registered, piecewise_stack_of
 from .qwen_vl_mrope import _prepare_qwen_vl_mrope_config, apply_generation_deltas
 from .qwen_vl_vision_inputs import MODALITIES, VisionTower, chunk_embeddings, split_vl_weights
 from .vision_data_parallel import run_tower_data_parallel
@@ -339,43 +339,23 @@ class QwenVLModelBase(nn.Module):
 
     # ------------------------------------------------------------------ piecewise graphs
     def why_not_piecewise(self) -> str:
-        """The piecewise graphs capture the text stack between attention calls, so every layer
-        must be a dense full-attention one: MoE routing syncs with the host, and DeltaNet
-        layers prepare per-sequence state outside attention."""
-        stack = self.llm.model
-        if not isinstance(stack, Qwen2Model):
-            return f"its text stack {type(stack).__name__} is not a Qwen2Model"
-        for i, layer in enumerate(stack.layers):
-            if not isinstance(layer, Qwen2DecoderLayer) or type(layer.mlp) is not GatedMLP:
-                return f"layer {i} ({type(layer).__name__}) is not a dense full-attention layer"
-        if not self.supports_piecewise:
-            return f"{type(self).__name__} is not registered with supports_piecewise=True"
-        return ""
+        """The piecewise graphs capture the text stack between its token mixers (attention,
+        DeltaNet), so each layer must split there and be row-wise otherwise (the stack's
+        `piecewise_blocker`); the class opts in by its registration."""
+        reason = self.llm.model.piecewise_blocker()
+        if reason:
+            return reason
+        return "" if self.supports_piecewise else not_registered(type(self))
 
     def as_piecewise(self) -> PiecewiseModel | None:
         return None if self.why_not_piecewise() else self
 
     def piecewise_stack(self) -> PiecewiseStack:
         """The text stack and the sizes of its static inputs (`why_not_piecewise()` is "")."""
-        stack = self.llm.model
         reason = self.why_not_piecewise()
-        if reason or not isinstance(stack, Qwen2Model):
+        if reason:
             raise ValueError(f"piecewise graphs: {reason}")
-        embed = stack.embed_tokens.weight
-        first = stack.layers[0]
-        assert isinstance(first, Qwen2DecoderLayer)  # why_not_piecewise checked every layer
-        # One row of the model's own table gives the cos/sin width and dtype.
-        row = self.rotary_emb.get_cos_sin(torch.zeros(3, 1, dtype=torch.int32, device=embed.device))
-        return PiecewiseStack(
-            stack=stack,
-            num_layers=len(stack.layers),
-            hidden_size=embed.shape[1],
-            dtype=embed.dtype,
-            attn_out_width=first.self_attn.q_size,
-            cos_sin_width=row.shape[-1],
-            cos_sin_dtype=row.dtype,
-            deepstack_levels=self.deepstack_levels,
-        )
+        return piecewise_stack_of(self.llm.model, self.deepstack_levels)
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:

@@ -33,8 +33,8 @@ def register_auto_model(
     tokens (`TextInputProcessor` for text LLMs); `config_class` is the transformers config class
     that reads config.json; `text_architecture` is the registered causal LM of the text stack
     (default: `name`, a text LLM). `supports_piecewise` becomes the class attribute the
-    piecewise prefill graph runner reads (True only for dense full-attention Qwen-VL models).
-    """
+    piecewise prefill graph runner reads: the per-model switch, on where the graphs pay (the
+    stack must also split at its mixers, `piecewise_stack.py`)."""
 
     def wrap(cls: _M) -> _M:
         if "supports_piecewise" in vars(cls):

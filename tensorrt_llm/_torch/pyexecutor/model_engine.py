@@ -56,7 +56,7 @@ class PyTorchModelEngine:
         self.vocab_size: int = self.model.vocab_size
         self.kv_cache_manager: KVCacheManager | None = None
         self.cuda_graph_runner: CUDAGraphRunner | None = None  # set by create_py_executor
-        # Prefill/mixed steps of VL models (`cuda_graph_config.piecewise_max_tokens`).
+        # Prefill/mixed steps (`cuda_graph_config.piecewise_max_tokens`).
         self.piecewise_graph_runner: PiecewiseCUDAGraphRunner | None = None
         # Tensor parallelism, rank 0: each step (and KV cache) is sent to the worker ranks
         # before it runs (`tp_step_channel.py`). None on one GPU: no work per step.

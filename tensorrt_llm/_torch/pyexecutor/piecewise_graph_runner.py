@@ -4,19 +4,21 @@ An eager step of Qwen3-VL-8B costs ~40 ms of host time whatever its size (36 lay
 launches from Python), against 5-20 ms of GPU work for chunks of 64-1024 tokens
 (benchmarks/results/qwen3_vl_8b_h200.md, run 10). Such steps cannot be captured whole: the
 prefill attention's grid and host metadata depend on the step's sequences. So the text decoder
-stack is captured in pieces over a bucket of padded tokens, cut at every attention call
-(`attention_backend/piecewise.py`): piece i runs what lies between attention calls i-1 and i
-(norms, projections, rope, MLP), and at replay the attention runs eagerly between the pieces,
-on the step's real metadata, reading the pieces' q/k/v and writing one static output buffer.
+stack is captured in pieces over a bucket of padded tokens, cut at every token-mixer call
+(`attention_backend/piecewise.py`: attention, and the Gated DeltaNet mixers of hybrid stacks):
+piece i runs what lies between mixer calls i-1 and i (norms, projections, rope, MLP or MoE),
+and at replay each mixer runs eagerly between the pieces, on the step's real metadata, reading
+the pieces' inputs and writing a static output buffer (one per output width and dtype).
 What comes before the stack (embeddings, the vision tower, mRoPE bookkeeping) and after it (the
 LM head over each request's last token) stays eager.
 
 Padded rows (the bucket past the step's tokens) carry stale but finite values through row-wise
-kernels only; the attention gives them zeros and no KV slot. Qwen3-VL's deepstack inputs are
-static buffers too: media steps copy theirs in, other steps read zeros. Stacks with host syncs
-or sequence-dependent work outside attention (MoE routing, Gated DeltaNet) are not eligible
-(the model's `why_not_piecewise`); an eligible model hands over its stack and sizes
-(`PiecewiseModel.piecewise_stack`).
+kernels only; the attention gives them zeros and no KV slot, a DeltaNet mixer leaves them as
+they were. MoE layers are row-wise too: their Triton grouped GEMM sorts the bucket's (token,
+expert) pairs on the device into buffers sized by the bucket, with no host sync, so padded rows
+only add routed work. Qwen3-VL's deepstack inputs are static buffers too: media steps copy
+theirs in, other steps read zeros. A model says whether its stack qualifies
+(`why_not_piecewise`) and hands over its stack and sizes (`PiecewiseModel.piecewise_stack`).
 
 Whether a step runs piecewise is a trade: eager host time is ~35 ms per step, the GPU time of
 32 decodes plus a chunk grows ~15 us per chunk token past ~256 (19.7 ms at 1024). Past ~2048
@@ -35,7 +37,7 @@ import torch
 from tqdm import tqdm
 
 from ..attention_backend.interface import AttentionMetadata
-from ..attention_backend.piecewise import attention_handler
+from ..attention_backend.piecewise import split_handler
 from ..input_batch import InputBatch
 
 if TYPE_CHECKING:
@@ -68,16 +70,24 @@ def why_not_piecewise(model: EngineModel) -> str:
 
 
 @dataclass
+class _Call:
+    """One eager mixer call between two pieces: `out[:n] = op.forward(*inputs, metadata)`."""
+
+    op: Any
+    inputs: tuple[torch.Tensor, ...]  # graph memory the piece before wrote
+    out: torch.Tensor  # the static buffer the piece after reads, [bucket, width]
+
+
+@dataclass
 class _Pieces:
     graphs: list[torch.cuda.CUDAGraph]
-    # (backend, q, k, v) of each attention call, in order; call i runs after graph i.
-    calls: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]]
+    calls: list[_Call]  # in order; call i runs after graph i
     hidden: torch.Tensor  # the stack's final-normed output, [bucket, hidden]
 
 
 class PiecewiseCUDAGraphRunner:
     """Captures the pieces of each token bucket (`capture_all` at startup; a bucket missing
-    then is captured on its first step) and replays them around the eager attention calls."""
+    then is captured on its first step) and replays them around the eager mixer calls."""
 
     def __init__(self, engine: PyTorchModelEngine, token_buckets: list[int]) -> None:
         model = engine.model.as_piecewise()
@@ -99,10 +109,12 @@ class PiecewiseCUDAGraphRunner:
         self.buckets = sorted(set(token_buckets))
         largest = self.buckets[-1]
         device = engine.device
-        # Static inputs of every piece and the one attention output buffer they share (the
-        # attention of layer i writes it, piece i+1 reads it before attention i+1 writes again).
+        self._largest = largest
+        # Static inputs of every piece; the mixers' output buffers, one per (width, dtype),
+        # are made by the first warm-up (`_out_buffer`): mixer i writes one, piece i+1 reads
+        # it before mixer i+1 writes again.
         self._embeds = torch.zeros(largest, spec.hidden_size, dtype=spec.dtype, device=device)
-        self._attn_out = torch.zeros(largest, spec.attn_out_width, dtype=spec.dtype, device=device)
+        self._outs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         self._cos_sin = torch.zeros(
             largest, spec.cos_sin_width, dtype=spec.cos_sin_dtype, device=device
         )
@@ -132,8 +144,21 @@ class PiecewiseCUDAGraphRunner:
         )
 
     # ------------------------------------------------------------------ capture
+    def _out_buffer(self, like: torch.Tensor, bucket: int) -> torch.Tensor:
+        """The static output of a mixer whose first input is `like` ([bucket, width]).
+
+        NOTE: allocated in the warm-up, outside any graph, so the pool never owns it."""
+        key = (like.shape[-1], like.dtype)
+        buf = self._outs.get(key)
+        if buf is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"mixer output {key} first seen inside a capture")
+            buf = torch.zeros(self._largest, key[0], dtype=key[1], device=like.device)
+            self._outs[key] = buf
+        return buf[:bucket]
+
     def _stack_call(self, bucket: int) -> torch.Tensor:
-        # The metadata only reaches the attention calls, which the handler takes over.
+        # The metadata only reaches the mixer calls, which the handler takes over.
         deepstack = None if self._deepstack is None else list(self._deepstack[:, :bucket].unbind(0))
         return self.stack(
             None,
@@ -144,7 +169,7 @@ class PiecewiseCUDAGraphRunner:
 
     @torch.inference_mode()
     def capture(self, bucket: int) -> None:
-        """Capture the pieces of one bucket (needs no KV cache: no attention runs)."""
+        """Capture the pieces of one bucket (needs no KV cache: no mixer runs)."""
         self._pieces[bucket] = self._capture(bucket)
 
     def capture_all(self) -> None:
@@ -155,17 +180,17 @@ class PiecewiseCUDAGraphRunner:
         logger.info("captured piecewise CUDA graphs for token buckets %s", self.buckets)
 
     def _capture(self, bucket: int) -> _Pieces:
-        out = self._attn_out[:bucket]
-
-        def skip(backend: Any, q: Any, k: Any, v: Any, md: AttentionMetadata) -> torch.Tensor:
-            return out  # warm-up: every kernel but the attention, at the bucket's shapes
+        def skip(op: Any, inputs: tuple[torch.Tensor, ...], md: AttentionMetadata) -> torch.Tensor:
+            # warm-up: every kernel but the mixers', at the bucket's shapes
+            return self._out_buffer(inputs[0], bucket)
 
         graphs = [torch.cuda.CUDAGraph()]
-        calls: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        calls: list[_Call] = []
 
-        def cut(backend: Any, q: Any, k: Any, v: Any, md: AttentionMetadata) -> torch.Tensor:
+        def cut(op: Any, inputs: tuple[torch.Tensor, ...], md: AttentionMetadata) -> torch.Tensor:
             graphs[-1].capture_end()
-            calls.append((backend, q, k, v))
+            out = self._out_buffer(inputs[0], bucket)
+            calls.append(_Call(op, inputs, out))
             graphs.append(torch.cuda.CUDAGraph())
             graphs[-1].capture_begin(pool=self._pool)
             return out
@@ -173,20 +198,20 @@ class PiecewiseCUDAGraphRunner:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            with attention_handler(skip):
+            with split_handler(skip):
                 for _ in range(2):  # compiles, autotuning and allocations outside the graphs
                     self._stack_call(bucket)
             torch.cuda.synchronize()
             graphs[0].capture_begin(pool=self._pool)
             try:
-                with attention_handler(cut):
+                with split_handler(cut):
                     hidden = self._stack_call(bucket)
             finally:
                 graphs[-1].capture_end()
         torch.cuda.current_stream().wait_stream(stream)
         if len(calls) != self.num_layers:
             raise RuntimeError(
-                f"piecewise capture saw {len(calls)} attention calls for {self.num_layers} layers"
+                f"piecewise capture saw {len(calls)} mixer calls for {self.num_layers} layers"
             )
         return _Pieces(graphs, calls, hidden)
 
@@ -242,11 +267,12 @@ class PiecewiseCUDAGraphRunner:
         if pieces is None:
             self.capture(bucket)
             pieces = self._pieces[bucket]
-        out = self._attn_out[:bucket]
         for i, graph in enumerate(pieces.graphs):
             graph.replay()
             if i < len(pieces.calls):
-                backend, q, k, v = pieces.calls[i]
-                out.copy_(backend.forward(q, k, v, attn_metadata))
+                call = pieces.calls[i]
+                got = call.op.forward(*call.inputs, attn_metadata)
+                # Attention answers every padded row (zeros); a DeltaNet mixer the real ones.
+                call.out[: got.shape[0]].copy_(got)
         # NOTE: graph memory the next replay overwrites; the LM head reads it right away.
         return pieces.hidden[:num_tokens]
