@@ -34,24 +34,39 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..._utils import step_constant
 from .causal_conv1d import CausalConv1d
+from .gated_delta_net_weights import (
+    GATED_DELTA_NET_FUSED_PROJECTIONS,
+    convert_qwen3_next_gdn_weights,
+)
 from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .linear import Linear
-from .triton_kernels.gdn_decode import gated_delta_rule_decode_
+from .triton_kernels import use_triton
+from .triton_kernels.causal_conv1d import causal_conv1d_update_, causal_conv1d_varlen
+from .triton_kernels.gated_rms_norm import rms_norm_gated, rms_norm_gated_torch
+from .triton_kernels.gdn_decode import gated_delta_rule_decode_, gdn_gates_torch
+
+__all__ = [
+    "FUSED_KERNELS_ENV",
+    "GATED_DELTA_NET_FUSED_PROJECTIONS",
+    "INPLACE_DECODE_ENV",
+    "GatedDeltaNet",
+    "GatedDeltaNetMetadata",
+    "RMSNormGated",
+    "convert_qwen3_next_gdn_weights",
+]
 
 # Decode steps update the SSM pool in place with our Triton kernel (gdn_decode.py) unless this
 # is "0" (then: gather the rows, fla's / the torch recurrent step, scatter them back).
 INPLACE_DECODE_ENV = "TRTLLM_GDN_INPLACE_DECODE"
-
-# our fused projection -> the Qwen3.5 HF projections stacked along the output dim, in order
-GATED_DELTA_NET_FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
-    "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"),
-    "in_proj_ba": ("in_proj_b", "in_proj_a"),
-}
+# The conv1d (decode update and varlen prefill), the gates and the gated RMSNorm run as Triton
+# kernels (triton_kernels/causal_conv1d.py, gdn_decode.py, gated_rms_norm.py) unless this is
+# "0" (then: the torch chains, ~25 more small kernels per layer and decode step). The gates
+# fuse into the recurrence only with the in-place decode above.
+FUSED_KERNELS_ENV = "TRTLLM_GDN_FUSED"
 
 
 class RMSNormGated(nn.Module):
@@ -62,12 +77,11 @@ class RMSNormGated(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        # The weight multiplies the input-dtype value, as HF's reference rounds in bf16.
-        y = self.weight * x32.to(x.dtype)
-        return (y * F.silu(gate.float())).to(x.dtype)
+    def forward(self, x: torch.Tensor, gate: torch.Tensor, backend: str = "torch") -> torch.Tensor:
+        """`x, gate: [T, H, D]` -> `[T, H * D]`; backend as `use_triton`'s."""
+        if backend == "torch":
+            return rms_norm_gated_torch(x, gate, self.weight, self.eps).flatten(-2)
+        return rms_norm_gated(x, gate, self.weight, self.eps, backend=backend)
 
 
 @dataclass(frozen=True)
@@ -117,43 +131,6 @@ class GatedDeltaNetMetadata:
         for n in self.context_lens:
             offsets.append(offsets[-1] + n)
         return tuple(offsets)
-
-
-def convert_qwen3_next_gdn_weights(
-    weights: Mapping[str, torch.Tensor],
-    *,
-    num_k_heads: int,
-    num_v_heads: int,
-    head_k_dim: int,
-    head_v_dim: int,
-) -> dict[str, torch.Tensor]:
-    """Rewrite Qwen3-Next `*in_proj_qkvz.weight` / `*in_proj_ba.weight` (rows grouped per key
-    head: [q_h, k_h, v_h.., z_h..] and [b_h.., a_h..]) into Qwen3.5's contiguous
-    `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`. Other entries pass through."""
-    ratio = num_v_heads // num_k_heads
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in weights.items():
-        prefix, _, leaf = name.rpartition("in_proj_")
-        if leaf not in ("qkvz.weight", "ba.weight") or (prefix and not prefix.endswith(".")):
-            out[name] = tensor
-            continue
-        if leaf == "qkvz.weight":
-            sizes = [head_k_dim, head_k_dim, ratio * head_v_dim, ratio * head_v_dim]
-        else:
-            sizes = [ratio, ratio]
-        if tensor.dim() != 2 or tensor.shape[0] != num_k_heads * sum(sizes):
-            raise ValueError(
-                f"{name} has shape {tuple(tensor.shape)}; expected {num_k_heads * sum(sizes)} "
-                f"rows for {num_k_heads} key heads"
-            )
-        grouped = tensor.reshape(num_k_heads, sum(sizes), tensor.shape[1])
-        parts = [p.reshape(-1, tensor.shape[1]) for p in grouped.split(sizes, dim=1)]
-        if leaf == "qkvz.weight":
-            out[prefix + "in_proj_qkv.weight"] = torch.cat(parts[:3])
-            out[prefix + "in_proj_z.weight"] = parts[3]
-        else:
-            out[prefix + "in_proj_b.weight"], out[prefix + "in_proj_a.weight"] = parts
-    return out
 
 
 @dataclass(frozen=True)
@@ -227,6 +204,8 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = Linear(self.value_dim, hidden_size, dtype=dtype)
         # Read once here, not on every decode step.
         self.inplace_decode = os.environ.get(INPLACE_DECODE_ENV, "1") != "0"
+        # "auto": the Triton kernels on CUDA; tests set "triton" (CPU under TRITON_INTERPRET=1).
+        self.kernel_backend = "auto" if os.environ.get(FUSED_KERNELS_ENV, "1") != "0" else "torch"
 
     @classmethod
     def from_config(cls, config: Any, dtype: torch.dtype | None = None) -> GatedDeltaNet:
@@ -262,6 +241,7 @@ class GatedDeltaNet(nn.Module):
         ssm_states: torch.Tensor,
         metadata: GatedDeltaNetMetadata,
         ssm_slots: torch.Tensor | None,
+        conv_slots: torch.Tensor | None,
     ) -> None:
         if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
             raise ValueError(
@@ -271,18 +251,17 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(
                 f"{hidden_states.shape[0]} tokens but the metadata describes {metadata.num_tokens}"
             )
-        for name, states, shape in (
-            ("conv_states", conv_states, self.conv_state_shape),
-            ("ssm_states", ssm_states, self.ssm_state_shape),
+        for name, states, shape, slots in (
+            ("conv_states", conv_states, self.conv_state_shape, conv_slots),
+            ("ssm_states", ssm_states, self.ssm_state_shape, ssm_slots),
         ):
-            rows = states.shape[0] if name == "ssm_states" and ssm_slots is not None else None
-            want = (metadata.num_seqs if rows is None else rows, *shape)
+            want = (metadata.num_seqs if slots is None else states.shape[0], *shape)
             if tuple(states.shape) != want:
                 raise ValueError(f"{name} must be {want}, got {tuple(states.shape)}")
-        if ssm_slots is not None and tuple(ssm_slots.shape) != (metadata.num_seqs,):
-            raise ValueError(
-                f"ssm_slots must be [{metadata.num_seqs}], got {tuple(ssm_slots.shape)}"
-            )
+            if slots is not None and tuple(slots.shape) != (metadata.num_seqs,):
+                raise ValueError(
+                    f"{name[:-7]}_slots must be [{metadata.num_seqs}], got {tuple(slots.shape)}"
+                )
 
     def forward(
         self,
@@ -291,36 +270,69 @@ class GatedDeltaNet(nn.Module):
         ssm_states: torch.Tensor,
         metadata: GatedDeltaNetMetadata,
         ssm_slots: torch.Tensor | None = None,
+        conv_slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[T, hidden] -> [T, hidden]; conv_states and ssm_states are updated in place
-        (`ssm_states` is the pool addressed by `ssm_slots` when those are given)."""
-        self._check_inputs(hidden_states, conv_states, ssm_states, metadata, ssm_slots)
-        ssm = _StateRows(ssm_states, ssm_slots)
+        (each is the pool addressed by `conv_slots` / `ssm_slots` when those are given)."""
+        self._check_inputs(hidden_states, conv_states, ssm_states, metadata, ssm_slots, conv_slots)
+        ssm, conv = _StateRows(ssm_states, ssm_slots), _StateRows(conv_states, conv_slots)
         if metadata.num_tokens == 0:
             return hidden_states.new_empty(0, self.hidden_size)
+        fused = use_triton("gated_delta_net", hidden_states.device, self.kernel_backend)
         num_ctx, num_ctx_tokens = metadata.num_contexts, metadata.num_context_tokens
         mixed_qkv, z = self.in_proj_qkvz(hidden_states).split([self.conv_dim, self.value_dim], -1)
         b, a = self.in_proj_ba(hidden_states).chunk(2, dim=-1)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         parts = []
         if num_ctx > 0:
             span = slice(0, num_ctx_tokens)
-            x = self.conv1d(
-                mixed_qkv[span],
-                metadata.context_lens,
-                conv_states[:num_ctx],
-                metadata.has_initial_state,
-            )
-            parts.append(self._prefill_rule(x, g[span], beta[span], ssm.rows(0, num_ctx), metadata))
+            x = self._prefill_conv(mixed_qkv[span], conv.rows(0, num_ctx), metadata, fused)
+            g, beta = gdn_gates_torch(a[span], b[span], self.A_log, self.dt_bias)
+            parts.append(self._prefill_rule(x, g, beta, ssm.rows(0, num_ctx), metadata))
         if metadata.num_decodes > 0:
             span = slice(num_ctx_tokens, None)
-            x = self.conv1d.step(mixed_qkv[span], conv_states[num_ctx:])
+            x = self._decode_conv(mixed_qkv[span], conv.rows(num_ctx, metadata.num_seqs), fused)
             rows = ssm.rows(num_ctx, metadata.num_seqs)
-            parts.append(self._decode_rule(x, g[span], beta[span], rows))
+            parts.append(self._decode_rule(x, a[span], b[span], rows, fused))
         core = parts[0] if len(parts) == 1 else torch.cat(parts)
-        core = self.norm(core, z.reshape(-1, self.num_v_heads, self.head_v_dim))
-        return self.out_proj(core.reshape(-1, self.value_dim))
+        gate = z.reshape(-1, self.num_v_heads, self.head_v_dim)
+        return self.out_proj(self.norm(core, gate, "triton" if fused else "torch"))
+
+    def _prefill_conv(
+        self, x: torch.Tensor, conv: _StateRows, metadata: GatedDeltaNetMetadata, fused: bool
+    ) -> torch.Tensor:
+        """Context tokens through the conv (SiLU included); writes each request's final state."""
+        flags = metadata.has_initial_state
+        if not fused:
+            states = conv.read()
+            out = self.conv1d(x, metadata.context_lens, states, flags)
+            if conv.slots is not None:  # else `states` was a view of the caller's rows
+                conv.write(states)
+            return out
+        init = flags_d = None
+        if any(flags):
+            # A copy: the kernel reads the initial states while it writes the final ones.
+            init = conv.read() if conv.slots is not None else conv.read().clone()
+            flags_d = step_constant(tuple(int(f) for f in flags), torch.int32, x.device)
+        slots = None if conv.slots is None else conv.slots[conv.lo : conv.hi]
+        finals = conv.states if slots is not None else conv.read()
+        return causal_conv1d_varlen(
+            x, self.conv1d.weight[:, 0], self.conv1d.bias, metadata.context_lens,
+            init, flags_d, finals, slots, self.conv1d.activation,
+        )  # fmt: skip
+
+    def _decode_conv(self, x: torch.Tensor, conv: _StateRows, fused: bool) -> torch.Tensor:
+        """One token per decode request through the conv, its state shifted in place."""
+        if fused:
+            # The pool rows themselves (by slot), or the caller's per-request rows.
+            slots = None if conv.slots is None else conv.slots[conv.lo : conv.hi]
+            states = conv.states if slots is not None else conv.read()
+            weight, bias, act = self.conv1d.weight[:, 0], self.conv1d.bias, self.conv1d.activation
+            return causal_conv1d_update_(x, weight, bias, states, slots, act)
+        states = conv.read()
+        out = self.conv1d.step(x, states)
+        if conv.slots is not None:
+            conv.write(states)
+        return out
 
     def _split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """conv output [T, conv_dim] -> q, k [T, Hk, K] and v [T, Hv, V]."""
@@ -365,7 +377,7 @@ class GatedDeltaNet(nn.Module):
         return o[0]
 
     def _decode_rule(
-        self, x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: _StateRows
+        self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ssm: _StateRows, fused: bool
     ) -> torch.Tensor:
         """One token per request, batched over requests; returns [N, Hv, V]."""
         q, k, v = self._split_heads(x)
@@ -374,7 +386,14 @@ class GatedDeltaNet(nn.Module):
             # scatter: Qwen3.6-27B at c=32 889 vs 403 tok/s on the H200, and no fla
             # autotuning for each new decode batch size (benchmarks/results/qwen3_6_27b_h200.md).
             slots = ssm.slots[ssm.lo : ssm.hi]
+            if fused:  # the gates formed in the kernel too
+                gates = (a, b, self.A_log, self.dt_bias)
+                return gated_delta_rule_decode_(
+                    q, k, v, None, None, ssm.states, slots, gates=gates, backend="triton"
+                )
+            g, beta = gdn_gates_torch(a, b, self.A_log, self.dt_bias)
             return gated_delta_rule_decode_(q, k, v, g, beta, ssm.states, slots)
+        g, beta = gdn_gates_torch(a, b, self.A_log, self.dt_bias)
         o, final = fused_recurrent_gated_delta_rule(
             q[:, None],
             k[:, None],

@@ -1,0 +1,208 @@
+"""Gated DeltaNet's Triton kernels (conv1d decode update and varlen prefill, gates fused into
+the in-place recurrence, gated RMSNorm) against the layer's torch path, which
+test_gated_delta_net.py checks against HF.
+
+Without CUDA the kernels run under TRITON_INTERPRET=1 (tests/conftest.py) at tiny float32
+sizes; the interpreter rounds float32 -> bf16 by truncation, so 16-bit rounding is checked on
+the GPU only (`@pytest.mark.gpu`, Qwen3.6-27B DeltaNet sizes)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tensorrt_llm._torch.modules.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
+from tensorrt_llm._torch.modules.gated_delta_net import GatedDeltaNet, GatedDeltaNetMetadata
+from tensorrt_llm._torch.modules.triton_kernels.causal_conv1d import (
+    causal_conv1d_update_,
+    causal_conv1d_varlen,
+)
+from tensorrt_llm._torch.modules.triton_kernels.gated_rms_norm import (
+    rms_norm_gated,
+    rms_norm_gated_torch,
+)
+from tensorrt_llm._torch.modules.triton_kernels.gdn_decode import (
+    gated_delta_rule_decode_,
+    gdn_gates_torch,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TIGHT = dict(atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_update_shifts_pool_rows_in_place(bias: bool) -> None:
+    """300 channels: two programs, the second masked; x a strided view like the layer's."""
+    gen = torch.Generator().manual_seed(0)
+    dim, width = 300, 4
+    weight = torch.randn(dim, width, generator=gen)
+    b = torch.randn(dim, generator=gen) if bias else None
+    pool = torch.randn(6, dim, width - 1, generator=gen)
+    slots = torch.tensor([4, 1, 3])
+    x = torch.randn(3, dim + 20, generator=gen)[:, :dim]
+    rows = pool[slots].clone()
+    pool_in = pool.clone()
+    want = causal_conv1d_update(x, rows, weight, b)
+    want_pool = pool.clone()
+    want_pool[slots] = rows
+    dev = [t.to(DEVICE) if t is not None else None for t in (x, weight, b, pool_in, slots)]
+    got = causal_conv1d_update_(*dev)
+    torch.testing.assert_close(got.cpu(), want, **TIGHT)
+    torch.testing.assert_close(dev[3].cpu(), want_pool, **TIGHT)  # other rows untouched
+    per_request = rows.clone().to(DEVICE)  # no slots: row n is request n
+    causal_conv1d_update_(dev[0], dev[1], dev[2], per_request)
+    causal_conv1d_update(x, rows, weight, b)
+    torch.testing.assert_close(per_request.cpu(), rows, **TIGHT)
+    with pytest.raises(ValueError, match="slots must be"):
+        causal_conv1d_update_(dev[0], dev[1], dev[2], dev[3], dev[4][:2])
+
+
+@pytest.mark.parametrize("activation", ["silu", None])
+def test_conv_varlen_matches_torch_prefill(activation: str | None) -> None:
+    """Sequences shorter than the state (1, 2), longer than a 64-token block (70), whole
+    blocks (128, 64), carried and fresh; final states land in the rows given, not in the
+    initial-state tensor."""
+    gen = torch.Generator().manual_seed(1)
+    dim, width = 200, 4
+    lens, flags = (1, 70, 2, 128, 5, 64), (True, False, True, True, False, True)
+    weight, b = torch.randn(dim, width, generator=gen), torch.randn(dim, generator=gen)
+    x = torch.randn(sum(lens), dim + 8, generator=gen)[:, :dim]
+    init = torch.randn(len(lens), dim, width - 1, generator=gen)
+    want_states = init.clone()
+    want = causal_conv1d_fn(x, weight, b, lens, want_states, flags, activation)
+    finals = torch.zeros(8, dim, width - 1)
+    rows = torch.tensor([7, 0, 3, 5, 2, 6])
+    flags_d = torch.tensor([int(f) for f in flags], dtype=torch.int32)
+    dev = [t.to(DEVICE) for t in (x, weight, b, init, flags_d, finals, rows)]
+    got = causal_conv1d_varlen(*dev[:3], lens, *dev[3:], activation)
+    torch.testing.assert_close(got.cpu(), want, **TIGHT)
+    torch.testing.assert_close(dev[5].cpu()[rows], want_states, **TIGHT)
+    assert torch.equal(dev[5].cpu()[[1, 4]], torch.zeros(2, dim, width - 1))
+    fresh = init.clone()
+    want = causal_conv1d_fn(x, weight, None, lens, fresh, None, activation)
+    got = causal_conv1d_varlen(dev[0], dev[1], None, lens, None, None, dev[5], None, activation)
+    torch.testing.assert_close(got.cpu(), want, **TIGHT)
+    torch.testing.assert_close(dev[5].cpu()[: len(lens)], fresh, **TIGHT)
+
+
+def test_gated_rms_norm_matches_torch_with_strided_gate() -> None:
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 3, 48, generator=gen)
+    z = torch.randn(5, 3 * 48 + 10, generator=gen)[:, : 3 * 48].reshape(5, 3, 48)
+    w = torch.randn(48, generator=gen)
+    want = rms_norm_gated_torch(x, z, w, 1e-6).reshape(5, -1)
+    got = rms_norm_gated(x.to(DEVICE), z.to(DEVICE), w.to(DEVICE), 1e-6, backend="triton")
+    torch.testing.assert_close(got.cpu(), want, **TIGHT)
+    with pytest.raises(ValueError, match="weight must be"):
+        rms_norm_gated(x, z, w[:4], 1e-6)
+
+
+def test_decode_forms_gates_in_kernel() -> None:
+    """gates=(a, b, A_log, dt_bias) equals passing the torch gates, including a + dt_bias
+    above softplus's threshold of 20."""
+    gen = torch.Generator().manual_seed(3)
+    n, hk, hv, dk, dv = 3, 2, 4, 16, 48
+    q, k = torch.randn(n, hk, dk, generator=gen), torch.randn(n, hk, dk, generator=gen)
+    v = torch.randn(n, hv, dv, generator=gen)
+    a, b = torch.randn(n, hv, generator=gen) * 4, torch.randn(n, hv, generator=gen)
+    a[0, 0] = 30.0
+    a_log, dt_bias = torch.randn(hv, generator=gen) * 0.5, torch.randn(hv, generator=gen)
+    pool = torch.randn(5, hv, dk, dv, generator=gen)
+    slots = torch.tensor([3, 0, 4])
+    want_pool = pool.clone()
+    pool = pool.clone()  # .to(DEVICE) below may return this very tensor
+    g, beta = gdn_gates_torch(a, b, a_log, dt_bias)
+    want = gated_delta_rule_decode_(q, k, v, g, beta, want_pool, slots, backend="torch")
+    dev = [t.to(DEVICE) for t in (q, k, v, pool, slots, a, b, a_log, dt_bias)]
+    got = gated_delta_rule_decode_(
+        *dev[:3], None, None, dev[3], dev[4], gates=tuple(dev[5:]), backend="triton"
+    )
+    torch.testing.assert_close(got.cpu(), want, **TIGHT)
+    torch.testing.assert_close(dev[3].cpu(), want_pool, **TIGHT)
+    with pytest.raises(ValueError, match="either g and beta"):
+        gated_delta_rule_decode_(*dev[:3], g, None, dev[3], dev[4], gates=tuple(dev[5:]))
+
+
+# ----------------------------------------------------------------------------- the layer
+
+
+def _layer(seed: int = 0, **sizes: int) -> GatedDeltaNet:
+    dims = dict(hidden_size=32, num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=24)
+    torch.manual_seed(seed)
+    layer = GatedDeltaNet(**{**dims, **sizes})
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return layer.eval()
+
+
+def _meta(lens=(), carry=(), decodes: int = 0) -> GatedDeltaNetMetadata:
+    return GatedDeltaNetMetadata(tuple(lens), tuple(carry), decodes)
+
+
+# (metadata, rows of the pool in batch order): a mixed step (fresh context, continuing chunk,
+# decode), decode only, chunked prefill continuing for all plus a decode.
+_STEPS = [
+    (_meta([5, 3], [False, True], decodes=1), [4, 1, 3]),
+    (_meta(decodes=3), [4, 1, 3]),
+    (_meta([70, 2], [True, True], decodes=2), [1, 3, 4, 0]),
+]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("by_slot", [True, False])
+def test_layer_triton_path_matches_torch_path(by_slot: bool) -> None:
+    """The fused kernels (conv pool rows by slot with `conv_slots`, else per-request rows)
+    against the torch path over mixed, decode-only and chunked steps."""
+    ref = _layer()
+    ref.kernel_backend = "torch"
+    ours = copy.deepcopy(ref).to(DEVICE)
+    ours.kernel_backend = "triton"
+    gen = torch.Generator().manual_seed(4)
+    conv_pool = torch.randn(6, *ref.conv_state_shape, generator=gen)
+    ssm_pool = torch.randn(6, *ref.ssm_state_shape, generator=gen)
+    conv_d, ssm_d = conv_pool.clone().to(DEVICE), ssm_pool.clone().to(DEVICE)
+    for meta, slots in _STEPS:
+        x = torch.randn(meta.num_tokens, 32, generator=gen)
+        s = torch.tensor(slots)
+        if by_slot:
+            want = ref(x, conv_pool, ssm_pool, meta, ssm_slots=s, conv_slots=s)
+            got = ours(
+                x.to(DEVICE), conv_d, ssm_d, meta, ssm_slots=s.to(DEVICE), conv_slots=s.to(DEVICE)
+            )
+        else:  # the caller gathers and scatters the conv rows (the old model contract)
+            conv_rows, conv_rows_d = conv_pool[s], conv_d[s.to(DEVICE)]
+            want = ref(x, conv_rows, ssm_pool, meta, ssm_slots=s)
+            got = ours(x.to(DEVICE), conv_rows_d, ssm_d, meta, ssm_slots=s.to(DEVICE))
+            conv_pool[s], conv_d[s.to(DEVICE)] = conv_rows, conv_rows_d
+        torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(conv_d.cpu(), conv_pool, **TIGHT)
+        torch.testing.assert_close(ssm_d.cpu(), ssm_pool, atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_layer_triton_path_per_request_states() -> None:
+    """No slots at all (per-request conv and SSM rows): the fused conv and norm, fla's or the
+    torch recurrence."""
+    ref = _layer(seed=1)
+    ref.kernel_backend = "torch"
+    ours = copy.deepcopy(ref).to(DEVICE)
+    ours.kernel_backend = "triton"
+    gen = torch.Generator().manual_seed(5)
+    meta = _meta([6], [True], decodes=2)
+    conv = torch.randn(3, *ref.conv_state_shape, generator=gen)
+    ssm = torch.randn(3, *ref.ssm_state_shape, generator=gen)
+    conv_d, ssm_d = conv.clone().to(DEVICE), ssm.clone().to(DEVICE)
+    x = torch.randn(8, 32, generator=gen)
+    want = ref(x, conv, ssm, meta)
+    got = ours(x.to(DEVICE), conv_d, ssm_d, meta)
+    torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(conv_d.cpu(), conv, **TIGHT)
+    torch.testing.assert_close(ssm_d.cpu(), ssm, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="conv_slots must be"):
+        ours(x.to(DEVICE), conv_d, ssm_d, meta, conv_slots=torch.zeros(2, dtype=torch.long))
