@@ -206,3 +206,99 @@ def test_layer_triton_path_per_request_states() -> None:
     torch.testing.assert_close(ssm_d.cpu(), ssm, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="conv_slots must be"):
         ours(x.to(DEVICE), conv_d, ssm_d, meta, conv_slots=torch.zeros(2, dtype=torch.long))
+
+
+# ----------------------------------------------------------------------------- GPU, 27B sizes
+
+# Qwen3.6-27B's DeltaNet (benchmarks/configs/qwen3_6_27b.json)
+_27B = dict(hidden_size=5120, num_k_heads=16, num_v_heads=48, head_k_dim=128, head_v_dim=128)
+
+
+def _bf16_layer_27b() -> GatedDeltaNet:
+    """bf16 on CUDA with weights of realistic scale (HF's init: A ~ U(0, 16))."""
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(**_27B, dtype=torch.bfloat16).cuda()
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name == "A_log":
+                p.copy_(torch.empty_like(p, dtype=torch.float32).uniform_(1e-3, 16).log())
+            elif name == "norm.weight":
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif name.startswith("conv1d"):
+                p.copy_(torch.randn_like(p) * 0.5)
+            else:
+                p.copy_(torch.randn_like(p) * 0.02)
+    return layer.eval()
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, rel: float) -> None:
+    err = (got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-12)
+    assert err < rel, f"relative error {err:.2e} >= {rel}"
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_gpu_27b_layer_steps_bf16_match_torch_path() -> None:
+    """Mixed (fresh + chunked context, decodes), decode-only at 16 requests, then a graph
+    captured decode step replayed: outputs and both pools against the torch path."""
+    ref = _bf16_layer_27b()
+    ref.kernel_backend = "torch"
+    ours = copy.deepcopy(ref)
+    ours.kernel_backend = "auto"
+    conv_ref = torch.randn(40, *ref.conv_state_shape, device="cuda").bfloat16()
+    ssm_ref = torch.randn(40, *ref.ssm_state_shape, device="cuda") * 0.1
+    conv, ssm = conv_ref.clone(), ssm_ref.clone()
+    perm = torch.randperm(39, device="cuda") + 1
+    steps = [
+        (_meta([300, 100], [False, True], decodes=4), perm[:6]),
+        (_meta(decodes=16), perm[:16]),
+        (_meta([65], [True], decodes=15), perm[:16]),
+    ]
+    for meta, slots in steps:
+        x = torch.randn(meta.num_tokens, 5120, device="cuda").bfloat16()
+        want = ref(x, conv_ref, ssm_ref, meta, ssm_slots=slots, conv_slots=slots)
+        got = ours(x, conv, ssm, meta, ssm_slots=slots, conv_slots=slots)
+        _close(got, want, 2e-2)
+        _close(conv, conv_ref, 1e-2)
+        _close(ssm, ssm_ref, 1e-2)
+    meta, slots = _meta(decodes=16), perm[:16]
+    x = torch.randn(16, 5120, device="cuda").bfloat16()
+    ours(x, conv.clone(), ssm.clone(), meta, ssm_slots=slots, conv_slots=slots)  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ours(x, conv, ssm, meta, ssm_slots=slots, conv_slots=slots)
+    graph.replay()
+    want = ref(x, conv_ref, ssm_ref, meta, ssm_slots=slots, conv_slots=slots)
+    _close(out, want, 2e-2)
+    _close(ssm, ssm_ref, 1e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_conv_varlen_27b_bf16_matches_torch() -> None:
+    """8192 + 700 tokens over the 10240 conv channels, the second sequence carrying state."""
+    torch.manual_seed(0)
+    dim, lens = 10240, (8192, 700)
+    weight = (torch.randn(dim, 4, device="cuda") * 0.5).bfloat16()
+    x = torch.randn(sum(lens), dim, device="cuda").bfloat16()
+    init = torch.randn(2, dim, 3, device="cuda").bfloat16()
+    want_states = init.clone()
+    want = causal_conv1d_fn(x, weight, None, lens, want_states, (False, True))
+    finals = torch.empty_like(init)
+    flags = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    got = causal_conv1d_varlen(x, weight, None, lens, init, flags, finals)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert torch.equal(finals, want_states)
+
+
+@pytest.mark.gpu
+def test_gpu_gated_rms_norm_bf16_rounds_like_torch() -> None:
+    """48 value heads of 128, gate a strided view: at most a rare 1-ulp difference."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 48, 128, device="cuda").bfloat16()
+    z = torch.randn(64, 2 * 48 * 128, device="cuda").bfloat16()[:, 48 * 128 :].view(64, 48, 128)
+    w = (1 + 0.1 * torch.randn(128, device="cuda")).bfloat16()
+    want = rms_norm_gated_torch(x, z, w, 1e-6).reshape(64, -1)
+    got = rms_norm_gated(x, z, w, 1e-6, backend="triton")
+    differ = got != want
+    assert differ.float().mean() < 1e-2
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
