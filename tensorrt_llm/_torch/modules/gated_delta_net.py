@@ -11,10 +11,10 @@ State API (one entry per request, gathered by seq slot by the caller):
     ssm_states:  [N, num_v_heads, head_k_dim, head_v_dim] (float32 recommended)
 `forward(hidden_states, conv_states, ssm_states, metadata)` updates both in place and returns
 the layer output. If the caller passed gathered copies it scatters them back to its pool
-(`pool.index_copy_(0, slots, states)`). With `ssm_slots` ([N] int64), `ssm_states` is instead
-the whole pool and request i owns row `ssm_slots[i]`: the layer reads those rows and writes
-the final states straight back, which saves two full copies of the (large, float32) recurrent
-state per layer and step. A step packs context requests first, then decode
+(`pool.index_copy_(0, slots, states)`). With `ssm_slots` / `conv_slots` ([N] int64), that
+state tensor is instead the whole pool and request i owns row `slots[i]`: the layer reads
+those rows and writes the final states straight back (the model passes both), which saves
+the gather and scatter copies per layer and step. A step packs context requests first, then decode
 requests (one token each), as `GatedDeltaNetMetadata` describes; rows of the state tensors
 follow the same order. A context request starts from zero state unless its
 `has_initial_state` is set (a later chunk of a chunked prefill), so stale slot contents never
@@ -24,13 +24,17 @@ Weights: our `in_proj_qkvz` rows are [q | k | v | z] contiguous and `in_proj_ba`
 Qwen3.5 checkpoints (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`) stack straight in
 via `GATED_DELTA_NET_FUSED_PROJECTIONS`; Qwen3-Next checkpoints (`in_proj_qkvz`, `in_proj_ba`
 grouped per key head) are first rewritten by `convert_qwen3_next_gdn_weights`.
+
+Kernels (CUDA, unless `TRTLLM_GDN_FUSED=0`): a decode step runs three Triton kernels between the
+in_proj and out_proj GEMMs (the conv update of the pool rows, the recurrence with the gates and
+the q/k norm, the gated RMSNorm) where the torch path launches ~28 small ones; prefill runs the
+varlen Triton conv. Their torch paths are the references (and the CPU path).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,6 +42,7 @@ from torch import nn
 
 from ..._utils import step_constant
 from .causal_conv1d import CausalConv1d
+from .gated_delta_net_metadata import GatedDeltaNetMetadata, StateRows
 from .gated_delta_net_weights import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
     convert_qwen3_next_gdn_weights,
@@ -82,84 +87,6 @@ class RMSNormGated(nn.Module):
         if backend == "torch":
             return rms_norm_gated_torch(x, gate, self.weight, self.eps).flatten(-2)
         return rms_norm_gated(x, gate, self.weight, self.eps, backend=backend)
-
-
-@dataclass(frozen=True)
-class GatedDeltaNetMetadata:
-    """One step's layout, shared by every Gated DeltaNet layer (host data only).
-
-    context_lens: new tokens of each context request this step, in packing order.
-    has_initial_state: per context request, whether its state carries over from an earlier chunk.
-    num_decodes: generation requests after the context requests, one token each.
-    """
-
-    context_lens: tuple[int, ...] = ()
-    has_initial_state: tuple[bool, ...] = ()
-    num_decodes: int = 0
-
-    def __post_init__(self) -> None:
-        if len(self.context_lens) != len(self.has_initial_state):
-            raise ValueError(
-                f"has_initial_state has {len(self.has_initial_state)} entries for "
-                f"{len(self.context_lens)} context requests"
-            )
-        if any(n <= 0 for n in self.context_lens):
-            raise ValueError(f"context_lens must be positive, got {list(self.context_lens)}")
-        if self.num_decodes < 0:
-            raise ValueError(f"num_decodes must be >= 0, got {self.num_decodes}")
-
-    @property
-    def num_contexts(self) -> int:
-        return len(self.context_lens)
-
-    @property
-    def num_context_tokens(self) -> int:
-        return sum(self.context_lens)
-
-    @property
-    def num_seqs(self) -> int:
-        return self.num_contexts + self.num_decodes
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_context_tokens + self.num_decodes
-
-    @property
-    def cu_seqlens(self) -> tuple[int, ...]:
-        """Context token offsets, `num_contexts + 1` entries starting at 0."""
-        offsets = [0]
-        for n in self.context_lens:
-            offsets.append(offsets[-1] + n)
-        return tuple(offsets)
-
-
-@dataclass(frozen=True)
-class _StateRows:
-    """The recurrent states of some of a step's requests: rows `lo:hi` of a per-request tensor
-    (`slots` None), or the pool rows `slots[lo:hi]` (read by gather, written by index_copy)."""
-
-    states: torch.Tensor
-    slots: torch.Tensor | None
-    lo: int = 0
-    hi: int | None = None
-
-    def rows(self, lo: int, hi: int) -> _StateRows:
-        return _StateRows(self.states, self.slots, lo, hi)
-
-    @property
-    def device(self) -> torch.device:
-        return self.states.device
-
-    def read(self) -> torch.Tensor:
-        if self.slots is None:
-            return self.states[self.lo : self.hi]
-        return self.states.index_select(0, self.slots[self.lo : self.hi])
-
-    def write(self, final: torch.Tensor) -> None:
-        if self.slots is None:
-            self.states[self.lo : self.hi].copy_(final)
-        else:
-            self.states.index_copy_(0, self.slots[self.lo : self.hi], final.to(self.states.dtype))
 
 
 class GatedDeltaNet(nn.Module):
@@ -275,7 +202,7 @@ class GatedDeltaNet(nn.Module):
         """[T, hidden] -> [T, hidden]; conv_states and ssm_states are updated in place
         (each is the pool addressed by `conv_slots` / `ssm_slots` when those are given)."""
         self._check_inputs(hidden_states, conv_states, ssm_states, metadata, ssm_slots, conv_slots)
-        ssm, conv = _StateRows(ssm_states, ssm_slots), _StateRows(conv_states, conv_slots)
+        ssm, conv = StateRows(ssm_states, ssm_slots), StateRows(conv_states, conv_slots)
         if metadata.num_tokens == 0:
             return hidden_states.new_empty(0, self.hidden_size)
         fused = use_triton("gated_delta_net", hidden_states.device, self.kernel_backend)
@@ -298,7 +225,7 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(self.norm(core, gate, "triton" if fused else "torch"))
 
     def _prefill_conv(
-        self, x: torch.Tensor, conv: _StateRows, metadata: GatedDeltaNetMetadata, fused: bool
+        self, x: torch.Tensor, conv: StateRows, metadata: GatedDeltaNetMetadata, fused: bool
     ) -> torch.Tensor:
         """Context tokens through the conv (SiLU included); writes each request's final state."""
         flags = metadata.has_initial_state
@@ -320,7 +247,7 @@ class GatedDeltaNet(nn.Module):
             init, flags_d, finals, slots, self.conv1d.activation,
         )  # fmt: skip
 
-    def _decode_conv(self, x: torch.Tensor, conv: _StateRows, fused: bool) -> torch.Tensor:
+    def _decode_conv(self, x: torch.Tensor, conv: StateRows, fused: bool) -> torch.Tensor:
         """One token per decode request through the conv, its state shifted in place."""
         if fused:
             # The pool rows themselves (by slot), or the caller's per-request rows.
@@ -348,7 +275,7 @@ class GatedDeltaNet(nn.Module):
         x: torch.Tensor,
         g: torch.Tensor,
         beta: torch.Tensor,
-        ssm: _StateRows,
+        ssm: StateRows,
         metadata: GatedDeltaNetMetadata,
     ) -> torch.Tensor:
         """Context requests packed along T (varlen); returns [T_ctx, Hv, V]."""
@@ -377,7 +304,7 @@ class GatedDeltaNet(nn.Module):
         return o[0]
 
     def _decode_rule(
-        self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ssm: _StateRows, fused: bool
+        self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ssm: StateRows, fused: bool
     ) -> torch.Tensor:
         """One token per request, batched over requests; returns [N, Hv, V]."""
         q, k, v = self._split_heads(x)
