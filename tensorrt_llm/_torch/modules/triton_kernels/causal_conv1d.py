@@ -156,15 +156,18 @@ def _conv_varlen_kernel(
         # the initial state too when the sequence is shorter than that.
         row = tl.load(final_rows_ptr + seq).to(tl.int64) if HAS_ROWS else seq
         f_ptrs = final_ptr + row * stride_fp + offs_c * stride_fc
+        # (names distinct from the loop's above: Triton types a name once per scope)
         for p in tl.static_range(WIDTH - 1):
-            src = end - (WIDTH - 1) + p
-            val = tl.load(x_ptr + src * stride_xt + offs_c, mask=mc & (src >= start), other=0.0)
+            last = end - (WIDTH - 1) + p
+            val = tl.load(x_ptr + last * stride_xt + offs_c, mask=mc & (last >= start), other=0.0)
             val = val.to(tl.float32)
             if HAS_INIT:
-                col = (WIDTH - 1) + (src - start)
-                ms = mc & (src < start) & carry
-                s_ptrs = init_ptr + seq * stride_in + offs_c * stride_ic
-                val += tl.load(s_ptrs + col * stride_iw, mask=ms, other=0.0).to(tl.float32)
+                last_col = (WIDTH - 1) + (last - start)
+                last_ms = mc & (last < start) & carry
+                i_ptrs = init_ptr + seq * stride_in + offs_c * stride_ic
+                val += tl.load(i_ptrs + last_col * stride_iw, mask=last_ms, other=0.0).to(
+                    tl.float32
+                )
             tl.store(f_ptrs + p * stride_fw, val.to(final_ptr.dtype.element_ty), mask=mc)
 
 

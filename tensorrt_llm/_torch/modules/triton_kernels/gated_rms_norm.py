@@ -42,13 +42,14 @@ def _gated_rms_norm_kernel(
     ).to(tl.float32)
     x32 = x.to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(x32 * x32, 1) / dim + eps)
-    normed = (x32 * rstd[:, None]).to(x.dtype).to(tl.float32)
+    dtype = x_ptr.dtype.element_ty
+    normed = (x32 * rstd[:, None]).to(dtype).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = w[None, :] * normed
     if ROUND_Y:
-        y = y.to(x.dtype).to(tl.float32)
+        y = y.to(dtype).to(tl.float32)
     out = y * (z * tl.sigmoid(z))
-    tl.store(out_ptr + rows[:, None] * dim + cols[None, :], out.to(x.dtype), mask=mask)
+    tl.store(out_ptr + rows[:, None] * dim + cols[None, :], out.to(dtype), mask=mask)
 
 
 def rms_norm_gated_torch(

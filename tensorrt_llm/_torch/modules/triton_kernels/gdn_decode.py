@@ -66,7 +66,7 @@ def _gdn_decode_kernel(
         softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
         g = -tl.exp(tl.load(a_log_ptr + hv).to(tl.float32)) * softplus
         b = tl.load(beta_ptr + n * stride_bn + hv)
-        beta = tl.sigmoid(b.to(tl.float32)).to(b.dtype).to(tl.float32)
+        beta = tl.sigmoid(b.to(tl.float32)).to(beta_ptr.dtype.element_ty).to(tl.float32)
     else:
         g = tl.load(g_ptr + n * stride_gn + hv).to(tl.float32)
         beta = tl.load(beta_ptr + n * stride_bn + hv).to(tl.float32)
