@@ -8,7 +8,8 @@ for each batch size, as the model serves it: a CUDA graph replay over the state 
 (`bench/gpu_timing.py`). "old" is the torch path as the model ran it before the fused kernels:
 the conv rows gathered and scattered by the caller, torch conv / gates / norm chains, the
 in-place Triton recurrence. "new" is the default: conv pool rows by slot, three kernels between
-the GEMMs. The GEMMs alone are timed too, so old - gemm and new - gemm is what lies between.
+the GEMMs, in_proj_qkvz and in_proj_ba as one GEMM. The GEMMs alone are timed too (old: two
+in_proj GEMMs, new: one), so `*_between_us` is what lies between them.
 Prefill: the causal conv1d of one `--prefill-tokens` sequence over all conv channels (the torch
 gather + float32 addcmul_ per tap vs the Triton varlen kernel), also as graph replays.
 Random bf16 weights; the timings do not depend on the values. Finishes in well under a minute.
@@ -67,13 +68,18 @@ def _decode_us(layer: GatedDeltaNet, batch: int, fused: bool, iters: int) -> flo
         return graph_time_us(new if fused else old, iters)
 
 
-def _gemm_us(layer: GatedDeltaNet, batch: int, iters: int) -> float:
+def _gemm_us(layer: GatedDeltaNet, batch: int, fused: bool, iters: int) -> float:
+    """The layer's GEMMs alone: in_proj_qkvz and in_proj_ba apart (old) or as one (new)."""
     x = torch.randn(batch, layer.hidden_size, device=layer.dt_bias.device).bfloat16()
     core = torch.randn(batch, layer.value_dim, device=x.device).bfloat16()
+    w_in = torch.cat([layer.in_proj_qkvz.weight, layer.in_proj_ba.weight]).detach()
 
     def gemms() -> None:
-        layer.in_proj_qkvz(x)
-        layer.in_proj_ba(x)
+        if fused:
+            torch.nn.functional.linear(x, w_in)
+        else:
+            layer.in_proj_qkvz(x)
+            layer.in_proj_ba(x)
         layer.out_proj(core)
 
     with torch.no_grad():
@@ -110,13 +116,15 @@ def main() -> None:
     layer = random_layer(text, torch.device("cuda"))
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        gemm = _gemm_us(layer, batch, args.iters)
+        gemm_old = _gemm_us(layer, batch, False, args.iters)
+        gemm_new = _gemm_us(layer, batch, True, args.iters)
         old = _decode_us(layer, batch, False, args.iters)
         new = _decode_us(layer, batch, True, args.iters)
         rows.append(
-            {"batch": batch, "gemm_us": round(gemm, 1), "old_us": round(old, 1),
-             "new_us": round(new, 1), "old_between_us": round(old - gemm, 1),
-             "new_between_us": round(new - gemm, 1)}
+            {"batch": batch, "old_us": round(old, 1), "new_us": round(new, 1),
+             "old_gemms_us": round(gemm_old, 1), "new_gemms_us": round(gemm_new, 1),
+             "old_between_us": round(old - gemm_old, 1),
+             "new_between_us": round(new - gemm_new, 1)}
         )  # fmt: skip
         print(json.dumps({"decode_layer_step": rows[-1]}), flush=True)
     conv = _prefill_conv_us(layer, args.prefill_tokens, max(10, args.iters // 5))
