@@ -10,6 +10,7 @@ the conv rows gathered and scattered by the caller, torch conv / gates / norm ch
 in-place Triton recurrence. "new" is the default: conv pool rows by slot, three kernels between
 the GEMMs, in_proj_qkvz and in_proj_ba as one GEMM. The GEMMs alone are timed too (old: two
 in_proj GEMMs, new: one), so `*_between_us` is what lies between them.
+The decode recurrence kernel is also timed alone for each value-column tile (`_BLOCK_V`).
 Prefill: the causal conv1d of one `--prefill-tokens` sequence over all conv channels (the torch
 gather + float32 addcmul_ per tap vs the Triton varlen kernel), also as graph replays.
 Random bf16 weights; the timings do not depend on the values. Finishes in well under a minute.
@@ -26,6 +27,7 @@ import torch
 
 from tensorrt_llm._torch.modules.causal_conv1d import causal_conv1d_fn
 from tensorrt_llm._torch.modules.gated_delta_net import GatedDeltaNet, GatedDeltaNetMetadata
+from tensorrt_llm._torch.modules.triton_kernels import gdn_decode
 from tensorrt_llm._torch.modules.triton_kernels.causal_conv1d import causal_conv1d_varlen
 from tensorrt_llm.bench.gpu_timing import graph_time_us
 
@@ -86,6 +88,38 @@ def _gemm_us(layer: GatedDeltaNet, batch: int, fused: bool, iters: int) -> float
         return graph_time_us(gemms, iters)
 
 
+def _recurrence_us(layer: GatedDeltaNet, batch: int, iters: int) -> dict[str, float]:
+    """The decode recurrence kernel alone (gates formed in it), for each value-column tile:
+    `_BLOCK_V` is the one knob of its grid (batch x Hv x V / BLOCK_V programs)."""
+    device = layer.dt_bias.device
+    hk, hv, dk, dv = layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim
+    q = torch.randn(batch, hk, dk, device=device).bfloat16()
+    k = torch.randn(batch, hk, dk, device=device).bfloat16()
+    v = torch.randn(batch, hv, dv, device=device).bfloat16()
+    a = torch.randn(batch, hv, device=device).bfloat16()
+    b = torch.randn(batch, hv, device=device).bfloat16()
+    pool = torch.randn(batch + 1, hv, dk, dv, device=device) * 0.1
+    slots = torch.arange(1, batch + 1, device=device)
+    gates = (a, b, layer.A_log.detach(), layer.dt_bias.detach())
+    out: dict[str, float] = {}
+    default = gdn_decode._BLOCK_V
+    try:
+        for block_v in (16, 32, 64, 128):
+            gdn_decode._BLOCK_V = block_v
+            out[f"block_v={block_v}"] = round(
+                graph_time_us(
+                    lambda: gdn_decode.gated_delta_rule_decode_(
+                        q, k, v, None, None, pool, slots, gates=gates
+                    ),
+                    iters,
+                ),
+                1,
+            )
+    finally:
+        gdn_decode._BLOCK_V = default
+    return out
+
+
 def _prefill_conv_us(layer: GatedDeltaNet, tokens: int, iters: int) -> dict[str, float]:
     device = layer.dt_bias.device
     weight, bias = layer.conv1d.weight[:, 0], layer.conv1d.bias
@@ -127,6 +161,8 @@ def main() -> None:
              "new_between_us": round(new - gemm_new, 1)}
         )  # fmt: skip
         print(json.dumps({"decode_layer_step": rows[-1]}), flush=True)
+        recurrence = _recurrence_us(layer, batch, args.iters)
+        print(json.dumps({"decode_recurrence": {"batch": batch, **recurrence}}), flush=True)
     conv = _prefill_conv_us(layer, args.prefill_tokens, max(10, args.iters // 5))
     print(json.dumps({"prefill_conv1d": {"tokens": args.prefill_tokens, **conv}}), flush=True)
 

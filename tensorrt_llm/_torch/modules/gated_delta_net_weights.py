@@ -1,9 +1,10 @@
 """Gated DeltaNet checkpoint layouts: which HF projections fill our fused ones, and the
 Qwen3-Next (rows grouped per key head) -> Qwen3.5 (contiguous) rewrite.
 
-NOTE: `in_proj_ba` stays its own GEMM rather than joining `in_proj_qkvz`: block-FP8 releases
-keep `in_proj_a` / `in_proj_b` in 16 bits (`quantization.py`'s defaults) while qkv/z are FP8,
-and one `Linear` is either all block-FP8 or all 16-bit.
+NOTE: `in_proj_ba` stays its own `Linear` rather than joining `in_proj_qkvz` at load time:
+block-FP8 releases keep `in_proj_a` / `in_proj_b` in 16 bits (`quantization.py`'s defaults)
+while qkv/z are FP8, and one `Linear` is either all block-FP8 or all 16-bit. With 16-bit weights
+the layer joins the two after loading (`GatedDeltaNet._in_proj_weight`), one GEMM per step.
 """
 
 from __future__ import annotations
