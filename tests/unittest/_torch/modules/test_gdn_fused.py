@@ -30,6 +30,8 @@ from tensorrt_llm._torch.modules.triton_kernels.gdn_decode import (
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TIGHT = dict(atol=1e-5, rtol=1e-5)
+# Layer outputs and SSM states: on CUDA the prefill runs fla's chunk kernels (TF32 dots).
+LAYER = dict(atol=1e-2, rtol=1e-2) if DEVICE == "cuda" else dict(atol=1e-4, rtol=1e-4)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -180,9 +182,9 @@ def test_layer_triton_path_matches_torch_path(by_slot: bool) -> None:
             want = ref(x, conv_rows, ssm_pool, meta, ssm_slots=s)
             got = ours(x.to(DEVICE), conv_rows_d, ssm_d, meta, ssm_slots=s.to(DEVICE))
             conv_pool[s], conv_d[s.to(DEVICE)] = conv_rows, conv_rows_d
-        torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.cpu(), want, **LAYER)
         torch.testing.assert_close(conv_d.cpu(), conv_pool, **TIGHT)
-        torch.testing.assert_close(ssm_d.cpu(), ssm_pool, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ssm_d.cpu(), ssm_pool, **LAYER)
 
 
 @torch.no_grad()
@@ -201,9 +203,9 @@ def test_layer_triton_path_per_request_states() -> None:
     x = torch.randn(8, 32, generator=gen)
     want = ref(x, conv, ssm, meta)
     got = ours(x.to(DEVICE), conv_d, ssm_d, meta)
-    torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.cpu(), want, **LAYER)
     torch.testing.assert_close(conv_d.cpu(), conv, **TIGHT)
-    torch.testing.assert_close(ssm_d.cpu(), ssm, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ssm_d.cpu(), ssm, **LAYER)
     with pytest.raises(ValueError, match="conv_slots must be"):
         ours(x.to(DEVICE), conv_d, ssm_d, meta, conv_slots=torch.zeros(2, dtype=torch.long))
 
