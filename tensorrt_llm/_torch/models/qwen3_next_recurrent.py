@@ -54,12 +54,11 @@ class RecurrentStep:
     metadata: GatedDeltaNetMetadata
 
     def run(self, gdn: GatedDeltaNet, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Run the layer on the batch's rows: the small conv states are gathered and scattered
-        back here; the large SSM states are read and written by the layer in the pool."""
-        conv = self.conv_pool.index_select(0, self.slots)
-        out = gdn(hidden_states, conv, self.ssm_pool, self.metadata, ssm_slots=self.slots)
-        self.conv_pool.index_copy_(0, self.slots, conv)
-        return out
+        """Run the layer on the batch's rows: it reads and writes both state pools by slot."""
+        return gdn(
+            hidden_states, self.conv_pool, self.ssm_pool, self.metadata,
+            ssm_slots=self.slots, conv_slots=self.slots,
+        )  # fmt: skip
 
 
 def gdn_metadata(attn_metadata: AttentionMetadata) -> GatedDeltaNetMetadata:

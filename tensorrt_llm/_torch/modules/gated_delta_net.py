@@ -11,10 +11,10 @@ State API (one entry per request, gathered by seq slot by the caller):
     ssm_states:  [N, num_v_heads, head_k_dim, head_v_dim] (float32 recommended)
 `forward(hidden_states, conv_states, ssm_states, metadata)` updates both in place and returns
 the layer output. If the caller passed gathered copies it scatters them back to its pool
-(`pool.index_copy_(0, slots, states)`). With `ssm_slots` ([N] int64), `ssm_states` is instead
-the whole pool and request i owns row `ssm_slots[i]`: the layer reads those rows and writes
-the final states straight back, which saves two full copies of the (large, float32) recurrent
-state per layer and step. A step packs context requests first, then decode
+(`pool.index_copy_(0, slots, states)`). With `ssm_slots` / `conv_slots` ([N] int64), that
+state tensor is instead the whole pool and request i owns row `slots[i]`: the layer reads
+those rows and writes the final states straight back (the model passes both), which saves
+the gather and scatter copies per layer and step. A step packs context requests first, then decode
 requests (one token each), as `GatedDeltaNetMetadata` describes; rows of the state tensors
 follow the same order. A context request starts from zero state unless its
 `has_initial_state` is set (a later chunk of a chunked prefill), so stale slot contents never
@@ -24,13 +24,17 @@ Weights: our `in_proj_qkvz` rows are [q | k | v | z] contiguous and `in_proj_ba`
 Qwen3.5 checkpoints (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`) stack straight in
 via `GATED_DELTA_NET_FUSED_PROJECTIONS`; Qwen3-Next checkpoints (`in_proj_qkvz`, `in_proj_ba`
 grouped per key head) are first rewritten by `convert_qwen3_next_gdn_weights`.
+
+Kernels (CUDA, unless `TRTLLM_GDN_FUSED=0`): a decode step runs three Triton kernels between the
+in_proj and out_proj GEMMs (the conv update of the pool rows, the recurrence with the gates and
+the q/k norm, the gated RMSNorm) where the torch path launches ~28 small ones; prefill runs the
+varlen Triton conv. Their torch paths are the references (and the CPU path).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,19 +43,36 @@ from torch import nn
 
 from ..._utils import step_constant
 from .causal_conv1d import CausalConv1d
+from .gated_delta_net_metadata import GatedDeltaNetMetadata, StateRows
+from .gated_delta_net_weights import (
+    GATED_DELTA_NET_FUSED_PROJECTIONS,
+    convert_qwen3_next_gdn_weights,
+)
 from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .linear import Linear
-from .triton_kernels.gdn_decode import gated_delta_rule_decode_
+from .triton_kernels import use_triton
+from .triton_kernels.causal_conv1d import causal_conv1d_update_, causal_conv1d_varlen
+from .triton_kernels.gated_rms_norm import rms_norm_gated, rms_norm_gated_torch
+from .triton_kernels.gdn_decode import gated_delta_rule_decode_, gdn_gates_torch
+
+__all__ = [
+    "FUSED_KERNELS_ENV",
+    "GATED_DELTA_NET_FUSED_PROJECTIONS",
+    "INPLACE_DECODE_ENV",
+    "GatedDeltaNet",
+    "GatedDeltaNetMetadata",
+    "RMSNormGated",
+    "convert_qwen3_next_gdn_weights",
+]
 
 # Decode steps update the SSM pool in place with our Triton kernel (gdn_decode.py) unless this
 # is "0" (then: gather the rows, fla's / the torch recurrent step, scatter them back).
 INPLACE_DECODE_ENV = "TRTLLM_GDN_INPLACE_DECODE"
-
-# our fused projection -> the Qwen3.5 HF projections stacked along the output dim, in order
-GATED_DELTA_NET_FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
-    "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"),
-    "in_proj_ba": ("in_proj_b", "in_proj_a"),
-}
+# The conv1d (decode update and varlen prefill), the gates and the gated RMSNorm run as Triton
+# kernels (triton_kernels/causal_conv1d.py, gdn_decode.py, gated_rms_norm.py) unless this is
+# "0" (then: the torch chains, ~25 more small kernels per layer and decode step). The gates
+# fuse into the recurrence only with the in-place decode above.
+FUSED_KERNELS_ENV = "TRTLLM_GDN_FUSED"
 
 
 class RMSNormGated(nn.Module):
@@ -62,127 +83,11 @@ class RMSNormGated(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        # The weight multiplies the input-dtype value, as HF's reference rounds in bf16.
-        y = self.weight * x32.to(x.dtype)
-        return (y * F.silu(gate.float())).to(x.dtype)
-
-
-@dataclass(frozen=True)
-class GatedDeltaNetMetadata:
-    """One step's layout, shared by every Gated DeltaNet layer (host data only).
-
-    context_lens: new tokens of each context request this step, in packing order.
-    has_initial_state: per context request, whether its state carries over from an earlier chunk.
-    num_decodes: generation requests after the context requests, one token each.
-    """
-
-    context_lens: tuple[int, ...] = ()
-    has_initial_state: tuple[bool, ...] = ()
-    num_decodes: int = 0
-
-    def __post_init__(self) -> None:
-        if len(self.context_lens) != len(self.has_initial_state):
-            raise ValueError(
-                f"has_initial_state has {len(self.has_initial_state)} entries for "
-                f"{len(self.context_lens)} context requests"
-            )
-        if any(n <= 0 for n in self.context_lens):
-            raise ValueError(f"context_lens must be positive, got {list(self.context_lens)}")
-        if self.num_decodes < 0:
-            raise ValueError(f"num_decodes must be >= 0, got {self.num_decodes}")
-
-    @property
-    def num_contexts(self) -> int:
-        return len(self.context_lens)
-
-    @property
-    def num_context_tokens(self) -> int:
-        return sum(self.context_lens)
-
-    @property
-    def num_seqs(self) -> int:
-        return self.num_contexts + self.num_decodes
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_context_tokens + self.num_decodes
-
-    @property
-    def cu_seqlens(self) -> tuple[int, ...]:
-        """Context token offsets, `num_contexts + 1` entries starting at 0."""
-        offsets = [0]
-        for n in self.context_lens:
-            offsets.append(offsets[-1] + n)
-        return tuple(offsets)
-
-
-def convert_qwen3_next_gdn_weights(
-    weights: Mapping[str, torch.Tensor],
-    *,
-    num_k_heads: int,
-    num_v_heads: int,
-    head_k_dim: int,
-    head_v_dim: int,
-) -> dict[str, torch.Tensor]:
-    """Rewrite Qwen3-Next `*in_proj_qkvz.weight` / `*in_proj_ba.weight` (rows grouped per key
-    head: [q_h, k_h, v_h.., z_h..] and [b_h.., a_h..]) into Qwen3.5's contiguous
-    `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`. Other entries pass through."""
-    ratio = num_v_heads // num_k_heads
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in weights.items():
-        prefix, _, leaf = name.rpartition("in_proj_")
-        if leaf not in ("qkvz.weight", "ba.weight") or (prefix and not prefix.endswith(".")):
-            out[name] = tensor
-            continue
-        if leaf == "qkvz.weight":
-            sizes = [head_k_dim, head_k_dim, ratio * head_v_dim, ratio * head_v_dim]
-        else:
-            sizes = [ratio, ratio]
-        if tensor.dim() != 2 or tensor.shape[0] != num_k_heads * sum(sizes):
-            raise ValueError(
-                f"{name} has shape {tuple(tensor.shape)}; expected {num_k_heads * sum(sizes)} "
-                f"rows for {num_k_heads} key heads"
-            )
-        grouped = tensor.reshape(num_k_heads, sum(sizes), tensor.shape[1])
-        parts = [p.reshape(-1, tensor.shape[1]) for p in grouped.split(sizes, dim=1)]
-        if leaf == "qkvz.weight":
-            out[prefix + "in_proj_qkv.weight"] = torch.cat(parts[:3])
-            out[prefix + "in_proj_z.weight"] = parts[3]
-        else:
-            out[prefix + "in_proj_b.weight"], out[prefix + "in_proj_a.weight"] = parts
-    return out
-
-
-@dataclass(frozen=True)
-class _StateRows:
-    """The recurrent states of some of a step's requests: rows `lo:hi` of a per-request tensor
-    (`slots` None), or the pool rows `slots[lo:hi]` (read by gather, written by index_copy)."""
-
-    states: torch.Tensor
-    slots: torch.Tensor | None
-    lo: int = 0
-    hi: int | None = None
-
-    def rows(self, lo: int, hi: int) -> _StateRows:
-        return _StateRows(self.states, self.slots, lo, hi)
-
-    @property
-    def device(self) -> torch.device:
-        return self.states.device
-
-    def read(self) -> torch.Tensor:
-        if self.slots is None:
-            return self.states[self.lo : self.hi]
-        return self.states.index_select(0, self.slots[self.lo : self.hi])
-
-    def write(self, final: torch.Tensor) -> None:
-        if self.slots is None:
-            self.states[self.lo : self.hi].copy_(final)
-        else:
-            self.states.index_copy_(0, self.slots[self.lo : self.hi], final.to(self.states.dtype))
+    def forward(self, x: torch.Tensor, gate: torch.Tensor, backend: str = "torch") -> torch.Tensor:
+        """`x, gate: [T, H, D]` -> `[T, H * D]`; backend as `use_triton`'s."""
+        if backend == "torch":
+            return rms_norm_gated_torch(x, gate, self.weight, self.eps).flatten(-2)
+        return rms_norm_gated(x, gate, self.weight, self.eps, backend=backend)
 
 
 class GatedDeltaNet(nn.Module):
@@ -227,6 +132,11 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = Linear(self.value_dim, hidden_size, dtype=dtype)
         # Read once here, not on every decode step.
         self.inplace_decode = os.environ.get(INPLACE_DECODE_ENV, "1") != "0"
+        # "auto": the Triton kernels on CUDA; tests set "triton" (CPU under TRITON_INTERPRET=1).
+        self.kernel_backend = "auto" if os.environ.get(FUSED_KERNELS_ENV, "1") != "0" else "torch"
+        # in_proj_qkvz and in_proj_ba as one GEMM (`_in_proj_weight`): decided at the first call.
+        self._in_proj_fused: torch.Tensor | None = None
+        self._in_proj_decided = False
 
     @classmethod
     def from_config(cls, config: Any, dtype: torch.dtype | None = None) -> GatedDeltaNet:
@@ -262,6 +172,7 @@ class GatedDeltaNet(nn.Module):
         ssm_states: torch.Tensor,
         metadata: GatedDeltaNetMetadata,
         ssm_slots: torch.Tensor | None,
+        conv_slots: torch.Tensor | None,
     ) -> None:
         if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
             raise ValueError(
@@ -271,18 +182,17 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(
                 f"{hidden_states.shape[0]} tokens but the metadata describes {metadata.num_tokens}"
             )
-        for name, states, shape in (
-            ("conv_states", conv_states, self.conv_state_shape),
-            ("ssm_states", ssm_states, self.ssm_state_shape),
+        for name, states, shape, slots in (
+            ("conv_states", conv_states, self.conv_state_shape, conv_slots),
+            ("ssm_states", ssm_states, self.ssm_state_shape, ssm_slots),
         ):
-            rows = states.shape[0] if name == "ssm_states" and ssm_slots is not None else None
-            want = (metadata.num_seqs if rows is None else rows, *shape)
+            want = (metadata.num_seqs if slots is None else states.shape[0], *shape)
             if tuple(states.shape) != want:
                 raise ValueError(f"{name} must be {want}, got {tuple(states.shape)}")
-        if ssm_slots is not None and tuple(ssm_slots.shape) != (metadata.num_seqs,):
-            raise ValueError(
-                f"ssm_slots must be [{metadata.num_seqs}], got {tuple(ssm_slots.shape)}"
-            )
+            if slots is not None and tuple(slots.shape) != (metadata.num_seqs,):
+                raise ValueError(
+                    f"{name[:-7]}_slots must be [{metadata.num_seqs}], got {tuple(slots.shape)}"
+                )
 
     def forward(
         self,
@@ -291,36 +201,116 @@ class GatedDeltaNet(nn.Module):
         ssm_states: torch.Tensor,
         metadata: GatedDeltaNetMetadata,
         ssm_slots: torch.Tensor | None = None,
+        conv_slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[T, hidden] -> [T, hidden]; conv_states and ssm_states are updated in place
-        (`ssm_states` is the pool addressed by `ssm_slots` when those are given)."""
-        self._check_inputs(hidden_states, conv_states, ssm_states, metadata, ssm_slots)
-        ssm = _StateRows(ssm_states, ssm_slots)
+        (each is the pool addressed by `conv_slots` / `ssm_slots` when those are given)."""
+        self._check_inputs(hidden_states, conv_states, ssm_states, metadata, ssm_slots, conv_slots)
+        ssm, conv = StateRows(ssm_states, ssm_slots), StateRows(conv_states, conv_slots)
         if metadata.num_tokens == 0:
             return hidden_states.new_empty(0, self.hidden_size)
+        fused = use_triton("gated_delta_net", hidden_states.device, self.kernel_backend)
         num_ctx, num_ctx_tokens = metadata.num_contexts, metadata.num_context_tokens
-        mixed_qkv, z = self.in_proj_qkvz(hidden_states).split([self.conv_dim, self.value_dim], -1)
-        b, a = self.in_proj_ba(hidden_states).chunk(2, dim=-1)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        fused_w = self._in_proj_weight() if self.kernel_backend != "torch" else None
+        if fused_w is not None:
+            sizes = [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads]
+            mixed_qkv, z, b, a = F.linear(hidden_states, fused_w).split(sizes, -1)
+        else:
+            qkvz = self.in_proj_qkvz(hidden_states)
+            mixed_qkv, z = qkvz.split([self.conv_dim, self.value_dim], -1)
+            b, a = self.in_proj_ba(hidden_states).chunk(2, dim=-1)
         parts = []
         if num_ctx > 0:
             span = slice(0, num_ctx_tokens)
-            x = self.conv1d(
-                mixed_qkv[span],
-                metadata.context_lens,
-                conv_states[:num_ctx],
-                metadata.has_initial_state,
-            )
-            parts.append(self._prefill_rule(x, g[span], beta[span], ssm.rows(0, num_ctx), metadata))
+            x = self._prefill_conv(mixed_qkv[span], conv.rows(0, num_ctx), metadata, fused)
+            g, beta = gdn_gates_torch(a[span], b[span], self.A_log, self.dt_bias)
+            parts.append(self._prefill_rule(x, g, beta, ssm.rows(0, num_ctx), metadata))
         if metadata.num_decodes > 0:
             span = slice(num_ctx_tokens, None)
-            x = self.conv1d.step(mixed_qkv[span], conv_states[num_ctx:])
+            x = self._decode_conv(mixed_qkv[span], conv.rows(num_ctx, metadata.num_seqs), fused)
             rows = ssm.rows(num_ctx, metadata.num_seqs)
-            parts.append(self._decode_rule(x, g[span], beta[span], rows))
+            parts.append(self._decode_rule(x, a[span], b[span], rows, fused))
         core = parts[0] if len(parts) == 1 else torch.cat(parts)
-        core = self.norm(core, z.reshape(-1, self.num_v_heads, self.head_v_dim))
-        return self.out_proj(core.reshape(-1, self.value_dim))
+        gate = z.reshape(-1, self.num_v_heads, self.head_v_dim)
+        return self.out_proj(self.norm(core, gate, "triton" if fused else "torch"))
+
+    def _in_proj_weight(self) -> torch.Tensor | None:
+        """`[in_proj_qkvz; in_proj_ba]` as one weight, so a decode step runs one GEMM instead
+        of two (plus the small one's split-K reduce): ~6 us per layer at batch 1 on the H200.
+
+        Only for plain 16-bit weights (block-FP8 releases keep in_proj_a/b in 16 bits while
+        qkv/z are FP8, so those stay two GEMMs). At the first call the two weights move into
+        one tensor and both parameters become views of it (no extra memory; later loads write
+        through the views). Decided once, and never during a CUDA-graph capture or a
+        torch.compile trace, whose recordings would keep the old weight addresses.
+        """
+        qkvz, ba = self.in_proj_qkvz.weight, self.in_proj_ba.weight
+        fused = self._in_proj_fused
+        if fused is not None:
+            split = fused.data_ptr() + qkvz.numel() * fused.element_size()
+            if qkvz.data_ptr() == fused.data_ptr() and ba.data_ptr() == split:
+                return fused
+            self._in_proj_fused = None  # the weights were replaced since (quantized, moved)
+            return None
+        if self._in_proj_decided:
+            return None
+        self._in_proj_decided = True
+        capturing = qkvz.is_cuda and torch.cuda.is_current_stream_capturing()
+        plain = all(
+            lin.fp8_block is None and lin.bias is None and not lin.reduce_output
+            for lin in (self.in_proj_qkvz, self.in_proj_ba)
+        )
+        if (
+            capturing
+            or torch.compiler.is_compiling()
+            or not plain
+            or qkvz.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+            or ba.dtype != qkvz.dtype
+            or ba.device != qkvz.device
+            or qkvz.is_meta
+        ):
+            return None
+        fused = torch.cat([qkvz.detach(), ba.detach()])
+        qkvz.data, ba.data = fused[: qkvz.shape[0]], fused[qkvz.shape[0] :]
+        self._in_proj_fused = fused
+        return fused
+
+    def _prefill_conv(
+        self, x: torch.Tensor, conv: StateRows, metadata: GatedDeltaNetMetadata, fused: bool
+    ) -> torch.Tensor:
+        """Context tokens through the conv (SiLU included); writes each request's final state."""
+        flags = metadata.has_initial_state
+        if not fused:
+            states = conv.read()
+            out = self.conv1d(x, metadata.context_lens, states, flags)
+            if conv.slots is not None:  # else `states` was a view of the caller's rows
+                conv.write(states)
+            return out
+        init = flags_d = None
+        if any(flags):
+            # A copy: the kernel reads the initial states while it writes the final ones.
+            init = conv.read() if conv.slots is not None else conv.read().clone()
+            flags_d = step_constant(tuple(int(f) for f in flags), torch.int32, x.device)
+        slots = None if conv.slots is None else conv.slots[conv.lo : conv.hi]
+        finals = conv.states if slots is not None else conv.read()
+        return causal_conv1d_varlen(
+            x, self.conv1d.weight[:, 0], self.conv1d.bias, metadata.context_lens,
+            init, flags_d, finals, slots, self.conv1d.activation,
+        )  # fmt: skip
+
+    def _decode_conv(self, x: torch.Tensor, conv: StateRows, fused: bool) -> torch.Tensor:
+        """One token per decode request through the conv, its state shifted in place."""
+        if fused:
+            # The pool rows themselves (by slot), or the caller's per-request rows.
+            slots = None if conv.slots is None else conv.slots[conv.lo : conv.hi]
+            states = conv.states if slots is not None else conv.read()
+            weight, bias, act = self.conv1d.weight[:, 0], self.conv1d.bias, self.conv1d.activation
+            return causal_conv1d_update_(x, weight, bias, states, slots, act)
+        states = conv.read()
+        out = self.conv1d.step(x, states)
+        if conv.slots is not None:
+            conv.write(states)
+        return out
 
     def _split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """conv output [T, conv_dim] -> q, k [T, Hk, K] and v [T, Hv, V]."""
@@ -336,7 +326,7 @@ class GatedDeltaNet(nn.Module):
         x: torch.Tensor,
         g: torch.Tensor,
         beta: torch.Tensor,
-        ssm: _StateRows,
+        ssm: StateRows,
         metadata: GatedDeltaNetMetadata,
     ) -> torch.Tensor:
         """Context requests packed along T (varlen); returns [T_ctx, Hv, V]."""
@@ -365,7 +355,7 @@ class GatedDeltaNet(nn.Module):
         return o[0]
 
     def _decode_rule(
-        self, x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: _StateRows
+        self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ssm: StateRows, fused: bool
     ) -> torch.Tensor:
         """One token per request, batched over requests; returns [N, Hv, V]."""
         q, k, v = self._split_heads(x)
@@ -374,7 +364,14 @@ class GatedDeltaNet(nn.Module):
             # scatter: Qwen3.6-27B at c=32 889 vs 403 tok/s on the H200, and no fla
             # autotuning for each new decode batch size (benchmarks/results/qwen3_6_27b_h200.md).
             slots = ssm.slots[ssm.lo : ssm.hi]
+            if fused:  # the gates formed in the kernel too
+                gates = (a, b, self.A_log, self.dt_bias)
+                return gated_delta_rule_decode_(
+                    q, k, v, None, None, ssm.states, slots, gates=gates, backend="triton"
+                )
+            g, beta = gdn_gates_torch(a, b, self.A_log, self.dt_bias)
             return gated_delta_rule_decode_(q, k, v, g, beta, ssm.states, slots)
+        g, beta = gdn_gates_torch(a, b, self.A_log, self.dt_bias)
         o, final = fused_recurrent_gated_delta_rule(
             q[:, None],
             k[:, None],

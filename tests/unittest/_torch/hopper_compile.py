@@ -29,10 +29,12 @@ from tensorrt_llm._torch.modules.triton_kernels import (
     fp8_quant,
     fp8_scale,
     fused_moe,
+    gated_rms_norm,
     gdn_decode,
     mrope,
     rms_norm,
 )
+from tensorrt_llm._torch.modules.triton_kernels import causal_conv1d as gdn_conv
 
 _HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -171,10 +173,52 @@ def _more_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any],
 
     gdn_types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "o_ptr")}
     gdn_types.update(state_ptr="*fp32", slots_ptr="*i64", scale="fp32", eps="fp32")
-    cx = dict(
-        RATIO=3, K=128, V=128, BLOCK_K=128, BLOCK_V=min(gdn_decode._BLOCK_V, 128), L2NORM=True
-    )
-    yield "gated delta rule decode", gdn_decode._gdn_decode_kernel, gdn_types, cx, {}
+    gdn_types.update(a_log_ptr="*bf16", dt_bias_ptr="*bf16")
+    for raw in (False, True):
+        cx = dict(
+            RATIO=3, K=128, V=128, BLOCK_K=128, BLOCK_V=min(gdn_decode._BLOCK_V, 128),
+            L2NORM=True, RAW_GATES=raw,
+        )  # fmt: skip
+        types = gdn_types if raw else dict(gdn_types, g_ptr="*fp32")
+        yield (
+            f"gated delta rule decode raw_gates={raw}",
+            gdn_decode._gdn_decode_kernel,
+            types,
+            cx,
+            {},
+        )
+    # Gated DeltaNet's conv1d (Qwen3.6-27B: 10240 channels, width 4) and gated RMSNorm.
+    conv_types = {n: "*bf16" for n in ("x_ptr", "w_ptr", "bias_ptr", "state_ptr", "out_ptr")}
+    conv_types.update(slots_ptr="*i64")
+    for bias, slots in ((False, True), (True, False)):
+        cx = dict(
+            WIDTH=4, BLOCK_C=gdn_conv._UPDATE_BLOCK_C, HAS_BIAS=bias, HAS_SLOTS=slots, SILU=True
+        )
+        name = f"conv1d update bias={bias} slots={slots}"
+        yield name, gdn_conv._conv_update_kernel, conv_types, cx, {}
+    varlen_types = {n: "*bf16" for n in ("x_ptr", "w_ptr", "bias_ptr", "init_ptr", "final_ptr")}
+    varlen_types.update(
+        out_ptr="*bf16", has_init_ptr="*i32", final_rows_ptr="*i64", cu_ptr="*i32",
+        block_seq_ptr="*i32", block_tok_ptr="*i32",
+    )  # fmt: skip
+    for init, rows in ((False, False), (True, True)):
+        cx = dict(
+            WIDTH=4, BLOCK_T=gdn_conv._VARLEN_BLOCK_T, BLOCK_C=gdn_conv._VARLEN_BLOCK_C,
+            HAS_BIAS=init, HAS_INIT=init, HAS_ROWS=rows, SILU=True,
+        )  # fmt: skip
+        name = f"conv1d varlen init={init} rows={rows}"
+        yield name, gdn_conv._conv_varlen_kernel, varlen_types, cx, {}
+    norm_types = {n: "*bf16" for n in ("x_ptr", "z_ptr", "w_ptr", "out_ptr")}
+    norm_types["eps"] = "fp32"
+    for round_y in (False, True):
+        cx = dict(BLOCK_ROWS=16, BLOCK_D=128, ROUND_Y=round_y)
+        yield (
+            f"gated rms norm round_y={round_y}",
+            gated_rms_norm._gated_rms_norm_kernel,
+            norm_types,
+            cx,
+            {},
+        )
 
 
 def _fp8_block_variants() -> Iterator[

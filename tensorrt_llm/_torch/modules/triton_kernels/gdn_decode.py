@@ -11,6 +11,10 @@ Per request n and value head hv (q/k head h = hv // (Hv / Hk)), with the state S
     q, k <- l2norm(q), l2norm(k);   q <- scale * q
     S <- exp(g) * S;   u = beta * (v - S^T k);   S <- S + k u^T;   o = S^T q
 which is `recurrent_gated_delta_rule_ref` for one token.
+With `gates=(a, b, A_log, dt_bias)` instead of g and beta, each program also forms its head's
+    beta = sigmoid(b),   g = -exp(A_log) * softplus(a + dt_bias)
+(rounded as `GatedDeltaNet`'s torch path: beta in b's dtype, g in float32), which saves the
+~8 small torch kernels of the gates per layer and decode step.
 NOTE: no host sync and shapes only, so decode CUDA graphs can capture it; padded graph rows
 must carry a dummy slot (their states are garbage and never read by a real request).
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from . import tl, triton, triton_jit, use_triton
+from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
 
 # Same eps as `gated_delta_rule.l2_normalize` (fla and HF use it too).
 _L2_EPS = 1e-6
@@ -33,10 +37,13 @@ def _gdn_decode_kernel(
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
     stride_gn, stride_bn, stride_on, stride_oh,
     stride_sp, stride_sh, stride_sk,
+    a_log_ptr, dt_bias_ptr,
     scale, eps,
     RATIO: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2NORM: tl.constexpr,
+    RAW_GATES: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_sync(USE_PDL)
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     h = hv // RATIO
@@ -51,8 +58,18 @@ def _gdn_decode_kernel(
         k = k * tl.math.rsqrt(tl.sum(k * k, 0) + eps)
     q = q * scale
     v = tl.load(v_ptr + n * stride_vn + hv * stride_vh + offs_v, mask=mv, other=0.0)
-    g = tl.load(g_ptr + n * stride_gn + hv).to(tl.float32)
-    beta = tl.load(beta_ptr + n * stride_bn + hv).to(tl.float32)
+    if RAW_GATES:
+        # g_ptr / beta_ptr hold the raw projections a and b here.
+        a = tl.load(g_ptr + n * stride_gn + hv).to(tl.float32)
+        a = a + tl.load(dt_bias_ptr + hv).to(tl.float32)
+        # torch's softplus (threshold 20), in float32
+        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
+        g = -tl.exp(tl.load(a_log_ptr + hv).to(tl.float32)) * softplus
+        b = tl.load(beta_ptr + n * stride_bn + hv)
+        beta = tl.sigmoid(b.to(tl.float32)).to(beta_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        g = tl.load(g_ptr + n * stride_gn + hv).to(tl.float32)
+        beta = tl.load(beta_ptr + n * stride_bn + hv).to(tl.float32)
     slot = tl.load(slots_ptr + n).to(tl.int64)
     s_ptrs = (
         state_ptr + slot * stride_sp + hv * stride_sh
@@ -121,24 +138,46 @@ def _decode_torch(
     return o[:, 0]
 
 
+def gdn_gates_torch(
+    a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(g, beta)` from the raw projections `a, b: [N, Hv]`: `g = -exp(A_log) * softplus(a +
+    dt_bias)` in float32 and `beta = sigmoid(b)` in b's dtype (HF's rounding)."""
+    g = -a_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias)
+    return g, b.sigmoid()
+
+
 def gated_delta_rule_decode_(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
     state_pool: torch.Tensor,
     slots: torch.Tensor,
     scale: float | None = None,
     use_qk_l2norm: bool = True,
     backend: str = "auto",
+    gates: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One token per request: `q, k: [N, Hk, K]`, `v: [N, Hv, V]`, `g, beta: [N, Hv]` (g is
-    the log-decay); request n's state is `state_pool[slots[n]]` (`[P, Hv, K, V]`, float32),
-    updated in place. Returns `o: [N, Hv, V]` in v's dtype."""
+    the log-decay) or, with g and beta None, `gates = (a, b, A_log, dt_bias)` (`[N, Hv]`,
+    `[N, Hv]`, `[Hv]`, `[Hv]`) to form them in the kernel; request n's state is
+    `state_pool[slots[n]]` (`[P, Hv, K, V]`, float32), updated in place. Returns
+    `o: [N, Hv, V]` in v's dtype."""
+    raw = gates is not None
+    if raw != (g is None and beta is None):
+        raise ValueError("pass either g and beta or gates=(a, b, A_log, dt_bias)")
+    if gates is not None:
+        g, beta, a_log, dt_bias = gates
+        if a_log.shape != (v.shape[1],) or dt_bias.shape != (v.shape[1],):
+            raise ValueError(f"A_log and dt_bias must be [{v.shape[1]}]")
+    assert g is not None and beta is not None
     _check(q, k, v, g, beta, state_pool, slots)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if not use_triton("gated_delta_rule_decode_", q.device, backend):
+        if gates is not None:
+            g, beta = gdn_gates_torch(*gates)
         return _decode_torch(q, k, v, g, beta, state_pool, slots, scale, use_qk_l2norm)
     n, num_k_heads, head_k = q.shape
     num_v_heads, head_v = v.shape[1], v.shape[2]
@@ -147,15 +186,20 @@ def gated_delta_rule_decode_(
         return out
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    g, beta = g.contiguous(), beta.contiguous()
+    if g.stride(-1) != 1 or beta.stride(-1) != 1:
+        g, beta = g.contiguous(), beta.contiguous()
+    a_log_arg, dt_bias_arg = (gates[2], gates[3]) if gates is not None else (g, g)
     block_v = min(_BLOCK_V, triton.next_power_of_2(head_v))
-    _gdn_decode_kernel[(n, num_v_heads, triton.cdiv(head_v, block_v))](
+    grid = (n, num_v_heads, triton.cdiv(head_v, block_v))
+    _gdn_decode_kernel[grid](
         q, k, v, g, beta, out, state_pool, slots,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), beta.stride(0), out.stride(0), out.stride(1),
         state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
+        a_log_arg, dt_bias_arg,
         scale, _L2_EPS,
         RATIO=num_v_heads // num_k_heads, K=head_k, V=head_v,
         BLOCK_K=triton.next_power_of_2(head_k), BLOCK_V=block_v, L2NORM=use_qk_l2norm,
+        RAW_GATES=raw, **pdl_launch_kwargs(q.device, grid[0] * grid[1] * grid[2]),
     )  # fmt: skip
     return out

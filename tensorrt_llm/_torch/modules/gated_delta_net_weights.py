@@ -1,0 +1,57 @@
+"""Gated DeltaNet checkpoint layouts: which HF projections fill our fused ones, and the
+Qwen3-Next (rows grouped per key head) -> Qwen3.5 (contiguous) rewrite.
+
+NOTE: `in_proj_ba` stays its own `Linear` rather than joining `in_proj_qkvz` at load time:
+block-FP8 releases keep `in_proj_a` / `in_proj_b` in 16 bits (`quantization.py`'s defaults)
+while qkv/z are FP8, and one `Linear` is either all block-FP8 or all 16-bit. With 16-bit weights
+the layer joins the two after loading (`GatedDeltaNet._in_proj_weight`), one GEMM per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+# our fused projection -> the Qwen3.5 HF projections stacked along the output dim, in order
+GATED_DELTA_NET_FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
+    "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"),
+    "in_proj_ba": ("in_proj_b", "in_proj_a"),
+}
+
+
+def convert_qwen3_next_gdn_weights(
+    weights: Mapping[str, torch.Tensor],
+    *,
+    num_k_heads: int,
+    num_v_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+) -> dict[str, torch.Tensor]:
+    """Rewrite Qwen3-Next `*in_proj_qkvz.weight` / `*in_proj_ba.weight` (rows grouped per key
+    head: [q_h, k_h, v_h.., z_h..] and [b_h.., a_h..]) into Qwen3.5's contiguous
+    `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`. Other entries pass through."""
+    ratio = num_v_heads // num_k_heads
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        prefix, _, leaf = name.rpartition("in_proj_")
+        if leaf not in ("qkvz.weight", "ba.weight") or (prefix and not prefix.endswith(".")):
+            out[name] = tensor
+            continue
+        if leaf == "qkvz.weight":
+            sizes = [head_k_dim, head_k_dim, ratio * head_v_dim, ratio * head_v_dim]
+        else:
+            sizes = [ratio, ratio]
+        if tensor.dim() != 2 or tensor.shape[0] != num_k_heads * sum(sizes):
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}; expected {num_k_heads * sum(sizes)} "
+                f"rows for {num_k_heads} key heads"
+            )
+        grouped = tensor.reshape(num_k_heads, sum(sizes), tensor.shape[1])
+        parts = [p.reshape(-1, tensor.shape[1]) for p in grouped.split(sizes, dim=1)]
+        if leaf == "qkvz.weight":
+            out[prefix + "in_proj_qkv.weight"] = torch.cat(parts[:3])
+            out[prefix + "in_proj_z.weight"] = parts[3]
+        else:
+            out[prefix + "in_proj_b.weight"], out[prefix + "in_proj_a.weight"] = parts
+    return out

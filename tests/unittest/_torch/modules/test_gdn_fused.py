@@ -1,0 +1,336 @@
+"""Gated DeltaNet's Triton kernels (conv1d decode update and varlen prefill, gates fused into
+the in-place recurrence, gated RMSNorm) against the layer's torch path, which
+test_gated_delta_net.py checks against HF.
+
+Without CUDA the kernels run under TRITON_INTERPRET=1 (tests/conftest.py) at tiny float32
+sizes; the interpreter rounds float32 -> bf16 by truncation, so 16-bit rounding is checked on
+the GPU only (`@pytest.mark.gpu`, Qwen3.6-27B DeltaNet sizes)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tensorrt_llm._torch.modules.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
+from tensorrt_llm._torch.modules.gated_delta_net import GatedDeltaNet, GatedDeltaNetMetadata
+from tensorrt_llm._torch.modules.triton_kernels.causal_conv1d import (
+    causal_conv1d_update_,
+    causal_conv1d_varlen,
+)
+from tensorrt_llm._torch.modules.triton_kernels.gated_rms_norm import (
+    rms_norm_gated,
+    rms_norm_gated_torch,
+)
+from tensorrt_llm._torch.modules.triton_kernels.gdn_decode import (
+    gated_delta_rule_decode_,
+    gdn_gates_torch,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TIGHT = dict(atol=1e-5, rtol=1e-5)
+# Layer outputs and SSM states: on CUDA the prefill runs fla's chunk kernels (TF32 dots).
+LAYER = dict(atol=1e-2, rtol=1e-2) if DEVICE == "cuda" else dict(atol=1e-4, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_update_shifts_pool_rows_in_place(bias: bool) -> None:
+    """300 channels: two programs, the second masked; x a strided view like the layer's."""
+    gen = torch.Generator().manual_seed(0)
+    dim, width = 300, 4
+    weight = torch.randn(dim, width, generator=gen)
+    b = torch.randn(dim, generator=gen) if bias else None
+    pool = torch.randn(6, dim, width - 1, generator=gen)
+    slots = torch.tensor([4, 1, 3])
+    x = torch.randn(3, dim + 20, generator=gen)[:, :dim]
+    rows = pool[slots].clone()
+    pool_in = pool.clone()
+    want = causal_conv1d_update(x, rows, weight, b)
+    want_pool = pool.clone()
+    want_pool[slots] = rows
+    dev = [t.to(DEVICE) if t is not None else None for t in (x, weight, b, pool_in, slots)]
+    got = causal_conv1d_update_(*dev)
+    torch.testing.assert_close(got.cpu(), want, **TIGHT)
+    torch.testing.assert_close(dev[3].cpu(), want_pool, **TIGHT)  # other rows untouched
+    per_request = rows.clone().to(DEVICE)  # no slots: row n is request n
+    causal_conv1d_update_(dev[0], dev[1], dev[2], per_request)
+    causal_conv1d_update(x, rows, weight, b)
+    torch.testing.assert_close(per_request.cpu(), rows, **TIGHT)
+    with pytest.raises(ValueError, match="slots must be"):
+        causal_conv1d_update_(dev[0], dev[1], dev[2], dev[3], dev[4][:2])
+
+
+@pytest.mark.parametrize("activation", ["silu", None])
+def test_conv_varlen_matches_torch_prefill(activation: str | None) -> None:
+    """Sequences shorter than the state (1, 2), longer than a 64-token block (70), whole
+    blocks (128, 64), carried and fresh; final states land in the rows given, not in the
+    initial-state tensor."""
+    gen = torch.Generator().manual_seed(1)
+    dim, width = 200, 4
+    lens, flags = (1, 70, 2, 128, 5, 64), (True, False, True, True, False, True)
+    weight, b = torch.randn(dim, width, generator=gen), torch.randn(dim, generator=gen)
+    x = torch.randn(sum(lens), dim + 8, generator=gen)[:, :dim]
+    init = torch.randn(len(lens), dim, width - 1, generator=gen)
+    want_states = init.clone()
+    want = causal_conv1d_fn(x, weight, b, lens, want_states, flags, activation)
+    finals = torch.zeros(8, dim, width - 1)
+    rows = torch.tensor([7, 0, 3, 5, 2, 6])
+    flags_d = torch.tensor([int(f) for f in flags], dtype=torch.int32)
+    dev = [t.to(DEVICE) for t in (x, weight, b, init, flags_d, finals, rows)]
+    got = causal_conv1d_varlen(*dev[:3], lens, *dev[3:], activation)
+    torch.testing.assert_close(got.cpu(), want, **TIGHT)
+    torch.testing.assert_close(dev[5].cpu()[rows], want_states, **TIGHT)
+    assert torch.equal(dev[5].cpu()[[1, 4]], torch.zeros(2, dim, width - 1))
+    fresh = init.clone()
+    want = causal_conv1d_fn(x, weight, None, lens, fresh, None, activation)
+    got = causal_conv1d_varlen(dev[0], dev[1], None, lens, None, None, dev[5], None, activation)
+    torch.testing.assert_close(got.cpu(), want, **TIGHT)
+    torch.testing.assert_close(dev[5].cpu()[: len(lens)], fresh, **TIGHT)
+
+
+def test_gated_rms_norm_matches_torch_with_strided_gate() -> None:
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 3, 48, generator=gen)
+    z = torch.randn(5, 3 * 48 + 10, generator=gen)[:, : 3 * 48].reshape(5, 3, 48)
+    w = torch.randn(48, generator=gen)
+    want = rms_norm_gated_torch(x, z, w, 1e-6).reshape(5, -1)
+    got = rms_norm_gated(x.to(DEVICE), z.to(DEVICE), w.to(DEVICE), 1e-6, backend="triton")
+    torch.testing.assert_close(got.cpu(), want, **TIGHT)
+    with pytest.raises(ValueError, match="weight must be"):
+        rms_norm_gated(x, z, w[:4], 1e-6)
+
+
+def test_decode_forms_gates_in_kernel() -> None:
+    """gates=(a, b, A_log, dt_bias) equals passing the torch gates, including a + dt_bias
+    above softplus's threshold of 20."""
+    gen = torch.Generator().manual_seed(3)
+    n, hk, hv, dk, dv = 3, 2, 4, 16, 48
+    q, k = torch.randn(n, hk, dk, generator=gen), torch.randn(n, hk, dk, generator=gen)
+    v = torch.randn(n, hv, dv, generator=gen)
+    a, b = torch.randn(n, hv, generator=gen) * 4, torch.randn(n, hv, generator=gen)
+    a[0, 0] = 30.0
+    a_log, dt_bias = torch.randn(hv, generator=gen) * 0.5, torch.randn(hv, generator=gen)
+    pool = torch.randn(5, hv, dk, dv, generator=gen)
+    slots = torch.tensor([3, 0, 4])
+    want_pool = pool.clone()
+    pool = pool.clone()  # .to(DEVICE) below may return this very tensor
+    g, beta = gdn_gates_torch(a, b, a_log, dt_bias)
+    want = gated_delta_rule_decode_(q, k, v, g, beta, want_pool, slots, backend="torch")
+    dev = [t.to(DEVICE) for t in (q, k, v, pool, slots, a, b, a_log, dt_bias)]
+    got = gated_delta_rule_decode_(
+        *dev[:3], None, None, dev[3], dev[4], gates=tuple(dev[5:]), backend="triton"
+    )
+    torch.testing.assert_close(got.cpu(), want, **TIGHT)
+    torch.testing.assert_close(dev[3].cpu(), want_pool, **TIGHT)
+    with pytest.raises(ValueError, match="either g and beta"):
+        gated_delta_rule_decode_(*dev[:3], g, None, dev[3], dev[4], gates=tuple(dev[5:]))
+
+
+# ----------------------------------------------------------------------------- the layer
+
+
+def _layer(seed: int = 0, **sizes: int) -> GatedDeltaNet:
+    dims = dict(hidden_size=32, num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=24)
+    torch.manual_seed(seed)
+    layer = GatedDeltaNet(**{**dims, **sizes})
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return layer.eval()
+
+
+def _meta(lens=(), carry=(), decodes: int = 0) -> GatedDeltaNetMetadata:
+    return GatedDeltaNetMetadata(tuple(lens), tuple(carry), decodes)
+
+
+# (metadata, rows of the pool in batch order): a mixed step (fresh context, continuing chunk,
+# decode), decode only, chunked prefill continuing for all plus a decode.
+_STEPS = [
+    (_meta([5, 3], [False, True], decodes=1), [4, 1, 3]),
+    (_meta(decodes=3), [4, 1, 3]),
+    (_meta([70, 2], [True, True], decodes=2), [1, 3, 4, 0]),
+]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("by_slot", [True, False])
+def test_layer_triton_path_matches_torch_path(by_slot: bool) -> None:
+    """The fused kernels (conv pool rows by slot with `conv_slots`, else per-request rows)
+    against the torch path over mixed, decode-only and chunked steps."""
+    ref = _layer()
+    ref.kernel_backend = "torch"
+    ours = copy.deepcopy(ref).to(DEVICE)
+    ours.kernel_backend = "triton"
+    gen = torch.Generator().manual_seed(4)
+    conv_pool = torch.randn(6, *ref.conv_state_shape, generator=gen)
+    ssm_pool = torch.randn(6, *ref.ssm_state_shape, generator=gen)
+    conv_d, ssm_d = conv_pool.clone().to(DEVICE), ssm_pool.clone().to(DEVICE)
+    for meta, slots in _STEPS:
+        x = torch.randn(meta.num_tokens, 32, generator=gen)
+        s = torch.tensor(slots)
+        if by_slot:
+            want = ref(x, conv_pool, ssm_pool, meta, ssm_slots=s, conv_slots=s)
+            got = ours(
+                x.to(DEVICE), conv_d, ssm_d, meta, ssm_slots=s.to(DEVICE), conv_slots=s.to(DEVICE)
+            )
+        else:  # the caller gathers and scatters the conv rows (the old model contract)
+            conv_rows, conv_rows_d = conv_pool[s], conv_d[s.to(DEVICE)]
+            want = ref(x, conv_rows, ssm_pool, meta, ssm_slots=s)
+            got = ours(x.to(DEVICE), conv_rows_d, ssm_d, meta, ssm_slots=s.to(DEVICE))
+            conv_pool[s], conv_d[s.to(DEVICE)] = conv_rows, conv_rows_d
+        torch.testing.assert_close(got.cpu(), want, **LAYER)
+        torch.testing.assert_close(conv_d.cpu(), conv_pool, **TIGHT)
+        torch.testing.assert_close(ssm_d.cpu(), ssm_pool, **LAYER)
+
+
+@torch.no_grad()
+def test_layer_triton_path_per_request_states() -> None:
+    """No slots at all (per-request conv and SSM rows): the fused conv and norm, fla's or the
+    torch recurrence."""
+    ref = _layer(seed=1)
+    ref.kernel_backend = "torch"
+    ours = copy.deepcopy(ref).to(DEVICE)
+    ours.kernel_backend = "triton"
+    gen = torch.Generator().manual_seed(5)
+    meta = _meta([6], [True], decodes=2)
+    conv = torch.randn(3, *ref.conv_state_shape, generator=gen)
+    ssm = torch.randn(3, *ref.ssm_state_shape, generator=gen)
+    conv_d, ssm_d = conv.clone().to(DEVICE), ssm.clone().to(DEVICE)
+    x = torch.randn(8, 32, generator=gen)
+    want = ref(x, conv, ssm, meta)
+    got = ours(x.to(DEVICE), conv_d, ssm_d, meta)
+    torch.testing.assert_close(got.cpu(), want, **LAYER)
+    torch.testing.assert_close(conv_d.cpu(), conv, **TIGHT)
+    torch.testing.assert_close(ssm_d.cpu(), ssm, **LAYER)
+    with pytest.raises(ValueError, match="conv_slots must be"):
+        ours(x.to(DEVICE), conv_d, ssm_d, meta, conv_slots=torch.zeros(2, dtype=torch.long))
+
+
+# ----------------------------------------------------------------------------- GPU, 27B sizes
+
+# Qwen3.6-27B's DeltaNet (benchmarks/configs/qwen3_6_27b.json)
+_27B = dict(hidden_size=5120, num_k_heads=16, num_v_heads=48, head_k_dim=128, head_v_dim=128)
+
+
+def _bf16_layer_27b() -> GatedDeltaNet:
+    """bf16 on CUDA with weights of realistic scale (HF's init: A ~ U(0, 16))."""
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(**_27B, dtype=torch.bfloat16).cuda()
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name == "A_log":
+                p.copy_(torch.empty_like(p, dtype=torch.float32).uniform_(1e-3, 16).log())
+            elif name == "norm.weight":
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif name.startswith("conv1d"):
+                p.copy_(torch.randn_like(p) * 0.5)
+            else:
+                p.copy_(torch.randn_like(p) * 0.02)
+    return layer.eval()
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, rel: float) -> None:
+    err = (got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-12)
+    assert err < rel, f"relative error {err:.2e} >= {rel}"
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_gpu_27b_layer_steps_bf16_match_torch_path() -> None:
+    """Mixed (fresh + chunked context, decodes), decode-only at 16 requests, then a graph
+    captured decode step replayed: outputs and both pools against the torch path."""
+    ref = _bf16_layer_27b()
+    ref.kernel_backend = "torch"
+    ours = copy.deepcopy(ref)
+    ours.kernel_backend = "auto"
+    conv_ref = torch.randn(40, *ref.conv_state_shape, device="cuda").bfloat16()
+    ssm_ref = torch.randn(40, *ref.ssm_state_shape, device="cuda") * 0.1
+    conv, ssm = conv_ref.clone(), ssm_ref.clone()
+    perm = torch.randperm(39, device="cuda") + 1
+    steps = [
+        (_meta([300, 100], [False, True], decodes=4), perm[:6]),
+        (_meta(decodes=16), perm[:16]),
+        (_meta([65], [True], decodes=15), perm[:16]),
+    ]
+    for meta, slots in steps:
+        x = torch.randn(meta.num_tokens, 5120, device="cuda").bfloat16()
+        want = ref(x, conv_ref, ssm_ref, meta, ssm_slots=slots, conv_slots=slots)
+        got = ours(x, conv, ssm, meta, ssm_slots=slots, conv_slots=slots)
+        _close(got, want, 2e-2)
+        _close(conv, conv_ref, 1e-2)
+        _close(ssm, ssm_ref, 1e-2)
+    meta, slots = _meta(decodes=16), perm[:16]
+    x = torch.randn(16, 5120, device="cuda").bfloat16()
+    ours(x, conv.clone(), ssm.clone(), meta, ssm_slots=slots, conv_slots=slots)  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ours(x, conv, ssm, meta, ssm_slots=slots, conv_slots=slots)
+    graph.replay()
+    want = ref(x, conv_ref, ssm_ref, meta, ssm_slots=slots, conv_slots=slots)
+    _close(out, want, 2e-2)
+    _close(ssm, ssm_ref, 1e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_conv_varlen_27b_bf16_matches_torch() -> None:
+    """8192 + 700 tokens over the 10240 conv channels, the second sequence carrying state."""
+    torch.manual_seed(0)
+    dim, lens = 10240, (8192, 700)
+    weight = (torch.randn(dim, 4, device="cuda") * 0.5).bfloat16()
+    x = torch.randn(sum(lens), dim, device="cuda").bfloat16()
+    init = torch.randn(2, dim, 3, device="cuda").bfloat16()
+    want_states = init.clone()
+    want = causal_conv1d_fn(x, weight, None, lens, want_states, (False, True))
+    finals = torch.empty_like(init)
+    flags = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    got = causal_conv1d_varlen(x, weight, None, lens, init, flags, finals)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert torch.equal(finals, want_states)
+
+
+@pytest.mark.gpu
+def test_gpu_gated_rms_norm_bf16_rounds_like_torch() -> None:
+    """48 value heads of 128, gate a strided view: at most a rare 1-ulp difference."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 48, 128, device="cuda").bfloat16()
+    z = torch.randn(64, 2 * 48 * 128, device="cuda").bfloat16()[:, 48 * 128 :].view(64, 48, 128)
+    w = (1 + 0.1 * torch.randn(128, device="cuda")).bfloat16()
+    want = rms_norm_gated_torch(x, z, w, 1e-6).reshape(64, -1)
+    got = rms_norm_gated(x, z, w, 1e-6, backend="triton")
+    differ = got != want
+    assert differ.float().mean() < 1e-2
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+
+
+@torch.no_grad()
+def test_in_projections_become_one_gemm_and_loads_write_through() -> None:
+    """After the first call both projections are views of one weight; a later weight load
+    writes through them, and replaced weights fall back to two GEMMs."""
+    ref = _layer(seed=2)
+    ref.kernel_backend = "torch"
+    ours = copy.deepcopy(ref)
+    ours.kernel_backend = "auto"  # the plain layer on the CPU: torch kernels, one GEMM
+    meta = _meta(decodes=2)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 32, generator=gen)
+
+    def run(layer: GatedDeltaNet) -> torch.Tensor:
+        conv, ssm = torch.zeros(2, *layer.conv_state_shape), torch.zeros(2, *layer.ssm_state_shape)
+        return layer(x, conv, ssm, meta)
+
+    torch.testing.assert_close(run(ours), run(ref), **TIGHT)
+    fused = ours._in_proj_fused
+    assert fused is not None and ours.in_proj_ba.weight.data_ptr() > fused.data_ptr()
+    assert ours.in_proj_qkvz.weight.data_ptr() == fused.data_ptr()
+    new_ba = torch.randn(8, 32, generator=gen)
+    for layer in (ref, ours):  # a load after fusion (a weight update) lands in the fused GEMM
+        layer.in_proj_ba.weight.copy_(new_ba)
+    torch.testing.assert_close(run(ours), run(ref), **TIGHT)
+    ours.in_proj_qkvz.weight.data = ours.in_proj_qkvz.weight.data.clone()
+    torch.testing.assert_close(run(ours), run(ref), **TIGHT)
+    assert ours._in_proj_fused is None
+    assert copy.deepcopy(ref)._in_proj_fused is None  # the torch path never fuses
