@@ -3,19 +3,28 @@
 Block reuse needs nothing here: a worker's KV blocks hold its heads of the same tokens, since
 it runs every step rank 0 runs, into the blocks rank 0's tables name.
 
+Sizes every rank must share are agreed here: the KV block count is the minimum over the
+ranks of what each one's free memory fits (`agree_num_blocks`), so no rank allocates more than
+it has, nor runs out before rank 0's scheduler thinks the cache is full.
+
 The parts not built yet for `tensor_parallel_size > 1` are refused here by name, before any
 model is built, rather than run wrong or slow.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..models.modeling_auto import get_model_class
 from ..models.modeling_utils import ModelConfig
 from .engine_config import EngineConfig
+from .kv_cache_creator import check_blocks_fit
 from .model_engine import PyTorchModelEngine
 from .tp_step_channel import StepChannel
+
+logger = logging.getLogger(__name__)
 
 
 def check_tp_config(config: EngineConfig) -> None:
@@ -66,3 +75,28 @@ def attach_step_channel(engine: PyTorchModelEngine, config: EngineConfig) -> Non
             f"rank {mapping.rank} builds a worker (tp_worker.run_tp_worker), not an executor"
         )
     engine.step_channel = StepChannel(mapping, config.device)
+
+
+def agree_num_blocks(
+    engine: PyTorchModelEngine,
+    num_blocks: int,
+    reserved_bytes: int,
+    seq_len_capped_after: bool,
+) -> int:
+    """Rank 0: `num_blocks` (what its own memory fits) lowered to the least any worker's
+    memory fits; the batch size and max_seq_len are then derived from the agreed count on
+    rank 0 alone and reach the workers with the cache (`KvCacheCommand`). As is on one GPU."""
+    channel = engine.step_channel
+    if channel is None:
+        return num_blocks
+    agreed = channel.send_kv_budget(num_blocks, reserved_bytes)
+    if agreed < num_blocks:
+        logger.info(
+            "KV cache: %d blocks (rank 0's memory fits %d; a tensor-parallel rank has less)",
+            agreed,
+            num_blocks,
+        )
+    check_blocks_fit(
+        agreed, engine.max_blocks_per_seq, seq_len_capped_after, " on a tensor-parallel rank"
+    )
+    return agreed
