@@ -19,6 +19,7 @@ import torch
 
 from ..models.modeling_auto import get_model_class
 from ..models.modeling_utils import ModelConfig
+from ..modules.fp8_block_model import apply_fp8_block_config_
 from .engine_config import EngineConfig
 from .kv_cache_creator import check_blocks_fit
 from .model_engine import PyTorchModelEngine
@@ -35,8 +36,11 @@ def check_tp_config(config: EngineConfig) -> None:
     refused = []
     if config.use_cuda_graph:
         refused.append("CUDA graphs (pass cuda_graph_config=None)")
-    if config.quantization is not None or config.quant_config is not None:
-        refused.append(f"quantization ({config.quantization or 'fp8_block checkpoint'})")
+    # Block-FP8 shards whole 128-blocks with their scales (fp8_block_linear.shard_block_scales);
+    # per-channel fp8 quantized after loading would scale a row shard by its own columns
+    # only: not what one GPU computes, so it waits for its own sharding.
+    if config.quantization not in (None, "fp8_block"):
+        refused.append(f"quantization={config.quantization!r} (fp8_block is supported)")
     if refused:
         raise ValueError(
             f"tensor_parallel_size={mapping.tp_size} does not support yet: " + ", ".join(refused)
@@ -45,14 +49,15 @@ def check_tp_config(config: EngineConfig) -> None:
 
 def check_model_shards(config: EngineConfig) -> None:
     """Build rank 0's model on the meta device (no memory): a stack that does not shard yet,
-    or a head / channel count that does not split over the ranks, raises here, before the
-    other ranks are started (`executor/tp_ranks.py`)."""
+    a head / channel count that does not split over the ranks, or a block-FP8 shard that is
+    not whole scale blocks, raises here, before the other ranks are started
+    (`executor/tp_ranks.py`)."""
     check_tp_config(config)
     if not config.mapping.has_tp:
         return
     cls = get_model_class(config.architecture)
     with torch.device("meta"):
-        cls(
+        model = cls(
             ModelConfig(
                 pretrained_config=config.pretrained_config,
                 torch_dtype=config.dtype,
@@ -62,6 +67,8 @@ def check_model_shards(config: EngineConfig) -> None:
                 mapping=config.mapping,
             )
         )
+        if config.quant_config is not None:  # block-FP8 shards must split whole blocks
+            apply_fp8_block_config_(model, config.quant_config)
 
 
 def attach_step_channel(engine: PyTorchModelEngine, config: EngineConfig) -> None:
