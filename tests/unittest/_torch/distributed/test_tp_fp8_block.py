@@ -31,24 +31,25 @@ def _fp8(tmp_path: Path, family: str = "qwen3", **dims: object) -> Path:
 COLUMN_PARTS = {"qkv_proj": (512, 256, 256), "gate_up_proj": (256, 256)}
 
 
-def _expected_slice(name: str, weight: torch.Tensor, scale: torch.Tensor, rank: int) -> tuple:
+def _expected_slice(
+    name: str, weight: torch.Tensor, scale: torch.Tensor, rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank `rank`'s slice of the TP=1 (weight, scales) of layer `name`, by hand."""
     leaf = name.rpartition(".")[2]
     if leaf in ("o_proj", "down_proj"):  # row-parallel: half the columns, half the blocks
         k = weight.shape[1] // 2
-        return weight[:, rank * k : (rank + 1) * k], scale[
-            :, rank * k // BLOCK : (rank + 1) * k // BLOCK
-        ]
-    parts, row = [], 0
-    ws, ss = [], []
+        cols = slice(rank * k, (rank + 1) * k)
+        blocks = slice(rank * k // BLOCK, (rank + 1) * k // BLOCK)
+        return weight[:, cols], scale[:, blocks]
+    # Column-parallel: half of each fused part's rows, concatenated per rank.
+    row, weights, scales = 0, [], []
     for size in COLUMN_PARTS[leaf]:
-        half = size // 2
-        start = row + rank * half
-        ws.append(weight[start : start + half])
-        ss.append(scale[start // BLOCK : (start + half) // BLOCK])
+        start = row + rank * (size // 2)
+        end = start + size // 2
+        weights.append(weight[start:end])
+        scales.append(scale[start // BLOCK : end // BLOCK])
         row += size
-    del parts
-    return torch.cat(ws), torch.cat(ss)
+    return torch.cat(weights), torch.cat(scales)
 
 
 def test_tp2_fp8_block_shards_are_the_tp1_slices(tmp_path: Path) -> None:
