@@ -74,6 +74,16 @@ def test_tp2_fp8_block_greedy_equals_tp1(tmp_path: Path) -> None:
     assert worker_steps > 0
 
 
+def test_tp2_fp8_block_quantized_on_load_greedy_equals_tp1(tmp_path: Path) -> None:
+    # quantization="fp8_block" on a 16-bit checkpoint: each rank quantizes its own slices,
+    # whole blocks of the full weight, so its e4m3 values and scales are TP=1's.
+    ckpt = write_tiny_checkpoint("qwen3", tmp_path / "bf16", **ALIGNED)
+    quant = {"quantization": "fp8_block"}
+    (reference, sharded), _ = spawn_ranks(greedy_tp1_and_tp, 2, str(ckpt), False, quant)
+    assert all(len(tokens) == MAX_TOKENS for tokens in reference)
+    assert sharded == reference
+
+
 def test_a_shard_that_splits_a_block_is_refused(tmp_path: Path) -> None:
     # 128 MLP channels: 64 a rank, half a 128-block of gate_up's scales.
     ckpt = _fp8(tmp_path, hidden_size=128, head_dim=128, intermediate_size=128)

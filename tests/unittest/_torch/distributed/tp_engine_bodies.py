@@ -75,9 +75,15 @@ def generate(config: EngineConfig, with_images: bool) -> list[list[int]]:
         executor.shutdown()
 
 
-def greedy_tp1_and_tp(mapping: Mapping, checkpoint_dir: str, with_images: bool) -> Any:
-    """Rank 0: (TP=1 tokens, TP=N tokens); the others: how many steps their worker ran."""
-    config = engine_config(checkpoint_dir)
+def greedy_tp1_and_tp(
+    mapping: Mapping,
+    checkpoint_dir: str,
+    with_images: bool,
+    overrides: dict[str, Any] | None = None,
+) -> Any:
+    """Rank 0: (TP=1 tokens, TP=N tokens); the others: how many steps their worker ran.
+    `overrides`: more LlmArgs fields (e.g. quantization)."""
+    config = engine_config(checkpoint_dir, **(overrides or {}))
     if mapping.rank != 0:
         return run_tp_worker(replace(config, mapping=mapping))
     reference = generate(config, with_images)
