@@ -18,7 +18,8 @@ so a rank never holds another rank's weights.
 Block-FP8 checkpoints: `build_model_on_meta(..., prepare=)` switches the chosen `Linear`s to
 block-FP8 while the model is still on meta (so the weights never exist in 16 bits on the
 device), and `load_hf_weights` hands each such layer its e4m3 `weight` and fp32
-`weight_scale_inv` shards (`Linear.load_fp8_block_shards`). An e4m3 tensor is never copied
+`weight_scale_inv` shards (`Linear.load_fp8_block_shards`; a tensor-parallel rank's slices of
+both, `fp8_block_linear.shard_block_scales`). An e4m3 tensor is never copied
 into a 16-bit parameter (nor the reverse): that is an error naming the weight.
 """
 
@@ -174,8 +175,8 @@ def load_hf_weights(
             scales = [renamed[n] for n in scale_names if n in renamed]
             layer.load_fp8_block_shards(
                 prefix + "weight",
-                [renamed[n] for n in weight_names],
-                scales if scales else None,
+                _take(shards.get(prefix + "weight"), [renamed[n] for n in weight_names]),
+                _take(shards.get(prefix + _SCALE), scales) if scales else None,
             )
         for param_name, hf_names in sources.items():
             present = [renamed[n] for n in hf_names if n in renamed]
@@ -183,10 +184,18 @@ def load_hf_weights(
                 continue  # an optional weight (tied head) left out of the checkpoint
             parts = shards.get(param_name)
             if parts is not None and len(parts) == len(present):  # else _copy_into names it
-                present = [
-                    s.take(v) if s is not None else v for s, v in zip(parts, present, strict=True)
-                ]
+                present = _take(parts, present)
             _copy_into(params[param_name], param_name, [materialize(v) for v in present], hf_names)
+
+
+def _take(parts: tuple[TensorShard | None, ...] | None, tensors: list[Any]) -> list[Any]:
+    """This rank's slice of each checkpoint part (all of a part without a shard); as given
+    when the counts differ (the caller's check names the mismatch)."""
+    if parts is None or len(parts) != len(tensors):
+        return [materialize(t) for t in tensors]
+    return [
+        materialize(s.take(t) if s is not None else t) for s, t in zip(parts, tensors, strict=True)
+    ]
 
 
 def _param_shards(model: nn.Module) -> dict[str, tuple[TensorShard | None, ...]]:

@@ -6,7 +6,8 @@ as the engine process itself is: no multiprocessing spawn) and joins the process
 rank 0; `create_py_executor` then drives them. A rank that exits while the engine runs takes
 the engine process down within `_WATCH_S` (its exit code and rank logged), which the front end
 reports as an engine failure; `stop()` waits for the ranks after the executor's stop command
-and kills what is left, so no rank outlives the engine.
+and kills what is left, so no rank outlives the engine. Under torchrun the ranks are its own:
+none is started, rank 0 joins them through env:// (`torchrun.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from ..mapping import Mapping
+from .torchrun import TorchrunEnv, torchrun_job
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +47,12 @@ def rank_config(config: Any, rank: int) -> Any:
 class TensorParallelRanks:
     """The worker ranks of this engine process (rank 0)."""
 
-    def __init__(self, procs: list[subprocess.Popen[bytes]], tmpdir: str) -> None:
+    def __init__(self, procs: list[subprocess.Popen[bytes]], tmpdir: str | None) -> None:
         self.procs = procs
         self._tmpdir = tmpdir
         self._stopping = threading.Event()
-        threading.Thread(target=self._watch, name="tp-rank-watch", daemon=True).start()
+        if procs:  # ranks torchrun started are its own to watch
+            threading.Thread(target=self._watch, name="tp-rank-watch", daemon=True).start()
 
     @classmethod
     def start(cls, config: Any) -> tuple[TensorParallelRanks, Any]:
@@ -59,6 +62,9 @@ class TensorParallelRanks:
 
         check_model_shards(config)  # refusals come from here, not from a rank that died
         mapping: Mapping = config.mapping
+        job = torchrun_job(mapping.tp_size)
+        if job is not None:
+            return cls._join_torchrun_job(config, job)
         if mapping.world_size > torch.cuda.device_count() and config.device.type == "cuda":
             raise ValueError(
                 f"tensor_parallel_size={mapping.tp_size} needs {mapping.world_size} GPUs on "
@@ -75,6 +81,26 @@ class TensorParallelRanks:
             ranks.stop(timeout_s=0)
             raise
         return ranks, own
+
+    @classmethod
+    def _join_torchrun_job(cls, config: Any, job: TorchrunEnv) -> tuple[TensorParallelRanks, Any]:
+        """The other ranks are torchrun's (they run `LLM(...)` as workers, torchrun.py):
+        start none, join the group of its variables (env://) as rank 0."""
+        from .._torch.distributed import init_distributed
+
+        if job.rank != 0:
+            raise ValueError(f"the engine process must be torchrun's rank 0, not {job.rank}")
+        device = config.device
+        if device.type == "cuda":
+            if job.local_world_size > torch.cuda.device_count():
+                raise ValueError(
+                    f"torchrun starts {job.local_world_size} ranks on this node (one GPU each), "
+                    f"{torch.cuda.device_count()} are visible"
+                )
+            device = torch.device("cuda", job.local_rank)
+        own = replace(config, device=device)
+        init_distributed(own.mapping, own.device, "env://")
+        return cls([], None), own
 
     def _watch(self) -> None:
         while not self._stopping.wait(_WATCH_S):
@@ -106,7 +132,8 @@ class TensorParallelRanks:
         from .._torch.distributed import destroy_distributed
 
         destroy_distributed()
-        shutil.rmtree(self._tmpdir, ignore_errors=True)
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
 
     def _kill_all(self) -> None:
         for proc in self.procs:

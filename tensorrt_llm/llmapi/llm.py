@@ -69,6 +69,19 @@ def _wait_all(results: list[GenerationResult], on_finished: Callable[[int], Any]
             event.wait(1.0)
 
 
+def _serve_as_torchrun_worker(args: LlmArgs) -> None:
+    """Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set, tensor_parallel_size = WORLD_SIZE),
+    ranks 1.. do not serve: they run rank 0's steps until it stops, then end the process, so
+    one script (or trtllm-serve) is the entry point of every rank. Rank 0 goes on as usual."""
+    from ..executor.torchrun import run_torchrun_worker, torchrun_job
+
+    job = torchrun_job(args.tensor_parallel_size)
+    if job is None or job.rank == 0:
+        return
+    run_torchrun_worker(args, job)
+    raise SystemExit(0)
+
+
 class LLM:
     """Generate text from a local Qwen(-VL) checkpoint folder.
 
@@ -80,6 +93,7 @@ class LLM:
         self._final_stats_source: Any = None
         self._is_shutdown = False
         self.args = LlmArgs.from_kwargs(model=model, tokenizer=tokenizer, **kwargs)
+        _serve_as_torchrun_worker(self.args)  # ranks 1.. of a torchrun job end here
         if self.args.seed is not None:
             torch.manual_seed(self.args.seed)
         # Read (and checked) before the engine starts: a bad file fails in seconds, not after

@@ -64,8 +64,14 @@ def _kv_cache_config(value: Any) -> KvCacheConfig:
 
 
 def engine_mapping(args: LlmArgs) -> Mapping:
-    """The engine's rank layout: rank 0 of `tensor_parallel_size` ranks on this node."""
+    """The engine's rank layout: rank 0 of `tensor_parallel_size` ranks on this node, or of
+    the torchrun job this process is part of (its nodes' sizes: `executor/torchrun.py`)."""
+    from ..executor.torchrun import torchrun_job, torchrun_mapping
+
     size = args.tensor_parallel_size
+    job = torchrun_job(size)
+    if job is not None:
+        return torchrun_mapping(size, job)
     return Mapping(world_size=size, rank=0, tp_size=size)
 
 

@@ -6,7 +6,7 @@ modules only call them when they were built with `Mapping.has_tp`: the single-GP
 no extra work per step.
 """
 
-from .ops import all_gather, all_reduce
+from .ops import all_gather, all_reduce, min_over_ranks
 from .process_group import destroy_distributed, init_distributed, is_initialized, tp_group
 from .sharding import TensorShard, column_shard, kv_head_shard, kv_heads_per_rank, vocab_shard
 
@@ -20,6 +20,7 @@ __all__ = [
     "is_initialized",
     "kv_head_shard",
     "kv_heads_per_rank",
+    "min_over_ranks",
     "tp_group",
     "vocab_shard",
 ]

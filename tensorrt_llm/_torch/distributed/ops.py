@@ -1,10 +1,12 @@
 """The collectives of the tensor-parallel modules, over the mapping's tp group.
 
-Both return their input as is at `tp_size == 1`. Under a CUDA graph the NCCL kernels are
+All return their input as is at `tp_size == 1`. Under a CUDA graph the NCCL kernels are
 captured with the rest of the step (they take no host-side decision per call).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -35,6 +37,21 @@ def all_gather(x: torch.Tensor, mapping: Mapping, dim: int = -1) -> torch.Tensor
     except RuntimeError as exc:
         raise collective_error("all_gather", exc) from exc
     return torch.cat(parts, dim=dim)
+
+
+def min_over_ranks(values: Sequence[int], mapping: Mapping, device: torch.device) -> list[int]:
+    """The element-wise minimum of `values` over the tp group (sizes every rank must agree on
+    before allocating: a KV block count each rank derived from its own free memory)."""
+    if mapping.tp_size == 1:
+        return list(values)
+    # gloo reduces host tensors, NCCL device ones.
+    wire = device if device.type == "cuda" else torch.device("cpu")
+    x = torch.tensor(list(values), dtype=torch.int64, device=wire)
+    try:
+        dist.all_reduce(x, op=dist.ReduceOp.MIN, group=tp_group(mapping))
+    except RuntimeError as exc:
+        raise collective_error("all_reduce(MIN)", exc) from exc
+    return [int(v) for v in x.tolist()]
 
 
 def collective_error(op: str, exc: BaseException) -> RuntimeError:

@@ -6,6 +6,9 @@ block grid `[ceil(N/bn), ceil(K/bk)]` or, for a fused projection (qkv, gate_up) 
 that does not end on a `bn` boundary, row-granular (`bn = 1`, `[N, ceil(K/bk)]`): each shard
 keeps its own partial last block exactly, which concatenated block scales could not.
 
+Tensor parallelism splits whole blocks only (`shard_block_scales`): a column shard reads its
+out-block rows of the scales, a row shard its in-block columns, with its weight slice.
+
 `fp8_block_forward` is the one place the layers call the GEMM.
 """
 
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..distributed import TensorShard
 from .fp8_block_cublas import choose_block_gemm, cublas_block_fp8_gemm
 from .fp8_linear import Fp8Activation, padded_rows
 from .triton_kernels.fp8_block import (
@@ -61,6 +65,43 @@ def scale_rows(splits: Sequence[int], block: tuple[int, int]) -> int:
     the last ends on a block boundary (its block scales concatenate), else 1 (per row)."""
     bn = block[0]
     return bn if all(s % bn == 0 for s in splits[:-1]) else 1
+
+
+def shard_block_scales(
+    name: str,
+    weight_shards: Sequence[TensorShard | None],
+    full_splits: Sequence[int],
+    full_in_features: int,
+    rows: bool,
+    block: tuple[int, int],
+    tp_size: int,
+) -> tuple[TensorShard | None, ...]:
+    """The `weight_scale_inv` slice of each checkpoint part that goes with its weight slice:
+    the out-block rows of a column shard (`rows`), the in-block columns of a row shard.
+
+    Only whole blocks split: a shard must start on a block boundary and hold whole blocks
+    (or the part's last, partial one). Anything else would need scales the checkpoint does
+    not have (a block's one scale covers rows two ranks hold), so it is a ValueError naming
+    the layer and its sizes; the releases' 128-blocks split whenever the per-rank heads and
+    channels are multiples of 128."""
+    b = block[0] if rows else block[1]
+    out: list[TensorShard | None] = []
+    for i, shard in enumerate(weight_shards):
+        if shard is None:
+            out.append(None)
+            continue
+        full = full_splits[i] if rows else full_in_features
+        end = shard.start + shard.length
+        if shard.start % b or (shard.length % b and end != full):
+            what = f"output part {i} ({full} rows)" if rows else f"in_features ({full} columns)"
+            raise ValueError(
+                f"{name}: tensor_parallel_size={tp_size} gives this rank "
+                f"{'rows' if rows else 'columns'} [{shard.start}, {end}) of {what}, not whole "
+                f"{b}-blocks of the block-FP8 weight_scale_inv {block}; the per-rank share must "
+                f"be a multiple of {b}"
+            )
+        out.append(TensorShard(shard.dim, shard.start // b, -(-shard.length // b)))
+    return tuple(out)
 
 
 def merge_shard_scales(

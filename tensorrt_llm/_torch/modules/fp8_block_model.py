@@ -61,9 +61,11 @@ def fp8_block_linears(model: nn.Module, quant_config: QuantConfig) -> dict[str, 
 def apply_fp8_block_config_(model: nn.Module, quant_config: QuantConfig) -> int:
     """Switch the chosen linears to block-FP8 (call on the meta model); returns how many."""
     chosen = fp8_block_linears(model, quant_config)
-    for linear in chosen.values():
+    for name, linear in chosen.items():
         linear.to_fp8_block_(
-            quant_config.weight_block_size, quantize_on_load=not quant_config.from_checkpoint
+            quant_config.weight_block_size,
+            quantize_on_load=not quant_config.from_checkpoint,
+            name=name,
         )
     return len(chosen)
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from ...mapping import Mapping
 from ..distributed import TensorShard, all_reduce
-from .fp8_block_linear import fp8_block_forward, load_fp8_block, scale_rows
+from .fp8_block_linear import fp8_block_forward, load_fp8_block, scale_rows, shard_block_scales
 from .fp8_linear import (
     FP8_DTYPE,
     Fp8Activation,
@@ -62,6 +62,8 @@ class Linear(nn.Module):
         # output is a partial sum to all-reduce (a ROW layer under tensor parallelism).
         self.tp_shards: ParamShards = {}
         self.reduce_output = False
+        # The full model's sizes (block-FP8 scale shards check their blocks against them).
+        self.full_in_features, self.full_output_splits = in_features, splits
         if tensor_parallel_mode is not None and self.mapping.has_tp:
             local = shard_linear(
                 in_features, splits, tensor_parallel_mode, self.mapping, output_shards
@@ -108,11 +110,19 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def _forward_row_parallel(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
-        """A ROW layer's partial product (no bias: block-FP8 is refused with tensor
-        parallelism), all-reduced once; the bias joins the full sum once."""
-        if isinstance(x, Fp8Activation) and x.group:
+        """A ROW layer's partial product (no bias), all-reduced once; the bias joins the full
+        sum once. Block-FP8: this rank's input columns start on a bk boundary
+        (`shard_block_scales`), so its activation groups are the full layer's groups."""
+        if self.fp8_block is not None:
+            if isinstance(x, Fp8Activation) and x.group != self.fp8_block[1]:
+                raise TypeError(
+                    f"FP8 activations in groups of {x.group or 'a row'} given to a block-FP8 "
+                    f"Linear with {self.fp8_block[1]}-column scale blocks"
+                )
+            out = fp8_block_forward(x, self.weight, self.weight_scale_inv, None, self.fp8_block)
+        elif isinstance(x, Fp8Activation) and x.group:
             raise TypeError("block-FP8 activation groups given to a Linear that is not block-FP8")
-        if self.per_channel_fp8:
+        elif self.per_channel_fp8:
             out = fp8_linear(x, self.weight, self.weight_scale, None)
         elif isinstance(x, Fp8Activation):
             raise TypeError("FP8 activation rows given to a 16-bit Linear")
@@ -121,17 +131,28 @@ class Linear(nn.Module):
         out = all_reduce(out, self.mapping)
         return out if self.bias is None else out + self.bias
 
-    def to_fp8_block_(self, block: tuple[int, int], quantize_on_load: bool = False) -> None:
+    def to_fp8_block_(
+        self, block: tuple[int, int], quantize_on_load: bool = False, name: str = "Linear"
+    ) -> None:
         """Switch to block-FP8 before the weights exist (typically on the meta device): an
         e4m3 `weight [N, K]` and an fp32 `weight_scale_inv` in `block` (bn, bk) blocks, or
-        row-granular (bn = 1) when a fused shard does not end on a bn boundary."""
+        row-granular (bn = 1) when a fused shard does not end on a bn boundary.
+
+        A tensor-parallel shard also reads its slice of the checkpoint's scales (whole
+        blocks: a ValueError naming `name` when its rows / columns do not start on one)."""
         if self.fp8_block is not None or self.per_channel_fp8:
             raise ValueError("Linear is already FP8")
         if self.tp_shards:
-            raise ValueError(
-                "block-FP8 layers with tensor_parallel_size > 1 are not supported yet "
-                "(their weight_scale_inv blocks are not sharded)"
+            scales = shard_block_scales(
+                name,
+                self.tp_shards["weight"],
+                self.full_output_splits,
+                self.full_in_features,
+                rows=not self.reduce_output,
+                block=block,
+                tp_size=self.mapping.tp_size,
             )
+            self.tp_shards = {**self.tp_shards, "weight_scale_inv": scales}
         device = self.weight.device
         bn = scale_rows(self.output_splits, block)
         grid = (-(-self.out_features // bn), -(-self.in_features // block[1]))

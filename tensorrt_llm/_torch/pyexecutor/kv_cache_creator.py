@@ -133,6 +133,35 @@ def run_capacity_probe(
     return int(torch.cuda.max_memory_allocated(device))
 
 
+def device_free_bytes(device: torch.device) -> int | None:
+    """Device memory free now, for the KV cache's share; None off CUDA (no separate pool).
+
+    NOTE: memory freed by the probe (or by an engine shut down earlier in this process) sits in
+    the caching allocator, invisible to mem_get_info: collected and emptied first. The one place
+    every sizing reads free memory from (a test fakes it per tensor-parallel rank)."""
+    if device.type != "cuda":
+        return None
+    gc.collect()  # engines shut down earlier may sit in reference cycles
+    torch.cuda.empty_cache()
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def blocks_that_fit(
+    spec: KVCacheSpec,
+    free_bytes: int,
+    tokens_per_block: int,
+    free_memory_fraction: float,
+    activation_peak_bytes: int = 0,
+) -> int:
+    """`free_memory_fraction` of what `free_bytes` leaves after the activation peak, in blocks."""
+    per_block = KVCacheManager.bytes_per_block(
+        spec.num_layers, spec.num_kv_heads, spec.head_dim, tokens_per_block, spec.dtype
+    )
+    left = max(0, free_bytes - activation_peak_bytes)
+    return int(left * free_memory_fraction) // per_block
+
+
 def choose_num_blocks(
     spec: KVCacheSpec,
     device: torch.device,
@@ -152,27 +181,30 @@ def choose_num_blocks(
     no separate device pool to size).
     `seq_len_capped_after`: max_seq_len is a default that the caller caps to the blocks chosen
     here (`capacity.cap_max_seq_len`), so fewer than `max_blocks_per_seq` blocks is no error.
+    A tensor-parallel engine then takes the minimum over its ranks (`tp_setup.agree_num_blocks`).
     """
     cap = None if max_tokens is None else max(1, -(-max_tokens // tokens_per_block))
-    if device.type != "cuda":
+    free = device_free_bytes(device)
+    if free is None:
         wanted = max_batch_size * max_blocks_per_seq
         return wanted if cap is None else min(wanted, cap)
-    per_block = KVCacheManager.bytes_per_block(
-        spec.num_layers, spec.num_kv_heads, spec.head_dim, tokens_per_block, spec.dtype
+    budget = blocks_that_fit(
+        spec, free, tokens_per_block, free_memory_fraction, activation_peak_bytes
     )
-    # NOTE: memory freed by the probe (or by an engine shut down earlier in this process) sits
-    # in the caching allocator, invisible to mem_get_info; the probe's peak is reserved below.
-    gc.collect()  # engines shut down earlier may sit in reference cycles
-    torch.cuda.empty_cache()
-    free, _total = torch.cuda.mem_get_info(device)
-    left = max(0, free - activation_peak_bytes)
-    budget = int(left * free_memory_fraction) // per_block
+    check_blocks_fit(budget, max_blocks_per_seq, seq_len_capped_after)
+    return budget if cap is None else min(budget, cap)
+
+
+def check_blocks_fit(
+    budget: int, max_blocks_per_seq: int, seq_len_capped_after: bool, where: str = ""
+) -> None:
+    """A RuntimeError when `budget` blocks cannot hold one max_seq_len sequence (or any, when
+    max_seq_len is capped to the cache afterwards)."""
     if budget < (1 if seq_len_capped_after else max_blocks_per_seq):
         raise RuntimeError(
-            f"not enough GPU memory for one max_seq_len sequence: {budget} KV blocks fit, "
-            f"{max_blocks_per_seq} needed; lower max_seq_len or raise the memory fraction"
+            f"not enough GPU memory for one max_seq_len sequence{where}: {budget} KV blocks "
+            f"fit, {max_blocks_per_seq} needed; lower max_seq_len or raise the memory fraction"
         )
-    return budget if cap is None else min(budget, cap)
 
 
 def kv_tokens_upper_bound(
@@ -187,10 +219,8 @@ def kv_tokens_upper_bound(
     Bounds the block-table width of an engine whose max_seq_len is a default still to be
     capped, so a huge max_position_embeddings never sizes tables for tokens that cannot fit.
     """
-    if device.type != "cuda":
+    free = device_free_bytes(device)  # as choose_num_blocks reads it: never below its figure
+    if free is None:
         return None
-    gc.collect()  # as choose_num_blocks does: the bound must not be below its figure
-    torch.cuda.empty_cache()
-    free, _total = torch.cuda.mem_get_info(device)
     tokens = int(free * free_memory_fraction) // max(1, kv_bytes_per_token(spec))
     return tokens if max_tokens is None else min(tokens, max_tokens)

@@ -8,6 +8,7 @@ import logging
 
 import torch
 
+from ..distributed import min_over_ranks
 from ..models.modeling_utils import ModelConfig
 from ..modules.fp8_block_model import (
     apply_fp8_block_config_,
@@ -94,6 +95,12 @@ def engine_max_seq_len(config: EngineConfig, spec: KVCacheSpec) -> int:
     bound = kv_tokens_upper_bound(
         spec, config.device, config.kv_cache_free_gpu_memory_fraction, config.kv_cache_max_tokens
     )
+    if config.mapping.has_tp:
+        # Each rank measured its own memory: every rank's tables get the least one's width.
+        # NOTE: a collective; rank 0 (create_py_executor) and the workers (tp_worker.py) call
+        # this at the same point of their startup, after building the model.
+        own = config.max_seq_len if bound is None else bound
+        bound = min_over_ranks([own], config.mapping, config.device)[0]
     if bound is None:
         return config.max_seq_len
     return max(config.tokens_per_block, min(config.max_seq_len, bound))

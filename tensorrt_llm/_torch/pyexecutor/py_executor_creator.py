@@ -59,7 +59,7 @@ from .spec_decode.setup import (
     kv_spec_with_mtp,
     snapshot_reserve_bytes,
 )
-from .tp_setup import attach_step_channel, check_tp_config
+from .tp_setup import agree_num_blocks, attach_step_channel, check_tp_config
 from .warmup import StartupTuning, arm_step_compile_guard, run_warmup, warmup_enabled
 
 logger = logging.getLogger(__name__)
@@ -268,6 +268,10 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         config.kv_cache_max_tokens,
         activation_peak_bytes=activation + reserved,
         seq_len_capped_after=config.max_seq_len_source != MAX_SEQ_LEN_USER,
+    )
+    # Tensor parallelism: the least any rank's memory fits (no-op on one GPU).
+    num_blocks = agree_num_blocks(
+        engine, num_blocks, reserved, config.max_seq_len_source != MAX_SEQ_LEN_USER
     )
     seq_len = _final_max_seq_len(config, engine, num_blocks, max(len(d[0]) for d in dummies))
     logger.info("%s", seq_len.describe())

@@ -6,7 +6,8 @@ sizes), one packed int64 tensor with every per-token / per-request array (ids, p
 mapping, block tables, lengths, seq slots), and, only for steps with multimodal params, their
 bytes (`torch.save`, loaded onto the worker's own device). Model weights never travel.
 Commands besides a step: a new KV cache (its block count: block ids must mean the same
-memory on every rank), and stop.
+memory on every rank), the KV sizing (each rank answers the blocks its own free memory fits,
+the ranks keep the minimum: `send_kv_budget`), and stop.
 
 NOTE: only a tensor-parallel engine has a channel (`PyTorchModelEngine.step_channel` is None
 otherwise), so a single-GPU step does no work here.
@@ -24,7 +25,7 @@ import torch.distributed as dist
 
 from ...mapping import Mapping
 from ..attention_backend.interface import AttentionMetadata
-from ..distributed import tp_group
+from ..distributed import min_over_ranks, tp_group
 from ..distributed.ops import collective_error
 from ..input_batch import InputBatch
 
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 CMD_STEP = 1
 CMD_KV_CACHE = 2
 CMD_STOP = 3
+CMD_KV_BUDGET = 4
 _HEADER = 12  # int64 entries of the fixed header
 
 
@@ -45,6 +47,16 @@ class KvCacheCommand:
 
     num_blocks: int
     max_blocks_per_seq: int
+
+
+@dataclass(frozen=True)
+class KvBudgetCommand:
+    """Answer `StepChannel.agree_min` with the KV blocks this rank's memory fits, at most
+    rank 0's `proposed_blocks`, after `reserved_bytes` (rank 0's reservations besides the
+    probe's activation peak: snapshots, caches) are set aside."""
+
+    proposed_blocks: int
+    reserved_bytes: int
 
 
 class StepChannel:
@@ -103,6 +115,16 @@ class StepChannel:
         sizes = (0, 0) if kv is None else (kv.num_blocks, kv.max_blocks_per_seq)
         self._broadcast_header([CMD_KV_CACHE, *sizes])
 
+    def send_kv_budget(self, proposed_blocks: int, reserved_bytes: int) -> int:
+        """The KV block count every rank can allocate: the minimum of rank 0's and each
+        worker's answer (before any of them allocates, so no rank runs out first)."""
+        self._broadcast_header([CMD_KV_BUDGET, proposed_blocks, reserved_bytes])
+        return self.agree_min(proposed_blocks)
+
+    def agree_min(self, value: int) -> int:
+        """The minimum of `value` over the tp group (every rank calls it)."""
+        return min_over_ranks([value], self.mapping, self.device)[0]
+
     def send_stop(self) -> None:
         """Tell the workers to exit; ranks already gone are only logged (the engine's owner
         kills what is left: `executor/tp_ranks.py`)."""
@@ -125,8 +147,9 @@ class StepChannel:
             raise collective_error("step broadcast", exc) from exc
 
     # ------------------------------------------------------------------ workers
-    def receive(self) -> InputBatch | KvCacheCommand | None:
-        """The next command: a step's batch, a KV-cache command, or None for stop."""
+    def receive(self) -> InputBatch | KvCacheCommand | KvBudgetCommand | None:
+        """The next command: a step's batch, a KV-cache or KV-sizing command, or None for
+        stop."""
         header = torch.empty(_HEADER, dtype=torch.int64, device=self.wire)
         dist.broadcast(header, self.src, group=self.group)
         h = header.tolist()
@@ -134,6 +157,8 @@ class StepChannel:
             return None
         if h[0] == CMD_KV_CACHE:
             return KvCacheCommand(h[1], h[2])
+        if h[0] == CMD_KV_BUDGET:
+            return KvBudgetCommand(h[1], h[2])
         if h[0] != CMD_STEP:
             raise RuntimeError(f"unknown step-channel command {h[0]} from rank {self.src}")
         return self._receive_step(h)

@@ -4,6 +4,10 @@
 same `EngineConfig` with this rank's `mapping`, then runs every step rank 0 broadcasts
 (`tp_step_channel.py`) until rank 0 says stop. Rank 0 samples; a worker's logits are dropped
 (the LM head all-gathers the vocabulary, so every rank holds the same ones).
+
+A worker sizes nothing alone: its KV cache has the block count rank 0 sends, which is the
+minimum over the ranks of what each one's free memory fits (`KvBudgetCommand`), measured as
+rank 0 measures its own, after the same capacity probe.
 """
 
 from __future__ import annotations
@@ -15,19 +19,23 @@ import torch
 
 from ..models.modeling_auto import get_model_class
 from .engine_config import EngineConfig
-from .kv_cache_creator import KVCacheSpec
+from .kv_cache_creator import KVCacheSpec, blocks_that_fit, device_free_bytes
 from .model_build import build_model, engine_max_seq_len, model_config_of
 from .model_engine import PyTorchModelEngine
+from .spec_decode.setup import kv_spec_with_mtp
 from .tp_setup import check_tp_config
-from .tp_step_channel import KvCacheCommand, StepChannel
+from .tp_step_channel import KvBudgetCommand, KvCacheCommand, StepChannel
 
 logger = logging.getLogger(__name__)
 
 
 def build_engine_shard(config: EngineConfig) -> tuple[PyTorchModelEngine, KVCacheSpec]:
     """This rank's model shard in an engine sized as rank 0's (the same config fields)."""
-    spec = KVCacheSpec.from_text_config(
-        config.text_config, config.kv_cache_dtype, config.mapping.tp_size
+    spec = kv_spec_with_mtp(  # the layers rank 0's cache has (create_py_executor)
+        KVCacheSpec.from_text_config(
+            config.text_config, config.kv_cache_dtype, config.mapping.tp_size
+        ),
+        config,
     )
     cls = get_model_class(config.architecture)
     model = build_model(cls, model_config_of(config), config.device, config)
@@ -40,6 +48,30 @@ def build_engine_shard(config: EngineConfig) -> tuple[PyTorchModelEngine, KVCach
         tokens_per_block=config.tokens_per_block,
     )
     return engine, spec
+
+
+def worker_num_blocks(config: EngineConfig, spec: KVCacheSpec, command: KvBudgetCommand) -> int:
+    """The KV blocks this rank's free memory fits (at most rank 0's proposal), sized as
+    `choose_num_blocks` does on rank 0: the fraction of what the probe's activation peak and
+    rank 0's reservations leave. Rank 0 checks the agreed count, so nothing raises here (a
+    worker that raised would leave rank 0 waiting in the collective)."""
+    device = config.device
+    free = device_free_bytes(device)
+    if free is None:  # no device pool (CPU): rank 0's full-batch count
+        return command.proposed_blocks
+    activation = 0
+    if device.type == "cuda":  # the peak since the probe's cache was set (run_tp_worker)
+        activation = max(
+            0, torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device)
+        )
+    own = blocks_that_fit(
+        spec,
+        free,
+        config.tokens_per_block,
+        config.kv_cache_free_gpu_memory_fraction,
+        activation + command.reserved_bytes,
+    )
+    return min(own, command.proposed_blocks)
 
 
 def run_tp_worker(config: EngineConfig) -> int:
@@ -57,6 +89,9 @@ def run_tp_worker(config: EngineConfig) -> int:
         if command is None:
             logger.info("tp worker rank %d: stop after %d steps", mapping.rank, steps)
             return steps
+        if isinstance(command, KvBudgetCommand):
+            channel.agree_min(worker_num_blocks(config, spec, command))
+            continue
         if isinstance(command, KvCacheCommand):
             kv = None
             if command.num_blocks:
@@ -67,6 +102,9 @@ def run_tp_worker(config: EngineConfig) -> int:
                     config.device,
                 )
             engine.set_kv_cache_manager(kv)
+            if kv is not None and config.device.type == "cuda":
+                # Rank 0 measures the probe's activation peak from the same point.
+                torch.cuda.reset_peak_memory_stats(config.device)
             continue
         if engine.kv_cache_manager is None:
             raise RuntimeError("rank 0 sent a step before any KV cache")

@@ -94,3 +94,28 @@ def tower_whole_and_data_parallel(mapping: Mapping, checkpoint_dir: str) -> dict
         whole = model._run_tower_whole(pixels, grid)
         parallel = model._run_tower(pixels, grid)
     return {"whole": whole, "parallel": parallel, "items": int(grid.shape[0])}
+
+
+def fp8_block_layers(mapping: Mapping, checkpoint_dir: str) -> dict[str, Any]:
+    """Every block-FP8 layer of the checkpoint loaded at TP=1 and at this rank's TP=N:
+    name -> (the TP=1 weight and scales, this rank's), as float32 / raw scales on the CPU."""
+    from tensorrt_llm._torch.modules.fp8_block_model import apply_fp8_block_config_
+    from tensorrt_llm._torch.quantization import QuantConfig
+
+    config = load_pretrained_config(checkpoint_dir)
+    quant = QuantConfig.from_pretrained_config(config)
+    assert quant is not None
+    cls = get_model_class(config.tllm_architecture)
+    base = ModelConfig(pretrained_config=config, checkpoint_dir=checkpoint_dir)
+
+    def layers(model_config: ModelConfig) -> dict[str, Any]:
+        model = load_model(
+            cls, model_config, "cpu", prepare=lambda m: apply_fp8_block_config_(m, quant)
+        )
+        return {
+            name: (m.weight.float(), m.weight_scale_inv.clone(), m.fp8_block)
+            for name, m in model.named_modules()
+            if getattr(m, "fp8_block", None) is not None
+        }
+
+    return {"single": layers(base), "sharded": layers(replace(base, mapping=mapping))}

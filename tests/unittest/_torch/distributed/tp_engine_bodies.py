@@ -75,10 +75,57 @@ def generate(config: EngineConfig, with_images: bool) -> list[list[int]]:
         executor.shutdown()
 
 
-def greedy_tp1_and_tp(mapping: Mapping, checkpoint_dir: str, with_images: bool) -> Any:
-    """Rank 0: (TP=1 tokens, TP=N tokens); the others: how many steps their worker ran."""
-    config = engine_config(checkpoint_dir)
+def greedy_tp1_and_tp(
+    mapping: Mapping,
+    checkpoint_dir: str,
+    with_images: bool,
+    overrides: dict[str, Any] | None = None,
+) -> Any:
+    """Rank 0: (TP=1 tokens, TP=N tokens); the others: how many steps their worker ran.
+    `overrides`: more LlmArgs fields (e.g. quantization)."""
+    config = engine_config(checkpoint_dir, **(overrides or {}))
     if mapping.rank != 0:
         return run_tp_worker(replace(config, mapping=mapping))
     reference = generate(config, with_images)
     return reference, generate(replace(config, mapping=mapping), with_images)
+
+
+def agreed_kv_blocks(mapping: Mapping, checkpoint_dir: str, fits: list[int]) -> Any:
+    """Rank r's free memory is faked to fit `fits[r]` KV blocks; every KV cache each rank
+    allocates is recorded. Rank 0: (TP=1 tokens, TP=N tokens, its caches, what it alone
+    fits); the others: (their caches, what they alone fit)."""
+    from tensorrt_llm._torch.pyexecutor import kv_cache_creator, tp_worker
+    from tensorrt_llm._torch.pyexecutor.kv_cache_creator import (
+        KVCacheSpec,
+        blocks_that_fit,
+        kv_bytes_per_token,
+    )
+
+    config = engine_config(checkpoint_dir)
+    spec = KVCacheSpec.from_text_config(config.text_config, config.kv_cache_dtype, mapping.tp_size)
+    per_block = kv_bytes_per_token(spec) * config.tokens_per_block
+    fraction = config.kv_cache_free_gpu_memory_fraction
+    free = int(fits[mapping.rank] * per_block / fraction) + per_block // 2
+    alone = blocks_that_fit(spec, free, config.tokens_per_block, fraction)
+
+    def fake_free(device: Any) -> int:
+        return free
+
+    # A CPU device has no pool to measure: this makes both ranks size from "memory".
+    kv_cache_creator.device_free_bytes = fake_free  # type: ignore[assignment]
+    tp_worker.device_free_bytes = fake_free  # type: ignore[assignment]
+    caches: list[int] = []
+    make_manager = KVCacheSpec.make_manager
+
+    def recording(self: KVCacheSpec, tpb: int, num_blocks: int, *args: Any, **kw: Any) -> Any:
+        caches.append(num_blocks)
+        return make_manager(self, tpb, num_blocks, *args, **kw)
+
+    KVCacheSpec.make_manager = recording  # type: ignore[method-assign]
+    if mapping.rank != 0:
+        run_tp_worker(replace(config, mapping=mapping))
+        return caches, alone
+    reference = generate(config, with_images=False)
+    caches.clear()  # the TP=1 engine's caches
+    sharded = generate(replace(config, mapping=mapping), with_images=False)
+    return reference, sharded, caches, alone
