@@ -1,0 +1,105 @@
+"""MoE experts at a handful of tokens as two GEMV kernels: no expert-sorted layout at all.
+
+With 1-4 tokens the grouped GEMM (`fused_moe.py`) pads each pair to a 16-row tile and needs
+the alignment kernel first. Here:
+1. `_gemv_gate_up_kernel`, grid (pairs, I / BLOCK_N): each program reads its pair's token row
+   and one N-slice of the pair's expert gate and up rows; writes `silu(gate) * up` in x's dtype.
+2. `_gemv_down_kernel`, grid (T, H / BLOCK_N): each program loops over its token's k pairs,
+   accumulating `weight * (act @ down^T)` in fp32 registers, and writes the token's output in
+   x's dtype: the k-sum happens in registers, so there is no `[T*k, H]` buffer, no reduce, no
+   atomics, and the sum order is fixed (deterministic).
+Each expert weight byte streams once per pair that uses it; with few tokens the pairs rarely
+share an expert, so that is the minimum traffic. 16-bit weights only (block-FP8 experts take
+the grouped GEMM).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import tl, triton, triton_jit
+from .moe_tiles import GEMV_TILES, GemvTiles
+
+
+@triton_jit
+def _gemv_gate_up_kernel(
+    x_ptr, w_ptr, ids_ptr, act_ptr, stride_xt, stride_we, stride_wn, stride_at,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pair = tl.program_id(0).to(tl.int64)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    token = pair // TOP_K
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < INTER
+    gate_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+    acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, HIDDEN, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < HIDDEN
+        x = tl.load(x_ptr + token * stride_xt + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        mask = mask_n[:, None] & mask_k[None, :]
+        gate = tl.load(gate_ptrs + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(gate_ptrs + INTER * stride_wn + offs_k[None, :], mask=mask, other=0.0)
+        acc_gate += tl.sum(gate * x[None, :], axis=1)
+        acc_up += tl.sum(up.to(tl.float32) * x[None, :], axis=1)
+    act = acc_gate * tl.sigmoid(acc_gate) * acc_up
+    tl.store(act_ptr + pair * stride_at + offs_n, act.to(act_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton_jit
+def _gemv_down_kernel(
+    act_ptr, w_ptr, ids_ptr, topk_w_ptr, out_ptr, stride_at, stride_we, stride_wn, stride_ot,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < HIDDEN
+    out = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        pair = token * TOP_K + j
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        w_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, INTER, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < INTER
+            a = tl.load(act_ptr + pair * stride_at + offs_k, mask=mask_k, other=0.0)
+            w = tl.load(w_ptrs + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            acc += tl.sum(w.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
+        # Weighted per pair as the reference does: (act @ down^T) * weight, then the k-sum.
+        out += acc * tl.load(topk_w_ptr + pair).to(tl.float32)
+    tl.store(out_ptr + token * stride_ot + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+def fused_moe_gemv(
+    x: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    tiles: GemvTiles = GEMV_TILES,
+) -> torch.Tensor:
+    """`fused_moe` for a few tokens (inputs already checked by `fused_moe`): [T, H] -> [T, H]."""
+    num_tokens, hidden = x.shape
+    inter, top_k = down_proj.shape[2], topk_ids.shape[1]
+    x, w1, w2 = x.contiguous(), gate_up_proj.contiguous(), down_proj.contiguous()
+    ids = topk_ids.contiguous()
+    weights = topk_weights.contiguous()
+    act = torch.empty(num_tokens * top_k, inter, dtype=x.dtype, device=x.device)
+    block_k1 = min(tiles.block_k, triton.next_power_of_2(hidden))
+    _gemv_gate_up_kernel[(num_tokens * top_k, triton.cdiv(inter, tiles.gate_up_n))](
+        x, w1, ids, act, x.stride(0), w1.stride(0), w1.stride(1), act.stride(0),
+        HIDDEN=hidden, INTER=inter, TOP_K=top_k, BLOCK_N=tiles.gate_up_n, BLOCK_K=block_k1,
+        num_warps=tiles.num_warps,
+    )  # fmt: skip
+    out = torch.empty_like(x)
+    block_k2 = min(tiles.block_k, triton.next_power_of_2(inter))
+    _gemv_down_kernel[(num_tokens, triton.cdiv(hidden, tiles.down_n))](
+        act, w2, ids, weights, out, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        HIDDEN=hidden, INTER=inter, TOP_K=top_k, BLOCK_N=tiles.down_n, BLOCK_K=block_k2,
+        num_warps=tiles.num_warps,
+    )  # fmt: skip
+    return out
