@@ -27,10 +27,8 @@ from . import tl, triton, triton_jit, use_triton
 from .fp8_block import FP8_DTYPE, check_block_scales, per_token_group_quant_fp8
 from .fused_moe_ref import BlockScales, fused_moe_dense_ref, fused_moe_ref
 from .moe_gemv import fused_moe_gemv
-from .moe_routing import ALIGN_MAX_PAIRS, ROUTE_MAX_EXPERTS, moe_align
-from .moe_tiles import GEMV_MAX_TOKENS, MoETiles, pick_tiles
-
-Layout = tuple[torch.Tensor, torch.Tensor]  # (sorted_pairs, block_expert), see below
+from .moe_routing import ALIGN_MAX_PAIRS, ROUTE_MAX_EXPERTS, Layout, moe_align
+from .moe_tiles import GEMV_MAX_TOKENS, MoETiles, pick_tiles, token_class
 
 
 @triton_jit(do_not_specialize=("num_pairs",))
@@ -230,9 +228,9 @@ def expert_plan(
 ) -> int | None:
     """The BLOCK_M the grouped GEMM will use for such a step, or None when the step takes the
     GEMV kernels (no layout needed): what `moe_route(..., block_m=)` should align for."""
-    if not block_scaled and block_m is None and 0 < num_tokens <= GEMV_MAX_TOKENS:
+    if not block_scaled and block_m is None and token_class(num_tokens) <= GEMV_MAX_TOKENS:
         return None
-    return pick_tiles(num_tokens * top_k, num_experts, block_m).block_m
+    return pick_tiles(num_tokens, top_k, num_experts, block_m).block_m
 
 
 def _fused_moe_triton(
@@ -350,7 +348,7 @@ def fused_moe(
         plan = expert_plan(x.shape[0], top_k, num_experts, scales is not None, block_m)
         if plan is None:
             return fused_moe_gemv(x, gate_up_proj, down_proj, topk_ids, topk_weights)
-        tiles = pick_tiles(x.shape[0] * top_k, num_experts, block_m)
+        tiles = pick_tiles(x.shape[0], top_k, num_experts, block_m)
     if layout is not None and layout[0].numel() != layout[1].numel() * tiles.block_m:
         raise ValueError(f"fused_moe: the layout is not aligned to BLOCK_M {tiles.block_m}")
     return _fused_moe_triton(

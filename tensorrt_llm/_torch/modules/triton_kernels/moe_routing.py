@@ -30,6 +30,7 @@ ALIGN_MAX_PAIRS = 8192
 ROUTE_MAX_EXPERTS = 1024
 ROUTE_MAX_TOP_K = 16
 _ALIGN_CHUNK = 128
+Layout = tuple[torch.Tensor, torch.Tensor]  # (sorted_pairs, block_expert) of `fused_moe.py`
 
 
 @triton_jit
@@ -168,7 +169,7 @@ def moe_align(
     num_experts: int,
     block_m: int,
     counts: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Layout:
     """`moe_align_block_size`'s layout (sorted_pairs, block_expert, both int32) in one Triton
     program; `counts` (int32 [E], from `moe_route`) skips the histogram and is overwritten."""
     num_pairs = topk_ids.numel()
@@ -199,7 +200,7 @@ def moe_route(
     shared_expert: bool = False,
     block_m: int | None = None,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+) -> tuple[torch.Tensor, torch.Tensor, Layout | None]:
     """(weights, ids int32 on Triton / int64 on torch, layout) of `route_ref`'s routing.
 
     With `block_m`, the Triton path also returns the aligned layout for the expert kernels

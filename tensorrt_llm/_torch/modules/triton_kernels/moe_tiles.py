@@ -7,7 +7,7 @@ H200's 132 SMs; narrower N tiles multiply the programs. Large batches want wide 
 re-reads of x, bigger dots). `benchmarks/bench_moe.py` times the candidates on the GPU; the
 table below holds its choice per bucket of pairs.
 
-`gemv_max_tokens`: at most this many tokens take the GEMV kernels (`moe_gemv.py`, no layout,
+`GEMV_MAX_TOKENS`: at most this many tokens take the GEMV kernels (`moe_gemv.py`, no layout,
 no padding to BLOCK_M, the k-sum fused into the down kernel) instead of the grouped GEMM.
 `combine`: "sum" writes `[T*k, H]` fp32 and sums over k (deterministic); "atomic" adds each
 pair into a zeroed `[T, H]` fp32 with atomics (fewer bytes, but the sum order varies run to
@@ -48,26 +48,37 @@ class GemvTiles:
     num_warps: int = 4
 
 
-# (largest num_pairs of the bucket, tiles); the last bucket takes every larger step.
+# (largest token count of the bucket, tiles); the last bucket takes every larger step. Buckets
+# end at powers of two: the warm-up runs one step per power-of-two token class
+# (pyexecutor/warmup_shapes.py), so every tile variant compiles before serving.
 # NOTE: initial guesses until the lead's bench_moe.py run on the H200 fills them in.
 TILE_TABLE: tuple[tuple[int, MoETiles], ...] = (
-    (64, MoETiles(16, 32, 128, 64, 128, num_warps=4, num_stages=4)),
+    (8, MoETiles(16, 32, 128, 64, 128, num_warps=4, num_stages=4)),
+    (64, MoETiles(16, 64, 64, 64, 64, num_warps=4, num_stages=3)),
     (512, MoETiles(16, 64, 64, 64, 64, num_warps=4, num_stages=3)),
-    (4096, MoETiles(16, 64, 64, 64, 64, num_warps=4, num_stages=3)),
-    (1 << 62, MoETiles(64, 64, 64, 64, 64, num_warps=4, num_stages=3)),
+    (1 << 62, MoETiles(16, 64, 64, 64, 64, num_warps=4, num_stages=3)),
 )
 GEMV_TILES = GemvTiles()
-# TRTLLM_MOE_GEMV_MAX_TOKENS=0 turns the GEMV path off (A/B runs).
+# At most this many tokens (a power of two, see above) take the GEMV kernels;
+# TRTLLM_MOE_GEMV_MAX_TOKENS=0 turns them off (A/B runs).
 GEMV_MAX_TOKENS = int(os.environ.get("TRTLLM_MOE_GEMV_MAX_TOKENS", "4"))
 
 
-def pick_tiles(num_pairs: int, num_experts: int, block_m: int | None = None) -> MoETiles:
-    """The table's tiles for a step of `num_pairs` pairs; `block_m` overrides the table's.
+def token_class(num_tokens: int) -> int:
+    """The power of two >= num_tokens: tile choices depend on it only."""
+    return 1 << max(num_tokens - 1, 0).bit_length()
+
+
+def pick_tiles(
+    num_tokens: int, top_k: int, num_experts: int, block_m: int | None = None
+) -> MoETiles:
+    """The table's tiles for a step of `num_tokens` tokens; `block_m` overrides the table's.
 
     A step with many more pairs than experts fills long runs, so it takes BLOCK_M 64 even in
     a small bucket (fewer re-reads of each expert's weights).
     """
-    tiles = next(t for bound, t in TILE_TABLE if num_pairs <= bound)
-    if block_m is None and num_pairs > 4 * num_experts:
+    tokens = token_class(num_tokens)
+    tiles = next(t for bound, t in TILE_TABLE if tokens <= bound)
+    if block_m is None and tokens * top_k > 4 * num_experts:
         block_m = 64
     return tiles if block_m is None else replace(tiles, block_m=block_m)
