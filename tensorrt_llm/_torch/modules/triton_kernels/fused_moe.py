@@ -233,6 +233,82 @@ def expert_plan(
     return pick_tiles(num_tokens, top_k, num_experts, block_m).block_m
 
 
+def gate_up_silu(
+    x: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    layout: Layout,
+    top_k: int,
+    tiles: MoETiles,
+    scales: BlockScales | None = None,
+) -> torch.Tensor:
+    """GEMM 1 over the aligned pairs: `silu(x @ gate^T) * (x @ up^T)` -> `[T*k, I]`, x's dtype
+    (contiguous inputs; `bench_moe.py` calls it on its own to time tiles)."""
+    num_tokens, hidden = x.shape
+    num_experts, inter = gate_up_proj.shape[0], gate_up_proj.shape[1] // 2
+    sorted_pairs, block_expert = layout
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    act = torch.empty(num_tokens * top_k, inter, dtype=x.dtype, device=x.device)
+    block_n = _block(inter, tiles.gate_up_n)
+    a, a_scale, s, block_k, w_bn = x, x, gate_up_proj, _block(hidden, tiles.gate_up_k), 1
+    if scales is not None:  # the K tile is the scale block; act stays 16-bit for its quant
+        block_k, w_bn = scales.gate_up_block[1], scales.gate_up_block[0]
+        a, a_scale = per_token_group_quant_fp8(x, block_k)
+        s = scales.gate_up.float().contiguous()
+    w = gate_up_proj
+    _gate_up_silu_kernel[(block_expert.shape[0], triton.cdiv(inter, block_n))](
+        a, w, act, sorted_pairs, block_expert, a_scale, s,
+        a.stride(0), w.stride(0), w.stride(1), w.stride(2), act.stride(0),
+        a_scale.stride(0), s.stride(0), s.stride(1),
+        num_tokens * top_k, num_experts,
+        HIDDEN=hidden, INTER=inter, TOP_K=top_k,
+        BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
+        BLOCK_SCALED=scales is not None, W_BLOCK_N=w_bn,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    return act
+
+
+def down_weighted(
+    act: torch.Tensor,
+    down_proj: torch.Tensor,
+    layout: Layout,
+    topk_weights: torch.Tensor,
+    tiles: MoETiles,
+    scales: BlockScales | None = None,
+) -> torch.Tensor:
+    """GEMM 2 and the k-sum: `sum_k weight * (act @ down^T)` -> `[T, H]` in act's dtype."""
+    num_pairs, inter = act.shape
+    num_experts, hidden = down_proj.shape[0], down_proj.shape[1]
+    num_tokens, top_k = topk_weights.shape
+    sorted_pairs, block_expert = layout
+    precision = "ieee" if act.dtype == torch.float32 else "tf32"
+    atomic = tiles.combine == "atomic"
+    alloc = torch.zeros if atomic else torch.empty
+    routed = alloc(num_tokens if atomic else num_pairs, hidden, dtype=torch.float32,
+                   device=act.device)  # fmt: skip
+    weights = topk_weights.reshape(-1).contiguous()
+    block_n = _block(hidden, tiles.down_n)
+    a, a_scale, s, block_k, w_bn = act, act, down_proj, _block(inter, tiles.down_k), 1
+    if scales is not None:
+        block_k, w_bn = scales.down_block[1], scales.down_block[0]
+        a, a_scale = per_token_group_quant_fp8(act, block_k)
+        s = scales.down.float().contiguous()
+    w = down_proj
+    _down_weighted_kernel[(block_expert.shape[0], triton.cdiv(hidden, block_n))](
+        a, w, routed, sorted_pairs, block_expert, weights, a_scale, s,
+        a.stride(0), w.stride(0), w.stride(1), w.stride(2), routed.stride(0),
+        a_scale.stride(0), s.stride(0), s.stride(1),
+        num_pairs, num_experts,
+        HIDDEN=hidden, INTER=inter, TOP_K=top_k,
+        BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
+        BLOCK_SCALED=scales is not None, W_BLOCK_N=w_bn, ATOMIC=atomic,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if atomic:
+        return routed.to(act.dtype)
+    return routed.view(num_tokens, top_k, hidden).sum(dim=1).to(act.dtype)
+
+
 def _fused_moe_triton(
     x: torch.Tensor,
     gate_up_proj: torch.Tensor,
@@ -243,60 +319,16 @@ def _fused_moe_triton(
     scales: BlockScales | None,
     layout: Layout | None = None,
 ) -> torch.Tensor:
-    num_tokens, hidden = x.shape
-    num_experts, inter = gate_up_proj.shape[0], down_proj.shape[2]
-    top_k = topk_ids.shape[1]
-    num_pairs = num_tokens * top_k
-    block_m = tiles.block_m
+    num_experts, top_k = gate_up_proj.shape[0], topk_ids.shape[1]
+    num_pairs = x.shape[0] * top_k
     x = x.contiguous()
     w1, w2 = gate_up_proj.contiguous(), down_proj.contiguous()
     if layout is None and num_pairs <= ALIGN_MAX_PAIRS and num_experts <= ROUTE_MAX_EXPERTS:
-        layout = moe_align(topk_ids, num_experts, block_m)
+        layout = moe_align(topk_ids, num_experts, tiles.block_m)
     elif layout is None:
-        layout = moe_align_block_size(topk_ids, num_experts, block_m)
-    sorted_pairs, block_expert = layout
-    num_blocks = block_expert.shape[0]
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-    act = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
-    block_n1 = _block(inter, tiles.gate_up_n)
-    a1, a1_scale, s1, block_k1, w1_bn = x, x, w1, _block(hidden, tiles.gate_up_k), 1
-    if scales is not None:  # the K tile is the scale block; act stays 16-bit for its quant
-        block_k1, w1_bn = scales.gate_up_block[1], scales.gate_up_block[0]
-        a1, a1_scale = per_token_group_quant_fp8(x, block_k1)
-        s1 = scales.gate_up.float().contiguous()
-    _gate_up_silu_kernel[(num_blocks, triton.cdiv(inter, block_n1))](
-        a1, w1, act, sorted_pairs, block_expert, a1_scale, s1,
-        a1.stride(0), w1.stride(0), w1.stride(1), w1.stride(2), act.stride(0),
-        a1_scale.stride(0), s1.stride(0), s1.stride(1),
-        num_pairs, num_experts,
-        HIDDEN=hidden, INTER=inter, TOP_K=top_k,
-        BLOCK_M=block_m, BLOCK_N=block_n1, BLOCK_K=block_k1, PRECISION=precision,
-        BLOCK_SCALED=scales is not None, W_BLOCK_N=w1_bn, **launch,
-    )  # fmt: skip
-    atomic = tiles.combine == "atomic"
-    rows = num_tokens if atomic else num_pairs
-    alloc = torch.zeros if atomic else torch.empty
-    routed = alloc(rows, hidden, dtype=torch.float32, device=x.device)
-    weights = topk_weights.reshape(-1).contiguous()
-    block_n2 = _block(hidden, tiles.down_n)
-    a2, a2_scale, s2, block_k2, w2_bn = act, act, w2, _block(inter, tiles.down_k), 1
-    if scales is not None:
-        block_k2, w2_bn = scales.down_block[1], scales.down_block[0]
-        a2, a2_scale = per_token_group_quant_fp8(act, block_k2)
-        s2 = scales.down.float().contiguous()
-    _down_weighted_kernel[(num_blocks, triton.cdiv(hidden, block_n2))](
-        a2, w2, routed, sorted_pairs, block_expert, weights, a2_scale, s2,
-        a2.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), routed.stride(0),
-        a2_scale.stride(0), s2.stride(0), s2.stride(1),
-        num_pairs, num_experts,
-        HIDDEN=hidden, INTER=inter, TOP_K=top_k,
-        BLOCK_M=block_m, BLOCK_N=block_n2, BLOCK_K=block_k2, PRECISION=precision,
-        BLOCK_SCALED=scales is not None, W_BLOCK_N=w2_bn, ATOMIC=atomic, **launch,
-    )  # fmt: skip
-    if atomic:
-        return routed.to(x.dtype)
-    return routed.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)
+        layout = moe_align_block_size(topk_ids, num_experts, tiles.block_m)
+    act = gate_up_silu(x, w1, layout, top_k, tiles, scales)
+    return down_weighted(act, w2, layout, topk_weights, tiles, scales)
 
 
 def fused_moe(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from . import tl, triton, triton_jit
+from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit
 from .moe_tiles import GEMV_TILES, GemvTiles
 
 
@@ -26,7 +26,9 @@ def _gemv_gate_up_kernel(
     x_ptr, w_ptr, ids_ptr, act_ptr, stride_xt, stride_we, stride_wn, stride_at,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_sync(USE_PDL)
     pair = tl.program_id(0).to(tl.int64)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     token = pair // TOP_K
@@ -53,7 +55,9 @@ def _gemv_down_kernel(
     act_ptr, w_ptr, ids_ptr, topk_w_ptr, out_ptr, stride_at, stride_we, stride_wn, stride_ot,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_sync(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < HIDDEN
@@ -90,16 +94,18 @@ def fused_moe_gemv(
     weights = topk_weights.contiguous()
     act = torch.empty(num_tokens * top_k, inter, dtype=x.dtype, device=x.device)
     block_k1 = min(tiles.block_k, triton.next_power_of_2(hidden))
-    _gemv_gate_up_kernel[(num_tokens * top_k, triton.cdiv(inter, tiles.gate_up_n))](
+    grid1 = (num_tokens * top_k, triton.cdiv(inter, tiles.gate_up_n))
+    _gemv_gate_up_kernel[grid1](
         x, w1, ids, act, x.stride(0), w1.stride(0), w1.stride(1), act.stride(0),
         HIDDEN=hidden, INTER=inter, TOP_K=top_k, BLOCK_N=tiles.gate_up_n, BLOCK_K=block_k1,
-        num_warps=tiles.num_warps,
+        num_warps=tiles.num_warps, **pdl_launch_kwargs(x.device, grid1[0] * grid1[1]),
     )  # fmt: skip
     out = torch.empty_like(x)
     block_k2 = min(tiles.block_k, triton.next_power_of_2(inter))
-    _gemv_down_kernel[(num_tokens, triton.cdiv(hidden, tiles.down_n))](
+    grid2 = (num_tokens, triton.cdiv(hidden, tiles.down_n))
+    _gemv_down_kernel[grid2](
         act, w2, ids, weights, out, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
         HIDDEN=hidden, INTER=inter, TOP_K=top_k, BLOCK_N=tiles.down_n, BLOCK_K=block_k2,
-        num_warps=tiles.num_warps,
+        num_warps=tiles.num_warps, **pdl_launch_kwargs(x.device, grid2[0] * grid2[1]),
     )  # fmt: skip
     return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import tl, triton, triton_jit, use_triton
+from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
 
 # The single-program alignment compares every pair of a chunk with every other (BLOCK_P^2) and
 # with every expert (BLOCK_P x E): beyond this many pairs the torch path is cheaper.
@@ -39,7 +39,9 @@ def _route_kernel(
     NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     SHARED: tl.constexpr, HAS_COUNTS: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_sync(USE_PDL)
     # grid (T,): ids/weights rows have TOP_K + SHARED entries.
     row = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
@@ -80,7 +82,9 @@ def _align_kernel(
     ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_blocks,
     NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, HAS_COUNTS: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_sync(USE_PDL)
     # grid (1,). counts_ptr: [NUM_EXPERTS] int32, the per-expert counts when HAS_COUNTS (else
     # scratch); it is reused as each expert's write cursor.
     offs_e = tl.arange(0, BLOCK_E)
@@ -189,6 +193,7 @@ def moe_align(
         ids, scratch, sorted_pairs, block_expert, num_pairs, num_blocks,
         NUM_EXPERTS=num_experts, BLOCK_M=block_m, HAS_COUNTS=has_counts,
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_P=_ALIGN_CHUNK, num_warps=8,
+        **pdl_launch_kwargs(dev, 1),
     )  # fmt: skip
     return sorted_pairs, block_expert
 
@@ -229,7 +234,7 @@ def moe_route(
         NUM_EXPERTS=num_experts, TOP_K=top_k, RENORMALIZE=renormalize,
         SHARED=shared_expert, HAS_COUNTS=align,
         BLOCK_E=triton.next_power_of_2(width), BLOCK_K=triton.next_power_of_2(k_total),
-        num_warps=4 if width > 128 else 1,
+        num_warps=4 if width > 128 else 1, **pdl_launch_kwargs(dev, num_tokens),
     )  # fmt: skip
     if not align:
         return weights, ids, None
