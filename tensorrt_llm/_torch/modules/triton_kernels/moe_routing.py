@@ -81,7 +81,7 @@ def _route_kernel(
 def _align_kernel(
     ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_blocks,
     NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, HAS_COUNTS: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_sync(USE_PDL)
@@ -90,35 +90,41 @@ def _align_kernel(
     offs_e = tl.arange(0, BLOCK_E)
     mask_e = offs_e < NUM_EXPERTS
     offs_p = tl.arange(0, BLOCK_P)
-    if HAS_COUNTS:
-        counts = tl.load(counts_ptr + offs_e, mask=mask_e, other=0)
-    else:  # a histogram, chunk by chunk
-        counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    offs_r = tl.arange(0, BLOCK_R)
+    if not HAS_COUNTS:  # a histogram by atomics (lanes may share an expert: each adds once)
+        tl.store(counts_ptr + offs_e, tl.zeros([BLOCK_E], dtype=tl.int32), mask=mask_e)
+        tl.debug_barrier()
         c = 0
         while c < num_pairs:
-            ids = tl.load(ids_ptr + c + offs_p, mask=c + offs_p < num_pairs, other=-1)
-            counts += tl.sum((ids[:, None] == offs_e[None, :]).to(tl.int32), axis=0)
+            pairs = c + offs_p
+            ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=0)
+            tl.atomic_add(counts_ptr + ids, 1, mask=pairs < num_pairs, sem="relaxed")
             c += BLOCK_P
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    starts = ends - padded
-    # Every position at or past the last run's end belongs to the "empty" expert NUM_EXPERTS.
-    ends = tl.where(mask_e, ends, 2147483647)
+        tl.debug_barrier()
+    counts = tl.load(counts_ptr + offs_e, mask=mask_e, other=0)
+    run_blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    starts = (tl.cumsum(run_blocks, axis=0) - run_blocks) * BLOCK_M
+    first_block = starts // BLOCK_M
     # NOTE: `while` loops, not `range`, over runtime bounds: the interpreter (CPU tests) cannot
     # take a runtime scalar as a range bound.
-    b0 = 0
-    while b0 < num_blocks:
-        blocks = b0 + offs_p
-        pos = blocks * BLOCK_M
-        expert = tl.sum((ends[None, :] <= pos[:, None]).to(tl.int32), axis=1)
-        tl.store(block_expert_ptr + blocks, expert, mask=blocks < num_blocks)
-        b0 += BLOCK_P
-    offs_r = tl.arange(0, BLOCK_P * 8)
+    # Each expert's blocks, one block of every run per round: a run has at most T / BLOCK_M + 1
+    # blocks (an expert gets each token at most once), so decode takes one or two rounds.
+    longest = tl.max(run_blocks, axis=0)
+    j = 0
+    while j < longest:
+        tl.store(block_expert_ptr + first_block + j, offs_e, mask=mask_e & (j < run_blocks))
+        j += 1
+    b0 = tl.sum(run_blocks, axis=0)
+    while b0 < num_blocks:  # the unused tail: the "empty" expert NUM_EXPERTS
+        blocks = b0 + offs_r
+        tl.store(block_expert_ptr + blocks, NUM_EXPERTS, mask=blocks < num_blocks)
+        b0 += BLOCK_R
     r0 = 0
     while r0 < num_blocks * BLOCK_M:  # padding rows point past the last pair
         rows = r0 + offs_r
         tl.store(sorted_ptr + rows, num_pairs, mask=rows < num_blocks * BLOCK_M)
-        r0 += BLOCK_P * 8
+        r0 += BLOCK_R
+    tl.debug_barrier()  # every lane has read the counts before they turn into cursors
     tl.store(counts_ptr + offs_e, starts, mask=mask_e)
     tl.debug_barrier()  # the padding and the cursors are written before any pair lands
     c = 0
@@ -192,7 +198,8 @@ def moe_align(
     _align_kernel[(1,)](
         ids, scratch, sorted_pairs, block_expert, num_pairs, num_blocks,
         NUM_EXPERTS=num_experts, BLOCK_M=block_m, HAS_COUNTS=has_counts,
-        BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_P=_ALIGN_CHUNK, num_warps=8,
+        BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_P=_ALIGN_CHUNK,
+        BLOCK_R=1024, num_warps=8,
         **pdl_launch_kwargs(dev, 1),
     )  # fmt: skip
     return sorted_pairs, block_expert

@@ -73,6 +73,18 @@ def test_route_and_align_match_torch(tokens, experts, top_k, shared, renorm) -> 
     assert bool((alone[0] == sorted_pairs).all()) and bool((alone[1] == block_expert).all())
 
 
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_align_long_and_skewed_runs(block_m: int) -> None:
+    """Runs of many blocks (a few experts, many tokens) and one expert taking most pairs (what
+    expert parallelism's renumbering does), over several chunks of pairs."""
+    ids = torch.randint(0, 5, (300, 2), generator=_gen(7))
+    ids[::3, 0] = 0
+    ids[:, 1] = torch.where(ids[:, 0] == ids[:, 1], (ids[:, 1] + 1) % 5, ids[:, 1])
+    want = moe_align_block_size(ids, 6, block_m)  # expert 5 gets nothing
+    got = moe_align(ids.to(DEVICE), 6, block_m)
+    assert bool((got[0].cpu() == want[0]).all()) and bool((got[1].cpu() == want[1]).all())
+
+
 def test_route_ties_pick_the_lowest_ids() -> None:
     logits = torch.tensor([[1.0, 3.0, 2.0, 3.0, 2.0, 2.0]], device=DEVICE)
     _, ids, _ = moe_route(logits, 3, backend="triton")
