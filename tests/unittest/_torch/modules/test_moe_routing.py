@@ -173,9 +173,13 @@ def test_fused_block_real_35b_dims_gpu(tokens: int) -> None:
     fused_logits = F.linear(x, moe.gate.weight)
     torch.testing.assert_close(fused_logits[:, :E], logits, atol=0, rtol=0)
     weights, ids, _ = moe_route(fused_logits, K, True, True)
-    keep = _no_boundary_tie(F.softmax(logits.float(), -1), K)
+    probs = F.softmax(logits.float(), -1)
+    keep = _no_boundary_tie(probs, K)
     got, ref = ids[:, :K].long().sort(-1).values, ids_ref.sort(-1).values
     assert bool((got[keep] == ref[keep]).all())  # the same experts where no tie decides
+    # Where one does: the lowest ids among the tied (moe_routing.py), as CUDA's topk picks.
+    lowest = probs.neg().sort(-1, stable=True).indices[:, :K].sort(-1).values
+    assert bool((got == lowest).all())
     assert bool((ids[:, K] == E).all())
     out = moe(x).float()
     err = (out - want)[keep].norm() / want[keep].norm()
