@@ -114,6 +114,9 @@ def bench(tokens: tuple[int, ...]) -> list[dict[str, object]]:
         us["new layer"] = graph_time_us(partial(moe, x))
         us["old routing+align"] = old_route[m]
         us["new routing+align"] = graph_time_us(route)
+        us["new routing+align, counts in route"] = graph_time_us(
+            partial(route, count_in_route=True)
+        )
         us["old shared expert"] = old_shared[m]
         act = fm.gate_up_silu(x, w1, layout, k, _tiles(block_m, _GATE_UP[0], _DOWN[0], "sum")[0])
         for cfg in _GATE_UP:
@@ -136,7 +139,7 @@ def bench(tokens: tuple[int, ...]) -> list[dict[str, object]]:
         row["best"] = {"gate_up": best_gu[1], "down": best_dn[1], "gemv": best_gemv[1]}
         print(f"\n=== M {m} (pairs {m * k}, BLOCK_M {block_m}, {time.time() - t0:.1f} s)")
         for name, v in us.items():
-            print(f"  {name:28s} {v:8.1f} us")
+            print(f"  {name:36s} {v:8.1f} us")
         print(f"  best grouped: {best_gu[1]} + {best_dn[1]} = {best_gu[0] + best_dn[0]:.1f} us;"
               f" best {best_gemv[1]} = {best_gemv[0]:.1f} us", flush=True)  # fmt: skip
         rows.append(row)

@@ -3,10 +3,11 @@
 `moe_route`: one program per token row of the router logits `[T, E]` (or `[T, E + 1]` with a
 fused shared expert, see `modules/fused_moe/moe.py`): a float32 softmax over the E routed
 logits, top-k by k rounds of argmax over the register tile, optional renormalisation, and
-(with `shared_expert`) a last pair `(E, sigmoid(logit_E))`. Each program also adds its k
-(+1) ids into a zeroed per-expert count buffer with atomics.
+(with `shared_expert`) a last pair `(E, sigmoid(logit_E))`. Optionally each program also adds
+its k (+1) ids into a zeroed per-expert count buffer with atomics (`count_in_route`).
 
-`moe_align`: a single program turns the counts into the layout of `moe_align_block_size`
+`moe_align`: a single program counts the pairs per expert (atomics into its scratch, unless
+the routing counted) and turns the counts into the layout of `moe_align_block_size`
 (`fused_moe.py`): every expert's run padded to BLOCK_M, `block_expert` per M-block and each
 pair's slot. Pairs keep their order inside an expert's run (ranks come from comparisons inside
 a chunk of pairs plus a per-expert cursor), so the layout equals the torch path's stable sort
@@ -214,8 +215,13 @@ def moe_route(
     shared_expert: bool = False,
     block_m: int | None = None,
     backend: str = "auto",
+    count_in_route: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, Layout | None]:
     """(weights, ids int32 on Triton / int64 on torch, layout) of `route_ref`'s routing.
+
+    `count_in_route`: the routing kernel counts pairs per expert with atomics into a zeroed
+    buffer (one memset launch more); by default the alignment program counts them itself,
+    which at decode sizes costs less than the memset (`bench_moe.py` times both).
 
     With `block_m`, the Triton path also returns the aligned layout for the expert kernels
     (`fused_moe(..., layout=)`); the torch path and the large-batch case return None, and the
@@ -237,11 +243,12 @@ def moe_route(
     ids = torch.empty(num_tokens, k_total, dtype=torch.int32, device=dev)
     weights = torch.empty(num_tokens, k_total, dtype=logits.dtype, device=dev)
     align = block_m is not None and num_tokens * k_total <= ALIGN_MAX_PAIRS
-    counts = torch.zeros(width, dtype=torch.int32, device=dev) if align else ids
+    count = align and count_in_route
+    counts = torch.zeros(width, dtype=torch.int32, device=dev) if count else None
     _route_kernel[(num_tokens,)](
-        logits, ids, weights, counts, logits.stride(0),
+        logits, ids, weights, ids if counts is None else counts, logits.stride(0),
         NUM_EXPERTS=num_experts, TOP_K=top_k, RENORMALIZE=renormalize,
-        SHARED=shared_expert, HAS_COUNTS=align,
+        SHARED=shared_expert, HAS_COUNTS=count,
         BLOCK_E=triton.next_power_of_2(width), BLOCK_K=triton.next_power_of_2(k_total),
         num_warps=4 if width > 128 else 1, **pdl_launch_kwargs(dev, num_tokens),
     )  # fmt: skip

@@ -60,6 +60,7 @@ def _experts(num: int, hidden: int, inter: int, seed: int, dtype=torch.float32):
 def test_route_and_align_match_torch(tokens, experts, top_k, shared, renorm) -> None:
     logits = torch.randn(tokens, experts + shared, generator=_gen(tokens)).to(DEVICE)
     weights, ids, layout = moe_route(logits, top_k, renorm, shared, block_m=16, backend="triton")
+    counted = moe_route(logits, top_k, renorm, shared, 16, "triton", count_in_route=True)[2]
     want_w, want_ids = route_ref(logits, top_k, renorm, shared)
     assert ids.dtype == torch.int32 and bool((ids.long() == want_ids).all())  # best first, too
     torch.testing.assert_close(weights, want_w)
@@ -67,8 +68,9 @@ def test_route_and_align_match_torch(tokens, experts, top_k, shared, renorm) -> 
         torch.testing.assert_close(weights[:, -1], torch.sigmoid(logits[:, -1]))
     # The stable per-expert order makes the layout equal the torch path's bit for bit.
     sorted_pairs, block_expert = moe_align_block_size(want_ids, experts + shared, 16)
-    assert layout is not None
-    assert bool((layout[0] == sorted_pairs).all()) and bool((layout[1] == block_expert).all())
+    for got in (layout, counted):
+        assert got is not None
+        assert bool((got[0] == sorted_pairs).all()) and bool((got[1] == block_expert).all())
     alone = moe_align(ids, experts + shared, 16)  # the histogram variant (no counts)
     assert bool((alone[0] == sorted_pairs).all()) and bool((alone[1] == block_expert).all())
 
