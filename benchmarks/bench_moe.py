@@ -39,8 +39,9 @@ _TOKENS = (1, 4, 16, 64)
 # (BLOCK_N, BLOCK_K, num_warps, num_stages)
 _GATE_UP = ((16, 128, 4, 4), (32, 64, 4, 3), (32, 128, 4, 4), (64, 64, 4, 3), (64, 128, 4, 4))
 _DOWN = ((32, 128, 4, 4), (64, 64, 4, 3), (64, 128, 4, 4), (128, 64, 8, 3))
-_GEMV = (GemvTiles(16, 32, 256, 4), GemvTiles(32, 64, 256, 4), GemvTiles(16, 32, 128, 4),
-         GemvTiles(32, 32, 512, 8))  # fmt: skip
+_GEMV = (GemvTiles(16, 32, 256, 4), GemvTiles(32, 64, 256, 4), GemvTiles(16, 32, 512, 4),
+         GemvTiles(16, 16, 512, 4, down_per_pair=False),
+         GemvTiles(16, 32, 256, 4, down_per_pair=False))  # fmt: skip
 
 
 def _moe() -> MoE:
@@ -131,7 +132,8 @@ def bench(tokens: tuple[int, ...]) -> list[dict[str, object]]:
                     partial(fm.down_weighted, act, w2, layout, weights, tiles)
                 )
         for g in _GEMV:
-            name = f"gemv {g.gate_up_n}/{g.down_n}/{g.block_k}/{g.num_warps}"
+            per = "pair" if g.down_per_pair else "token"
+            name = f"gemv {g.gate_up_n}/{g.down_n}/{g.block_k}/{g.num_warps} {per}"
             us[name] = graph_time_us(partial(fused_moe_gemv, x, w1, w2, ids, weights, g))
         best_gu = min((v, n) for n, v in us.items() if n.startswith("gate_up"))
         best_dn = min((v, n) for n, v in us.items() if n.startswith("down"))

@@ -46,6 +46,7 @@ class GemvTiles:
     down_n: int = 32
     block_k: int = 256
     num_warps: int = 4
+    down_per_pair: bool = True  # moe_gemv.py: k times the programs, plus a k-sum launch
 
 
 # (largest token count of the bucket, tiles); the last bucket takes every larger step. Buckets

@@ -24,12 +24,14 @@ from tensorrt_llm._torch.modules.triton_kernels.fused_moe import (  # noqa: E402
     fused_moe_ref,
     moe_align_block_size,
 )
+from tensorrt_llm._torch.modules.triton_kernels.moe_gemv import fused_moe_gemv  # noqa: E402
 from tensorrt_llm._torch.modules.triton_kernels.moe_routing import (  # noqa: E402
     moe_align,
     moe_route,
     route_ref,
 )
 from tensorrt_llm._torch.modules.triton_kernels.moe_tiles import (  # noqa: E402
+    GemvTiles,
     MoETiles,
     pick_tiles,
 )
@@ -104,13 +106,18 @@ def test_route_bf16_weights_round_like_the_torch_path() -> None:
 
 
 @pytest.mark.parametrize("tokens", [1, 3])
-def test_gemv_path_matches_ref(tokens: int) -> None:
+@pytest.mark.parametrize("per_pair", [True, False])
+def test_gemv_path_matches_ref(tokens: int, per_pair: bool) -> None:
     w1, w2 = _experts(6, 32, 24, 0)
     x = torch.randn(tokens, 32, generator=_gen(1)).to(DEVICE)
     weights, ids = route_ref(torch.randn(tokens, 6, generator=_gen(3)).to(DEVICE), 2)
     assert expert_plan(tokens, 2, 6, block_scaled=False) is None  # takes the GEMV kernels
-    out = fused_moe(x, w1, w2, ids, weights, backend="triton")
-    torch.testing.assert_close(out, fused_moe_ref(x, w1, w2, ids, weights), atol=1e-5, rtol=1e-5)
+    want = fused_moe_ref(x, w1, w2, ids, weights)
+    torch.testing.assert_close(fused_moe(x, w1, w2, ids, weights, backend="triton"), want,
+                               atol=1e-5, rtol=1e-5)  # fmt: skip
+    tiles = GemvTiles(16, 16, 16, down_per_pair=per_pair)
+    out = fused_moe_gemv(x, w1, w2, ids, weights, tiles)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("combine", ["sum", "atomic"])
