@@ -61,6 +61,11 @@ def _old_routing(x: torch.Tensor, moe: MoE, block_m: int) -> None:
     torch.sigmoid(moe.shared_expert_gate(x))
 
 
+def _new_routing(x: torch.Tensor, moe: MoE, block_m: int, count_in_route: bool = False):
+    logits = F.linear(x, moe.gate.weight)  # [T, E + 1]: the shared expert's gate included
+    return moe_route(logits, TOP_K, True, True, block_m, "triton", count_in_route)
+
+
 def _old_shared(x: torch.Tensor, moe: MoE, routed: torch.Tensor) -> torch.Tensor:
     assert moe.shared_expert is not None and moe.shared_expert_gate is not None
     return routed + torch.sigmoid(moe.shared_expert_gate(x)) * moe.shared_expert(x)
@@ -104,19 +109,17 @@ def bench(tokens: tuple[int, ...]) -> list[dict[str, object]]:
     del w1s, w2s
     for m, x in inputs.items():
         t0 = time.time()
-        logits = F.linear(x, moe.gate.weight)
         block_m = pick_tiles(m, k, E + 1).block_m
-        route = partial(moe_route, logits, TOP_K, True, True, block_m, backend="triton")
-        weights, ids, layout = route()
+        weights, ids, layout = _new_routing(x, moe, block_m)
         assert layout is not None
         row: dict[str, object] = {"tokens": m, "block_m": block_m, "us": {}}
         us: dict[str, float] = row["us"]  # type: ignore[assignment]
         us["old layer"] = old_layer[m]
         us["new layer"] = graph_time_us(partial(moe, x))
         us["old routing+align"] = old_route[m]
-        us["new routing+align"] = graph_time_us(route)
+        us["new routing+align"] = graph_time_us(partial(_new_routing, x, moe, block_m))
         us["new routing+align, counts in route"] = graph_time_us(
-            partial(route, count_in_route=True)
+            partial(_new_routing, x, moe, block_m, True)
         )
         us["old shared expert"] = old_shared[m]
         act = fm.gate_up_silu(x, w1, layout, k, _tiles(block_m, _GATE_UP[0], _DOWN[0], "sum")[0])
