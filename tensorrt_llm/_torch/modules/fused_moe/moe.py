@@ -34,6 +34,7 @@ from ....mapping import Mapping as ParallelMapping
 from ...distributed import all_reduce
 from ..gated_mlp import GatedMLP
 from ..linear import Linear
+from ..triton_kernels import use_triton
 from ..triton_kernels.fp8_block import BLOCK_SIZE, FP8_DTYPE
 from ..triton_kernels.fused_moe import expert_plan, fused_moe
 from ..triton_kernels.fused_moe_ref import (  # noqa: F401
@@ -368,7 +369,7 @@ class MoE(nn.Module):
         x = hidden_states.reshape(-1, self.hidden_size)
         experts = self.experts
         block_m = None  # expert parallelism renumbers the pairs after routing: no layout then
-        if self.local_experts is None and x.is_cuda:
+        if self.local_experts is None and use_triton("moe_route", x.device, "auto"):
             top_k = self.gate.top_k + int(self.shared_fused)
             fp8 = experts.weight_block_size is not None
             block_m = expert_plan(x.shape[0], top_k, experts.num_experts, fp8)

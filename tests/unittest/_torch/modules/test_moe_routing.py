@@ -135,6 +135,39 @@ def test_grouped_gemm_tiles_layout_and_combine(combine: str) -> None:
                   tiles=MoETiles(64, 16, 16, 16, 16))  # fmt: skip
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("tokens", [1, 3, 9])
+def test_fused_block_on_the_triton_path_matches_hf(
+    tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`MoE.forward` with every kernel on Triton (the interpreter on CPU): the routing kernel,
+    its layout or the GEMV kernels, and the shared expert fused; against HF's block."""
+    from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
+
+    import tensorrt_llm._torch.modules.fused_moe.moe as moe_mod
+    import tensorrt_llm._torch.modules.triton_kernels.fused_moe as fused_mod
+    import tensorrt_llm._torch.modules.triton_kernels.moe_routing as routing_mod
+
+    if DEVICE.type == "cpu":
+        for mod in (moe_mod, fused_mod, routing_mod):
+            monkeypatch.setattr(mod, "use_triton", lambda name, device, backend: True)
+    torch.manual_seed(0)
+    sizes = dict(hidden_size=32, moe_intermediate_size=16, num_experts=6, num_experts_per_tok=2)
+    config = Qwen3NextConfig(**sizes, shared_expert_intermediate_size=16)
+    config._experts_implementation = "eager"  # type: ignore[attr-defined]
+    hf = Qwen3NextSparseMoeBlock(config).eval()
+    for p in hf.parameters():
+        p.copy_(torch.randn_like(p) * 0.3)
+    ours = MoE.from_config(config).eval()
+    ours.load_weights(hf.state_dict())
+    assert ours.shared_fused
+    ours.to(DEVICE)
+    x = torch.randn(tokens, 32)
+    want = hf(x[None])[0]
+    torch.testing.assert_close(ours(x.to(DEVICE)).cpu(), want, atol=1e-4, rtol=1e-4)
+
+
 def test_tiles_depend_on_the_token_class_only() -> None:
     for tokens in (5, 6, 7, 8):  # one warm-up class: one set of compiled variants
         assert pick_tiles(tokens, 9, 257) == pick_tiles(8, 9, 257)
