@@ -24,7 +24,12 @@ from ..attention_backend import AttentionMetadata, get_attention_backend
 from ..attention_backend.piecewise import run_attention, run_split
 from ..modules.embedding import Embedding, LMHead
 from ..modules.fp8_linear import Fp8Activation, UnscaledOutput
-from ..modules.fused_moe import MoE, convert_hf_expert_weights, prepare_fp8_block_experts_
+from ..modules.fused_moe import (
+    MoE,
+    convert_hf_expert_weights,
+    fuse_shared_experts_,
+    prepare_fp8_block_experts_,
+)
 from ..modules.gated_delta_net import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
     GatedDeltaNet,
@@ -369,6 +374,8 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
         )
         fused = {**FUSED_PROJECTIONS, **GATED_DELTA_NET_FUSED_PROJECTIONS}
         load_hf_weights(self, named, fused=fused, ignore=DEFAULT_IGNORE, optional=optional)
+        if self.model_cls.moe:  # the shared experts join the routed ones (shared_fusion.py)
+            fuse_shared_experts_(self)
 
 
 class Qwen3_5MoeTextForCausalLM(Qwen3_5TextForCausalLM):

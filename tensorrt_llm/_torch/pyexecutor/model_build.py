@@ -15,6 +15,7 @@ from ..modules.fp8_block_model import (
     fill_dummy_fp8_block_,
     quantize_moe_experts_fp8_block_,
 )
+from ..modules.fused_moe import fuse_shared_experts_
 from ..weight_loading import build_model_on_meta, load_model
 from .engine_config import MAX_SEQ_LEN_USER, EngineConfig
 from .kv_cache_creator import KVCacheSpec, kv_tokens_upper_bound
@@ -83,6 +84,9 @@ def build_model(
         model = load_model(cls, model_config, device, prepare=prepare)
     if quant is not None and (config.load_format == "dummy" or not quant.from_checkpoint):
         quantize_moe_experts_fp8_block_(model)
+    # After the experts' final precision: random weights, or experts converted to FP8 after
+    # loading, fuse only now (a checkpoint's load_weights fused already where it could).
+    fuse_shared_experts_(model)
     return model.eval()
 
 

@@ -31,6 +31,9 @@ from tensorrt_llm._torch.modules.triton_kernels import (
     fused_moe,
     gated_rms_norm,
     gdn_decode,
+    moe_gemv,
+    moe_routing,
+    moe_tiles,
     mrope,
     rms_norm,
 )
@@ -276,14 +279,58 @@ def _fp8_block_variants() -> Iterator[
         name = f"fused_moe gate_up scaled={scaled} m{block_m}"
         yield name, fused_moe._gate_up_silu_kernel, types, {**cx, "TOP_K": 8}, {}
         types = dict(base, act_ptr=w, out_ptr="*fp32", topk_w_ptr="*bf16", act_scale_ptr="*fp32")
-        name = f"fused_moe down scaled={scaled} m{block_m}"
-        yield name, fused_moe._down_weighted_kernel, types, cx, {}
+        for atomic in (False, True):
+            name = f"fused_moe down scaled={scaled} m{block_m} atomic={atomic}"
+            cx_down = {**cx, "TOP_K": 9, "ATOMIC": atomic}
+            yield name, fused_moe._down_weighted_kernel, types, cx_down, {}
+
+
+def _moe_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict[str, Any]]]:
+    """Qwen3.6-35B-A3B's MoE at decode: routing (256 experts + the fused shared one, top-8),
+    the alignment, the GEMV kernels, and the grouped GEMMs at every tile of the table."""
+    route_types = dict(logits_ptr="*bf16", ids_ptr="*i32", weights_ptr="*bf16", counts_ptr="*i32")
+    for counts in (False, True):
+        cx = dict(NUM_EXPERTS=256, TOP_K=8, RENORMALIZE=True, SHARED=True, HAS_COUNTS=counts,
+                  BLOCK_E=512, BLOCK_K=16)  # fmt: skip
+        yield f"moe route counts={counts}", moe_routing._route_kernel, route_types, cx, {}
+        align_types = dict(ids_ptr="*i32", counts_ptr="*i32", sorted_ptr="*i32",
+                           block_expert_ptr="*i32")  # fmt: skip
+        for block_m in (16, 64):
+            cx = dict(NUM_EXPERTS=257, BLOCK_M=block_m, HAS_COUNTS=counts, BLOCK_E=512,
+                      BLOCK_P=128, BLOCK_R=1024)  # fmt: skip
+            name = f"moe align counts={counts} m{block_m}"
+            yield name, moe_routing._align_kernel, align_types, cx, dict(num_warps=8)
+    g = moe_tiles.GEMV_TILES
+    gu_types = dict(x_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i32", act_ptr="*bf16")
+    cx = dict(HIDDEN=2048, INTER=512, TOP_K=9, BLOCK_N=g.gate_up_n, BLOCK_K=g.block_k)
+    yield "moe gemv gate_up", moe_gemv._gemv_gate_up_kernel, gu_types, cx, {}
+    for rows, out in ((1, "*fp32"), (9, "*bf16")):
+        dn_types = dict(act_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i32", topk_w_ptr="*bf16",
+                        out_ptr=out)  # fmt: skip
+        cx = dict(HIDDEN=2048, INTER=512, ROW_PAIRS=rows, BLOCK_N=g.down_n, BLOCK_K=g.block_k)
+        yield f"moe gemv down rows={rows}", moe_gemv._gemv_down_kernel, dn_types, cx, {}
+    sum_types = dict(part_ptr="*fp32", out_ptr="*bf16")
+    cx = dict(HIDDEN=2048, TOP_K=9, BLOCK=1024)
+    yield "moe gemv k-sum", moe_gemv._sum_pairs_kernel, sum_types, cx, {}
+    base = dict(sorted_ptr="*i32", block_expert_ptr="*i32", w_ptr="*bf16", w_scale_ptr="*fp32")
+    for bound, t in moe_tiles.TILE_TABLE:
+        opts = dict(num_warps=t.num_warps, num_stages=t.num_stages)
+        common = dict(BLOCK_M=t.block_m, PRECISION="tf32", BLOCK_SCALED=False, W_BLOCK_N=1,
+                      HIDDEN=2048, INTER=512, TOP_K=9)  # fmt: skip
+        types = dict(base, x_ptr="*bf16", out_ptr="*bf16", x_scale_ptr="*fp32")
+        cx = dict(common, BLOCK_N=t.gate_up_n, BLOCK_K=t.gate_up_k)
+        yield f"moe table<={bound} gate_up", fused_moe._gate_up_silu_kernel, types, cx, opts
+        types = dict(base, act_ptr="*bf16", out_ptr="*fp32", topk_w_ptr="*bf16",
+                     act_scale_ptr="*fp32")  # fmt: skip
+        cx = dict(common, BLOCK_N=t.down_n, BLOCK_K=t.down_k, ATOMIC=t.combine == "atomic")
+        yield f"moe table<={bound} down", fused_moe._down_weighted_kernel, types, cx, opts
 
 
 def _pdl_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict[str, Any]]]:
     """Every kernel that takes USE_PDL, compiled with it on (grid-dependency instructions and
     Triton's `launch_pdl` option), as decode-sized launches run on Hopper by default."""
-    for name, kernel, types, cx, opts in [*_variants(), *_more_variants(), *_fp8_block_variants()]:
+    every = [*_variants(), *_more_variants(), *_fp8_block_variants(), *_moe_variants()]
+    for name, kernel, types, cx, opts in every:
         if "USE_PDL" in kernel.arg_names and "split=True" not in name:
             yield (
                 f"{name} +pdl",
@@ -299,7 +346,13 @@ def _pdl_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], 
 
 def main() -> int:
     failed = 0
-    every = [*_variants(), *_more_variants(), *_fp8_block_variants(), *_pdl_variants()]
+    every = [
+        *_variants(),
+        *_more_variants(),
+        *_fp8_block_variants(),
+        *_moe_variants(),
+        *_pdl_variants(),
+    ]
     for name, kernel, types, cx, opts in every:
         try:
             compiled = _compile(kernel, types, cx, **opts)

@@ -11,12 +11,14 @@ from .moe import (
     prepare_fp8_block_experts_,
 )
 from .router import TopKRouter, softmax_topk
+from .shared_fusion import fuse_shared_experts_
 
 __all__ = [
     "MoE",
     "MoEExperts",
     "TopKRouter",
     "convert_hf_expert_weights",
+    "fuse_shared_experts_",
     "fused_moe_dense_ref",
     "fused_moe_ref",
     "prepare_fp8_block_experts_",

@@ -34,13 +34,15 @@ from ....mapping import Mapping as ParallelMapping
 from ...distributed import all_reduce
 from ..gated_mlp import GatedMLP
 from ..linear import Linear
+from ..triton_kernels import use_triton
 from ..triton_kernels.fp8_block import BLOCK_SIZE, FP8_DTYPE
-from ..triton_kernels.fused_moe import fused_moe
+from ..triton_kernels.fused_moe import expert_plan, fused_moe
 from ..triton_kernels.fused_moe_ref import (  # noqa: F401
     BlockScales,
     fused_moe_dense_ref,
     fused_moe_ref,
 )
+from ..triton_kernels.moe_routing import Layout
 from .expert_parallel import expert_range, local_routing
 from .fp8_experts import (
     SCALE_SUFFIX,
@@ -52,6 +54,7 @@ from .fp8_experts import (
     stacked_scale_fp8,
 )
 from .router import TopKRouter
+from .shared_fusion import fuse_shared_expert
 
 # Model types whose HF MoE block reads `norm_topk_prob`; the others always renormalise.
 _CONFIGURABLE_NORM_TOPK = ("qwen2_moe", "qwen3_moe", "qwen3_next")
@@ -145,12 +148,18 @@ class MoEExperts(nn.Module):
         )
 
     def forward(
-        self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        layout: Layout | None = None,
     ) -> torch.Tensor:
-        # Triton grouped GEMM on CUDA (graph-safe); torch reference elsewhere.
+        # Triton grouped GEMM on CUDA (graph-safe); torch reference elsewhere. `layout`: the
+        # routing kernel's aligned pairs (`expert_plan`), saving the alignment launch.
         return fused_moe(
-            x, self.gate_up_proj, self.down_proj, topk_ids, topk_weights, scales=self.block_scales()
-        )
+            x, self.gate_up_proj, self.down_proj, topk_ids, topk_weights,
+            scales=self.block_scales(), layout=layout,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         fp8 = "" if self.weight_block_size is None else f", fp8_block={self.weight_block_size}"
@@ -282,6 +291,9 @@ def convert_hf_expert_weights(
 class MoE(nn.Module):
     """`experts(x) [+ sigmoid(shared_expert_gate(x)) * shared_expert(x)]` over [T, hidden].
 
+    After loading, a shared expert as wide as the routed ones joins them as expert E, its gate
+    as router row E (`fuse_shared_expert_`, shared_fusion.py): one routed pass computes both.
+
     Expert parallelism (`mapping.moe_ep_size > 1`, expert_parallel.py): `experts` holds this
     rank's share, routing stays global, and the routed output is all-reduced once.
     """
@@ -314,6 +326,7 @@ class MoE(nn.Module):
         )  # fmt: skip
         self.shared_expert: GatedMLP | None = None
         self.shared_expert_gate: Linear | None = None
+        self.shared_fused = False  # the shared expert is expert E of `experts` (see above)
         if shared_expert_intermediate_size:
             self.shared_expert = GatedMLP(hidden_size, shared_expert_intermediate_size, dtype=dtype)
             self.shared_expert_gate = Linear(hidden_size, 1, dtype=dtype)
@@ -354,12 +367,18 @@ class MoE(nn.Module):
                 f"MoE expects last dim {self.hidden_size}, got {tuple(hidden_states.shape)}"
             )
         x = hidden_states.reshape(-1, self.hidden_size)
-        topk_weights, topk_ids = self.gate(x)
+        experts = self.experts
+        block_m = None  # expert parallelism renumbers the pairs after routing: no layout then
+        if self.local_experts is None and use_triton("moe_route", x.device, "auto"):
+            top_k = self.gate.top_k + int(self.shared_fused)
+            fp8 = experts.weight_block_size is not None
+            block_m = expert_plan(x.shape[0], top_k, experts.num_experts, fp8)
+        topk_weights, topk_ids, layout = self.gate.route(x, block_m)
         if self.local_experts is not None:
             topk_ids, topk_weights = local_routing(topk_ids, topk_weights, *self.local_experts)
-            out = all_reduce(self.experts(x, topk_ids, topk_weights), self.mapping)
+            out = all_reduce(experts(x, topk_ids, topk_weights), self.mapping)
         else:
-            out = self.experts(x, topk_ids, topk_weights)
+            out = experts(x, topk_ids, topk_weights, layout)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out.reshape(hidden_states.shape)
@@ -371,6 +390,8 @@ class MoE(nn.Module):
         # Imported here: the models package imports the modules, not the other way round.
         from ...weight_loading import load_hf_weights
 
+        if self.shared_fused:
+            raise ValueError("MoE.load_weights after fuse_shared_expert_: load, then fuse")
         experts = self.experts
         converted = convert_hf_expert_weights(
             weights,
@@ -381,3 +402,9 @@ class MoE(nn.Module):
         )
         prepare_fp8_block_experts_(self, converted, experts.weight_block_size or BLOCK_SIZE)
         load_hf_weights(self, converted)
+        self.fuse_shared_expert_()
+
+    def fuse_shared_expert_(self) -> bool:
+        """Run the shared expert as routed expert E when it can (shared_fusion.py, which lists
+        when it cannot); returns whether it fused now. Call after loading the weights."""
+        return fuse_shared_expert(self)

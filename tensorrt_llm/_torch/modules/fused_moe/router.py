@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..triton_kernels.moe_routing import Layout, moe_route, route_ref
+
 
 def softmax_topk(
     router_logits: torch.Tensor, top_k: int, renormalize: bool = True
@@ -16,19 +18,15 @@ def softmax_topk(
     topk_ids [T, k] int64), best expert first. With `renormalize` this equals a softmax over
     the top-k logits (TensorRT-LLM's "Renormalize" routing); without it, "Default" routing.
     """
-    num_experts = router_logits.shape[-1]
-    if not 0 < top_k <= num_experts:
-        raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
-    probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    # The cast matches HF, which scales the expert outputs by weights in the model dtype.
-    return weights.to(router_logits.dtype), ids
+    return route_ref(router_logits, top_k, renormalize)
 
 
 class TopKRouter(nn.Module):
-    """The MoE gate: `logits = x @ weight^T` (weight [num_experts, hidden], HF's `mlp.gate`)."""
+    """The MoE gate: `logits = x @ weight^T` (weight [num_experts, hidden], HF's `mlp.gate`).
+
+    With a fused shared expert (`shared_fusion.py`) the weight has one more row, the shared
+    expert's gate, and every token gets a (k + 1)-th pair `(num_experts, sigmoid(logit))`.
+    """
 
     def __init__(
         self,
@@ -44,12 +42,23 @@ class TopKRouter(nn.Module):
         self.num_experts = num_experts
         self.top_k = top_k
         self.renormalize = renormalize
+        self.shared_expert = False
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype))
 
-    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[T, hidden] -> (topk_weights [T, k], topk_ids [T, k] int64)."""
+    def route(
+        self, hidden_states: torch.Tensor, block_m: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, Layout | None]:
+        """[T, hidden] -> (weights [T, k (+1)], ids [T, k (+1)], the expert layout aligned to
+        `block_m` or None); one Triton routing kernel (+ one alignment) on CUDA."""
         logits = F.linear(hidden_states, self.weight)
-        return softmax_topk(logits, self.top_k, self.renormalize)
+        return moe_route(logits, self.top_k, self.renormalize, self.shared_expert, block_m)
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, hidden] -> (topk_weights [T, k (+1)], topk_ids [T, k (+1)])."""
+        weights, ids, _ = self.route(hidden_states)
+        return weights, ids
 
     def extra_repr(self) -> str:
-        return f"num_experts={self.num_experts}, top_k={self.top_k}, renormalize={self.renormalize}"
+        shared = ", shared_expert=True" if self.shared_expert else ""
+        return (f"num_experts={self.num_experts}, top_k={self.top_k}, "
+                f"renormalize={self.renormalize}{shared}")  # fmt: skip

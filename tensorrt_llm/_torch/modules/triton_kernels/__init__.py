@@ -2,7 +2,8 @@
 
 - `mrope.py`: in-place (m)RoPE of q and k with the cos/sin table lookup fused in.
 - `pos_embed_interp.py`: Qwen3-VL position-embedding bilinear resampling in merge-window order.
-- `fused_moe.py`: grouped-GEMM MoE (SwiGLU experts) over a padded expert-sorted layout.
+- `fused_moe.py`: grouped-GEMM MoE (SwiGLU experts) over a padded expert-sorted layout;
+  `moe_routing.py` (softmax/top-k routing and the layout), `moe_tiles.py`, `moe_gemv.py`.
 
 Every public entry point takes `backend: "auto" | "triton" | "torch"`. "auto" uses Triton for
 CUDA tensors and torch elsewhere. When Triton is missing on a CUDA tensor, "auto" warns once and

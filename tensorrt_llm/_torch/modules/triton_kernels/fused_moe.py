@@ -2,11 +2,16 @@
 
 Layout of `modules/fused_moe/moe.py`: `gate_up_proj: [E, 2*I, H]` (gate rows first) and
 `down_proj: [E, H, I]`. Steps, all on the device with no host sync (CUDA-graph safe):
-1. `moe_align_block_size`: sort the T*k (token, slot) pairs by expert into a fixed-size buffer
-   where each expert's run is padded to a multiple of BLOCK_M, so every M-block has one expert.
-   The buffer size is an upper bound known from shapes alone; unused blocks are marked empty.
+1. Align: sort the T*k (token, slot) pairs by expert into a fixed-size buffer where each
+   expert's run is padded to a multiple of BLOCK_M, so every M-block has one expert. The buffer
+   size is an upper bound known from shapes alone; unused blocks are marked empty. One Triton
+   program does it (`moe_routing.moe_align`, or `moe_route` together with the routing);
+   `moe_align_block_size` below is its torch twin, kept for very large steps and the tests.
 2. GEMM 1 per block: `silu(x @ gate^T) * (x @ up^T)` -> `[T*k, I]` in the activation dtype.
-3. GEMM 2 per block: `act @ down^T * routing_weight` -> `[T*k, H]` fp32, then a sum over k.
+3. GEMM 2 per block: `act @ down^T * routing_weight` -> `[T*k, H]` fp32, then a sum over k
+   (or atomic adds into `[T, H]`, `moe_tiles.py`'s `combine`).
+Tiles come from `moe_tiles.py` by the step's pair count; steps of a few tokens with 16-bit
+weights skip the layout and take the GEMV kernels of `moe_gemv.py`.
 
 Block-FP8 experts (`gate_up_scale_inv` / `down_scale_inv` given, weights e4m3 in the layout of
 `fp8_block.py`): x and then `act` are quantized per 1 x bk group (`per_token_group_quant_fp8`)
@@ -21,9 +26,9 @@ import torch
 from . import tl, triton, triton_jit, use_triton
 from .fp8_block import FP8_DTYPE, check_block_scales, per_token_group_quant_fp8
 from .fused_moe_ref import BlockScales, fused_moe_dense_ref, fused_moe_ref
-
-_BLOCK_N = 64
-_BLOCK_K = 64
+from .moe_gemv import fused_moe_gemv
+from .moe_routing import ALIGN_MAX_PAIRS, ROUTE_MAX_EXPERTS, Layout, moe_align
+from .moe_tiles import GEMV_MAX_TOKENS, MoETiles, pick_tiles, token_class
 
 
 @triton_jit(do_not_specialize=("num_pairs",))
@@ -84,12 +89,14 @@ def _down_weighted_kernel(
     act_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, topk_w_ptr, act_scale_ptr, w_scale_ptr,
     stride_at, stride_we, stride_wn, stride_wk, stride_ot, stride_ast, stride_wse, stride_wsn,
     num_pairs, num_experts,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_SCALED: tl.constexpr, W_BLOCK_N: tl.constexpr,
+    ATOMIC: tl.constexpr,
 ):  # fmt: skip
     # grid: (num_blocks, cdiv(HIDDEN, BLOCK_N)); act [T*k, INTER], w [E, HIDDEN, INTER]; the
-    # block-scaled layout as in `_gate_up_silu_kernel`.
+    # block-scaled layout as in `_gate_up_silu_kernel`. out: [T*k, HIDDEN] fp32, or with
+    # ATOMIC a zeroed [T, HIDDEN] fp32 that each pair adds into.
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < num_experts:
@@ -124,8 +131,12 @@ def _down_weighted_kernel(
                 acc = tl.dot(a, w, acc, input_precision=PRECISION)
         weight = tl.load(topk_w_ptr + rows, mask=valid, other=0.0).to(tl.float32)
         acc = acc * weight[:, None]
-        out_ptrs = out_ptr + rows[:, None] * stride_ot + offs_n[None, :]
-        tl.store(out_ptrs, acc, mask=valid[:, None] & mask_n[None, :])
+        if ATOMIC:
+            out_ptrs = out_ptr + (rows // TOP_K)[:, None] * stride_ot + offs_n[None, :]
+            tl.atomic_add(out_ptrs, acc, mask=valid[:, None] & mask_n[None, :], sem="relaxed")
+        else:
+            out_ptrs = out_ptr + rows[:, None] * stride_ot + offs_n[None, :]
+            tl.store(out_ptrs, acc, mask=valid[:, None] & mask_n[None, :])
 
 
 def moe_align_block_size(
@@ -212,60 +223,112 @@ def _check_block_scaled(
         check_block_scales(w[0], scale[0], block, f"fused_moe {name}")
 
 
+def expert_plan(
+    num_tokens: int, top_k: int, num_experts: int, block_scaled: bool, block_m: int | None = None
+) -> int | None:
+    """The BLOCK_M the grouped GEMM will use for such a step, or None when the step takes the
+    GEMV kernels (no layout needed): what `moe_route(..., block_m=)` should align for."""
+    if not block_scaled and block_m is None and token_class(num_tokens) <= GEMV_MAX_TOKENS:
+        return None
+    return pick_tiles(num_tokens, top_k, num_experts, block_m).block_m
+
+
+def gate_up_silu(
+    x: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    layout: Layout,
+    top_k: int,
+    tiles: MoETiles,
+    scales: BlockScales | None = None,
+) -> torch.Tensor:
+    """GEMM 1 over the aligned pairs: `silu(x @ gate^T) * (x @ up^T)` -> `[T*k, I]`, x's dtype
+    (contiguous inputs; `bench_moe.py` calls it on its own to time tiles)."""
+    num_tokens, hidden = x.shape
+    num_experts, inter = gate_up_proj.shape[0], gate_up_proj.shape[1] // 2
+    sorted_pairs, block_expert = layout
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    act = torch.empty(num_tokens * top_k, inter, dtype=x.dtype, device=x.device)
+    block_n = _block(inter, tiles.gate_up_n)
+    a, a_scale, s, block_k, w_bn = x, x, gate_up_proj, _block(hidden, tiles.gate_up_k), 1
+    if scales is not None:  # the K tile is the scale block; act stays 16-bit for its quant
+        block_k, w_bn = scales.gate_up_block[1], scales.gate_up_block[0]
+        a, a_scale = per_token_group_quant_fp8(x, block_k)
+        s = scales.gate_up.float().contiguous()
+    w = gate_up_proj
+    _gate_up_silu_kernel[(block_expert.shape[0], triton.cdiv(inter, block_n))](
+        a, w, act, sorted_pairs, block_expert, a_scale, s,
+        a.stride(0), w.stride(0), w.stride(1), w.stride(2), act.stride(0),
+        a_scale.stride(0), s.stride(0), s.stride(1),
+        num_tokens * top_k, num_experts,
+        HIDDEN=hidden, INTER=inter, TOP_K=top_k,
+        BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
+        BLOCK_SCALED=scales is not None, W_BLOCK_N=w_bn,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    return act
+
+
+def down_weighted(
+    act: torch.Tensor,
+    down_proj: torch.Tensor,
+    layout: Layout,
+    topk_weights: torch.Tensor,
+    tiles: MoETiles,
+    scales: BlockScales | None = None,
+) -> torch.Tensor:
+    """GEMM 2 and the k-sum: `sum_k weight * (act @ down^T)` -> `[T, H]` in act's dtype."""
+    num_pairs, inter = act.shape
+    num_experts, hidden = down_proj.shape[0], down_proj.shape[1]
+    num_tokens, top_k = topk_weights.shape
+    sorted_pairs, block_expert = layout
+    precision = "ieee" if act.dtype == torch.float32 else "tf32"
+    atomic = tiles.combine == "atomic"
+    alloc = torch.zeros if atomic else torch.empty
+    routed = alloc(num_tokens if atomic else num_pairs, hidden, dtype=torch.float32,
+                   device=act.device)  # fmt: skip
+    weights = topk_weights.reshape(-1).contiguous()
+    block_n = _block(hidden, tiles.down_n)
+    a, a_scale, s, block_k, w_bn = act, act, down_proj, _block(inter, tiles.down_k), 1
+    if scales is not None:
+        block_k, w_bn = scales.down_block[1], scales.down_block[0]
+        a, a_scale = per_token_group_quant_fp8(act, block_k)
+        s = scales.down.float().contiguous()
+    w = down_proj
+    _down_weighted_kernel[(block_expert.shape[0], triton.cdiv(hidden, block_n))](
+        a, w, routed, sorted_pairs, block_expert, weights, a_scale, s,
+        a.stride(0), w.stride(0), w.stride(1), w.stride(2), routed.stride(0),
+        a_scale.stride(0), s.stride(0), s.stride(1),
+        num_pairs, num_experts,
+        HIDDEN=hidden, INTER=inter, TOP_K=top_k,
+        BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
+        BLOCK_SCALED=scales is not None, W_BLOCK_N=w_bn, ATOMIC=atomic,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if atomic:
+        return routed.to(act.dtype)
+    return routed.view(num_tokens, top_k, hidden).sum(dim=1).to(act.dtype)
+
+
 def _fused_moe_triton(
     x: torch.Tensor,
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
-    block_m: int | None,
+    tiles: MoETiles,
     scales: BlockScales | None,
+    layout: Layout | None = None,
 ) -> torch.Tensor:
-    num_tokens, hidden = x.shape
-    num_experts, inter = gate_up_proj.shape[0], down_proj.shape[2]
-    top_k = topk_ids.shape[1]
-    num_pairs = num_tokens * top_k
-    if block_m is None:  # Small batches (decode) waste less padding with short blocks.
-        block_m = 16 if num_pairs <= 4 * num_experts else 64
+    num_experts, top_k = gate_up_proj.shape[0], topk_ids.shape[1]
+    num_pairs = x.shape[0] * top_k
     x = x.contiguous()
     w1, w2 = gate_up_proj.contiguous(), down_proj.contiguous()
-    sorted_pairs, block_expert = moe_align_block_size(topk_ids, num_experts, block_m)
-    num_blocks = block_expert.shape[0]
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    act = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
-    block_n1 = _block(inter, _BLOCK_N)
-    a1, a1_scale, s1, block_k1, w1_bn = x, x, w1, _block(hidden, _BLOCK_K), 1
-    if scales is not None:  # the K tile is the scale block; act stays 16-bit for its quant
-        block_k1, w1_bn = scales.gate_up_block[1], scales.gate_up_block[0]
-        a1, a1_scale = per_token_group_quant_fp8(x, block_k1)
-        s1 = scales.gate_up.float().contiguous()
-    _gate_up_silu_kernel[(num_blocks, triton.cdiv(inter, block_n1))](
-        a1, w1, act, sorted_pairs, block_expert, a1_scale, s1,
-        a1.stride(0), w1.stride(0), w1.stride(1), w1.stride(2), act.stride(0),
-        a1_scale.stride(0), s1.stride(0), s1.stride(1),
-        num_pairs, num_experts,
-        HIDDEN=hidden, INTER=inter, TOP_K=top_k,
-        BLOCK_M=block_m, BLOCK_N=block_n1, BLOCK_K=block_k1, PRECISION=precision,
-        BLOCK_SCALED=scales is not None, W_BLOCK_N=w1_bn,
-    )  # fmt: skip
-    routed = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
-    weights = topk_weights.reshape(-1).contiguous()
-    block_n2 = _block(hidden, _BLOCK_N)
-    a2, a2_scale, s2, block_k2, w2_bn = act, act, w2, _block(inter, _BLOCK_K), 1
-    if scales is not None:
-        block_k2, w2_bn = scales.down_block[1], scales.down_block[0]
-        a2, a2_scale = per_token_group_quant_fp8(act, block_k2)
-        s2 = scales.down.float().contiguous()
-    _down_weighted_kernel[(num_blocks, triton.cdiv(hidden, block_n2))](
-        a2, w2, routed, sorted_pairs, block_expert, weights, a2_scale, s2,
-        a2.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), routed.stride(0),
-        a2_scale.stride(0), s2.stride(0), s2.stride(1),
-        num_pairs, num_experts,
-        HIDDEN=hidden, INTER=inter,
-        BLOCK_M=block_m, BLOCK_N=block_n2, BLOCK_K=block_k2, PRECISION=precision,
-        BLOCK_SCALED=scales is not None, W_BLOCK_N=w2_bn,
-    )  # fmt: skip
-    return routed.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)
+    if layout is None and num_pairs <= ALIGN_MAX_PAIRS and num_experts <= ROUTE_MAX_EXPERTS:
+        layout = moe_align(topk_ids, num_experts, tiles.block_m)
+    elif layout is None:
+        layout = moe_align_block_size(topk_ids, num_experts, tiles.block_m)
+    act = gate_up_silu(x, w1, layout, top_k, tiles, scales)
+    return down_weighted(act, w2, layout, topk_weights, tiles, scales)
 
 
 def fused_moe(
@@ -277,11 +340,15 @@ def fused_moe(
     backend: str = "auto",
     block_m: int | None = None,
     scales: BlockScales | None = None,
+    layout: Layout | None = None,
+    tiles: MoETiles | None = None,
 ) -> torch.Tensor:
     """`sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])`: x `[T, H]` -> `[T, H]`.
 
     With `scales`, the weights are block-FP8 (e4m3, `BlockScales` their scale_inv) and x is
-    16-bit or fp32. NOTE: topk_ids must lie in `[0, E)`; checking that on the device would
+    16-bit or fp32. `layout`: the aligned pairs for BLOCK_M `expert_plan(...)` from
+    `moe_route` (saves the alignment launch); `tiles` overrides the table (benchmarks).
+    NOTE: topk_ids must lie in `[0, E)`; checking that on the device would
     need a host sync. The torch path is `fused_moe_ref`, or `fused_moe_dense_ref` during
     CUDA-graph capture.
     """
@@ -308,4 +375,14 @@ def fused_moe(
                                  f"two in [32, 256], got {bk}; use backend='torch'")  # fmt: skip
     if x.shape[0] == 0:
         return torch.zeros_like(x)
-    return _fused_moe_triton(x, gate_up_proj, down_proj, topk_ids, topk_weights, block_m, scales)
+    num_experts, top_k = gate_up_proj.shape[0], topk_ids.shape[1]
+    if tiles is None:
+        plan = expert_plan(x.shape[0], top_k, num_experts, scales is not None, block_m)
+        if plan is None:
+            return fused_moe_gemv(x, gate_up_proj, down_proj, topk_ids, topk_weights)
+        tiles = pick_tiles(x.shape[0], top_k, num_experts, block_m)
+    if layout is not None and layout[0].numel() != layout[1].numel() * tiles.block_m:
+        raise ValueError(f"fused_moe: the layout is not aligned to BLOCK_M {tiles.block_m}")
+    return _fused_moe_triton(
+        x, gate_up_proj, down_proj, topk_ids, topk_weights, tiles, scales, layout
+    )

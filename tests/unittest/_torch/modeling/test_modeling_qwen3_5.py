@@ -32,6 +32,7 @@ from tensorrt_llm._torch.models.modeling_auto import get_model_class
 from tensorrt_llm._torch.models.modeling_multimodal_utils import VISION_DEVICE_PATHS
 from tensorrt_llm._torch.models.modeling_qwen3_5 import Qwen3_5VLModel
 from tensorrt_llm._torch.models.modeling_utils import ModelConfig
+from tensorrt_llm._torch.modules.fused_moe import MoE
 from tensorrt_llm._torch.pyexecutor import py_executor_creator
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
@@ -42,7 +43,7 @@ from tensorrt_llm.inputs.multimodal import MultimodalParams
 from tensorrt_llm.inputs.registry import create_input_processor
 from tensorrt_llm.llmapi.llm_args import LlmArgs
 from tensorrt_llm.sampling_params import SamplingParams
-from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
+from tensorrt_llm.tools.tiny_checkpoint import build_config_dict, write_tiny_checkpoint
 
 HF_CLASS = {
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
@@ -128,6 +129,28 @@ def test_routes_build_the_expected_classes(stack: Stack) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_prefill_and_decode_match_hf(stack: Stack, kind: str) -> None:
+    _check_prefill_and_decode(stack, kind)
+
+
+@pytest.fixture(scope="module")
+def fused_stack(tmp_path_factory: pytest.TempPathFactory) -> Stack:
+    """Qwen3.5-MoE whose shared expert is as wide as the routed ones (as in Qwen3.6-35B-A3B),
+    so every MoE block runs it as routed expert E (modules/fused_moe/shared_fusion.py)."""
+    root = Path(tmp_path_factory.mktemp("qwen3_5_fused"))
+    text = build_config_dict("qwen3_5_moe")["text_config"]
+    same = {"shared_expert_intermediate_size": text["moe_intermediate_size"]}
+    ckpt = write_tiny_checkpoint("qwen3_5_moe", root / "ckpt", text_config=same)
+    return _build_stack("qwen3_5_moe", ckpt)
+
+
+@pytest.mark.parametrize("kind", ("text", "image"))
+def test_fused_shared_expert_matches_hf(fused_stack: Stack, kind: str) -> None:
+    moes = [m for m in fused_stack.engine.model.modules() if isinstance(m, MoE)]
+    assert moes and all(m.shared_fused and m.shared_expert is None for m in moes)
+    _check_prefill_and_decode(fused_stack, kind)
+
+
+def _check_prefill_and_decode(stack: Stack, kind: str) -> None:
     req = make_request(stack, 1, prompt(kind))
     ids, data = list(req.prompt_token_ids), req.hf_inputs
     admit(stack, req)

@@ -23,13 +23,16 @@ from tensorrt_llm._torch.modules.fused_moe import (
     fused_moe_ref,
     softmax_topk,
 )
+from tensorrt_llm._torch.modules.fused_moe.shared_fusion import why_not_fusable
 
 # hidden != 2 * intermediate, so the transposed hub layout is unambiguous
 SIZES = dict(hidden_size=16, moe_intermediate_size=12, num_experts=8, num_experts_per_tok=3)
 Block = tuple[torch.nn.Module, MoE]
 
 
-def _hf_block(kind: str, norm_topk_prob: bool = True) -> tuple[torch.nn.Module, object]:
+def _hf_block(
+    kind: str, norm_topk_prob: bool = True, shared: int = 20
+) -> tuple[torch.nn.Module, object]:
     if kind == "qwen3_moe":
         config: object = Qwen3MoeConfig(**SIZES, norm_topk_prob=norm_topk_prob)
         block: torch.nn.Module = Qwen3MoeSparseMoeBlock(config)
@@ -37,10 +40,10 @@ def _hf_block(kind: str, norm_topk_prob: bool = True) -> tuple[torch.nn.Module, 
         config = Qwen3VLMoeTextConfig(**SIZES)
         block = Qwen3VLMoeTextSparseMoeBlock(config)
     elif kind == "qwen3_5_moe":
-        config = Qwen3_5MoeTextConfig(**SIZES, shared_expert_intermediate_size=20)
+        config = Qwen3_5MoeTextConfig(**SIZES, shared_expert_intermediate_size=shared)
         block = Qwen3_5MoeSparseMoeBlock(config)
     else:
-        config = Qwen3NextConfig(**SIZES, shared_expert_intermediate_size=20)
+        config = Qwen3NextConfig(**SIZES, shared_expert_intermediate_size=shared)
         block = Qwen3NextSparseMoeBlock(config)
     config._experts_implementation = "eager"  # type: ignore[attr-defined]
     with torch.no_grad():
@@ -98,6 +101,68 @@ def test_moe_matches_hf(kind: str, norm: bool, layout: str) -> None:
     x = torch.randn(2, 11, SIZES["hidden_size"])
     torch.testing.assert_close(ours(x), hf(x), atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(ours(x[0]), hf(x[:1])[0], atol=1e-5, rtol=1e-4)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("kind", ["qwen3_5_moe", "qwen3_next"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_fused_shared_expert_matches_hf(kind: str, layout: str) -> None:
+    """A shared expert as wide as the routed ones runs as routed expert E (shared_fusion.py)."""
+    torch.manual_seed(0)
+    inter = SIZES["moe_intermediate_size"]
+    hf, config = _hf_block(kind, shared=inter)
+    ours = MoE.from_config(config).eval()
+    ours.load_weights(LAYOUTS[layout](hf.state_dict(), inter))
+    assert ours.shared_fused and ours.shared_expert is None and ours.shared_expert_gate is None
+    assert ours.experts.gate_up_proj.shape[0] == SIZES["num_experts"] + 1
+    assert ours.gate.weight.shape[0] == SIZES["num_experts"] + 1
+    x = torch.randn(2, 11, SIZES["hidden_size"])
+    torch.testing.assert_close(ours(x), hf(x), atol=1e-5, rtol=1e-4)
+    weights, ids = ours.gate(x.reshape(-1, SIZES["hidden_size"]))
+    assert ids.shape[1] == SIZES["num_experts_per_tok"] + 1
+    assert bool((ids[:, -1] == SIZES["num_experts"]).all())
+    gate = torch.sigmoid(x.reshape(-1, SIZES["hidden_size"]) @ hf.shared_expert_gate.weight.T)
+    torch.testing.assert_close(weights[:, -1:], gate)
+    with pytest.raises(ValueError, match="load, then fuse"):
+        ours.load_weights(hf.state_dict())
+    assert not ours.fuse_shared_expert_()  # idempotent
+
+
+def test_shared_expert_stays_separate_when_wider_or_precisions_differ() -> None:
+    hf, config = _hf_block("qwen3_next")  # shared 20 != routed 12
+    ours = MoE.from_config(config)
+    ours.load_weights(hf.state_dict())
+    assert not ours.shared_fused and ours.shared_expert is not None
+    assert "shared_expert_intermediate_size 20" in str(why_not_fusable(ours))
+    _, config = _hf_block("qwen3_next", shared=SIZES["moe_intermediate_size"])
+    fp8_routed = MoE.from_config(config, weight_block_size=(16, 16))
+    assert why_not_fusable(fp8_routed) == "16-bit shared expert with block-FP8 routed experts"
+    fp8_shared = MoE.from_config(config)
+    fp8_shared.shared_expert.gate_up_proj.to_fp8_block_((16, 16))
+    assert why_not_fusable(fp8_shared) == "block-FP8 shared expert with 16-bit routed experts"
+
+
+@torch.no_grad()
+def test_fused_shared_expert_block_fp8() -> None:
+    """Both block-FP8 (a -FP8 release): the scales are stacked too; the output is unchanged."""
+    torch.manual_seed(0)
+    inter, block = SIZES["moe_intermediate_size"], (16, 16)
+    hf, config = _hf_block("qwen3_5_moe", shared=inter)
+    ours = MoE.from_config(config).eval()
+    assert ours.shared_expert is not None
+    for linear in (ours.shared_expert.gate_up_proj, ours.shared_expert.down_proj):
+        linear.to_fp8_block_(block, quantize_on_load=True)
+    ours.load_weights(hf.state_dict())
+    assert not ours.shared_fused  # the experts are still 16-bit here
+    ours.experts.quantize_fp8_block_(block)
+    x = torch.randn(13, SIZES["hidden_size"])
+    want = ours(x)
+    assert ours.fuse_shared_expert_()
+    assert ours.experts.gate_up_proj_scale_inv.shape[0] == SIZES["num_experts"] + 1
+    torch.testing.assert_close(ours(x), want, atol=1e-5, rtol=1e-5)
+    # and near the 16-bit HF block (FP8 rounding of weights and activations)
+    hf_out = hf(x[None])[0]
+    assert float((ours(x) - hf_out).norm() / hf_out.norm()) < 0.1
 
 
 def test_softmax_topk() -> None:

@@ -23,7 +23,7 @@ from tensorrt_llm._torch.quantization import resolve_quant_config
 from tensorrt_llm._torch.weight_loading import load_model
 from tensorrt_llm.inputs.multimodal import MultimodalParams
 from tensorrt_llm.inputs.registry import create_input_processor
-from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
+from tensorrt_llm.tools.tiny_checkpoint import build_config_dict, write_tiny_checkpoint
 from tensorrt_llm.tools.tiny_checkpoint_fp8 import convert_checkpoint_fp8_block
 
 
@@ -129,12 +129,18 @@ def write_qwen3_moe(root: Path) -> Path:
 
 def write_pair(family: str, root: Path) -> tuple[Path, Path]:
     """(block-FP8 checkpoint, its dequantized 16-bit reference) of a tiny `family`; also the
-    text-only "qwen3_5_text" and "qwen3_moe" built from the VL ones."""
+    text-only "qwen3_5_text" and "qwen3_moe" built from the VL ones, and "qwen3_5_moe_fused"
+    (Qwen3.5-MoE with the shared expert fused, as Qwen3.6-35B-A3B's)."""
     fp8, ref = root / f"{family}-fp8", root / f"{family}-ref"
     if family == "qwen3_5_text":
         convert_checkpoint_fp8_block(write_text_qwen3_5(root), fp8, ref)
     elif family == "qwen3_moe":
         convert_checkpoint_fp8_block(write_qwen3_moe(root), fp8, ref)
+    elif family == "qwen3_5_moe_fused":  # shared expert as wide as the routed: it gets fused
+        text = build_config_dict("qwen3_5_moe")["text_config"]
+        same = {"shared_expert_intermediate_size": text["moe_intermediate_size"]}
+        write_tiny_checkpoint("qwen3_5_moe", fp8, quantization="fp8_block", reference_dir=ref,
+                              text_config=same)  # fmt: skip
     else:
         write_tiny_checkpoint(family, fp8, quantization="fp8_block", reference_dir=ref)
     return fp8, ref

@@ -1,0 +1,168 @@
+"""Qwen3.6-35B-A3B MoE layer pieces at decode sizes, CUDA-graph timed (GPU only, < 90 s).
+
+    python benchmarks/bench_moe.py --output moe.json
+
+At H 2048, 256 routed experts + the fused shared expert (I 512), top-8, bf16, for M tokens
+(default 1, 4, 16, 64), the mean GPU time of a graph replay (`bench/gpu_timing.py`) of:
+- routing: the old torch path (softmax/top-k + `moe_align_block_size`, with the shared
+  expert's gate GEMV and sigmoid apart) against `moe_route` (one kernel + one alignment);
+- the old separate shared expert (gate, sigmoid, GatedMLP, scale and add);
+- the grouped GEMMs over the candidate tiles: `gate_up_silu` alone and `down_weighted` with its
+  k-sum ("sum") or atomics ("atomic"), each on the layout of its BLOCK_M;
+- the GEMV kernels (`moe_gemv.py`) over their tiles;
+- the layer as served before (torch routing + grouped GEMM + separate shared expert) and now
+  (`MoE.forward` with the fused shared expert and today's `moe_tiles.TILE_TABLE`).
+Read it as: per M, copy the fastest gate_up and down tiles into `moe_tiles.TILE_TABLE` (and
+set `GEMV_MAX_TOKENS` to the largest power-of-two M where GEMV wins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from tensorrt_llm._torch.modules.fused_moe import MoE
+from tensorrt_llm._torch.modules.triton_kernels import fused_moe as fm
+from tensorrt_llm._torch.modules.triton_kernels.moe_gemv import fused_moe_gemv
+from tensorrt_llm._torch.modules.triton_kernels.moe_routing import moe_route, route_ref
+from tensorrt_llm._torch.modules.triton_kernels.moe_tiles import GemvTiles, MoETiles, pick_tiles
+from tensorrt_llm.bench.gpu_timing import graph_time_us
+
+H, E, TOP_K, INTER = 2048, 256, 8, 512
+DEVICE = "cuda"  # a CPU dry run (TRITON_INTERPRET=1, tiny sizes) patches these
+_TOKENS = (1, 4, 16, 64)
+# (BLOCK_N, BLOCK_K, num_warps, num_stages)
+_GATE_UP = ((16, 128, 4, 4), (32, 64, 4, 3), (32, 128, 4, 4), (64, 64, 4, 3), (64, 128, 4, 4))
+_DOWN = ((32, 128, 4, 4), (64, 64, 4, 3), (64, 128, 4, 4), (128, 64, 8, 3))
+_GEMV = (GemvTiles(16, 32, 256, 4), GemvTiles(32, 64, 256, 4), GemvTiles(16, 32, 512, 4),
+         GemvTiles(16, 16, 512, 4, down_per_pair=False),
+         GemvTiles(16, 32, 256, 4, down_per_pair=False))  # fmt: skip
+
+
+def _moe() -> MoE:
+    torch.manual_seed(0)
+    moe = MoE(E, TOP_K, H, INTER, shared_expert_intermediate_size=INTER, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0.0, 0.02)
+    return moe.to(DEVICE).eval()
+
+
+def _old_routing(x: torch.Tensor, moe: MoE, block_m: int) -> None:
+    logits = F.linear(x, moe.gate.weight)
+    weights, ids = route_ref(logits, TOP_K)
+    fm.moe_align_block_size(ids, E, block_m)
+    assert moe.shared_expert_gate is not None
+    torch.sigmoid(moe.shared_expert_gate(x))
+
+
+def _new_routing(x: torch.Tensor, moe: MoE, block_m: int, count_in_route: bool = False):
+    logits = F.linear(x, moe.gate.weight)  # [T, E + 1]: the shared expert's gate included
+    return moe_route(logits, TOP_K, True, True, block_m, "triton", count_in_route)
+
+
+def _old_shared(x: torch.Tensor, moe: MoE, routed: torch.Tensor) -> torch.Tensor:
+    assert moe.shared_expert is not None and moe.shared_expert_gate is not None
+    return routed + torch.sigmoid(moe.shared_expert_gate(x)) * moe.shared_expert(x)
+
+
+def _old_layer(x: torch.Tensor, moe: MoE) -> torch.Tensor:
+    logits = F.linear(x, moe.gate.weight)
+    weights, ids = route_ref(logits, TOP_K)
+    e = moe.experts
+    # As served before: the torch alignment and 64 x 64 tiles at every M.
+    layout = fm.moe_align_block_size(ids, E, 16)
+    routed = fm.fused_moe(x, e.gate_up_proj, e.down_proj, ids, weights, layout=layout,
+                          tiles=MoETiles(16, 64, 64, 64, 64))  # fmt: skip
+    return _old_shared(x, moe, routed)
+
+
+def _tiles(block_m: int, gate_up: tuple[int, ...], down: tuple[int, ...], combine: str):
+    return (
+        MoETiles(block_m, gate_up[0], gate_up[1], 64, 64, gate_up[2], gate_up[3]),
+        MoETiles(block_m, 64, 64, down[0], down[1], down[2], down[3], combine),
+    )
+
+
+def _fmt(cfg: object) -> str:
+    return "/".join(str(v) for v in cfg) if isinstance(cfg, tuple) else str(cfg)
+
+
+def bench(tokens: tuple[int, ...]) -> list[dict[str, object]]:
+    moe = _moe()
+    w1s, w2s = moe.experts.gate_up_proj, moe.experts.down_proj
+    gen = torch.Generator(DEVICE).manual_seed(1)
+    rows: list[dict[str, object]] = []
+    inputs = {m: torch.randn(m, H, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+              for m in tokens}  # fmt: skip
+    old_layer = {m: graph_time_us(partial(_old_layer, x, moe)) for m, x in inputs.items()}
+    old_route = {m: graph_time_us(partial(_old_routing, x, moe, 16)) for m, x in inputs.items()}
+    old_shared = {m: graph_time_us(partial(_old_shared, x, moe, x)) for m, x in inputs.items()}
+    assert moe.fuse_shared_expert_()
+    w1, w2 = moe.experts.gate_up_proj, moe.experts.down_proj
+    k = TOP_K + 1
+    del w1s, w2s
+    for m, x in inputs.items():
+        t0 = time.time()
+        block_m = pick_tiles(m, k, E + 1).block_m
+        weights, ids, layout = _new_routing(x, moe, block_m)
+        assert layout is not None
+        row: dict[str, object] = {"tokens": m, "block_m": block_m, "us": {}}
+        us: dict[str, float] = row["us"]  # type: ignore[assignment]
+        us["old layer"] = old_layer[m]
+        us["new layer"] = graph_time_us(partial(moe, x))
+        us["old routing+align"] = old_route[m]
+        us["new routing+align"] = graph_time_us(partial(_new_routing, x, moe, block_m))
+        us["new routing+align, counts in route"] = graph_time_us(
+            partial(_new_routing, x, moe, block_m, True)
+        )
+        us["old shared expert"] = old_shared[m]
+        act = fm.gate_up_silu(x, w1, layout, k, _tiles(block_m, _GATE_UP[0], _DOWN[0], "sum")[0])
+        for cfg in _GATE_UP:
+            tiles = _tiles(block_m, cfg, _DOWN[0], "sum")[0]
+            us[f"gate_up {_fmt(cfg)}"] = graph_time_us(
+                partial(fm.gate_up_silu, x, w1, layout, k, tiles)
+            )
+        for cfg in _DOWN:
+            for combine in ("sum", "atomic"):
+                tiles = _tiles(block_m, _GATE_UP[0], cfg, combine)[1]
+                us[f"down {_fmt(cfg)} {combine}"] = graph_time_us(
+                    partial(fm.down_weighted, act, w2, layout, weights, tiles)
+                )
+        for g in _GEMV:
+            per = "pair" if g.down_per_pair else "token"
+            name = f"gemv {g.gate_up_n}/{g.down_n}/{g.block_k}/{g.num_warps} {per}"
+            us[name] = graph_time_us(partial(fused_moe_gemv, x, w1, w2, ids, weights, g))
+        best_gu = min((v, n) for n, v in us.items() if n.startswith("gate_up"))
+        best_dn = min((v, n) for n, v in us.items() if n.startswith("down"))
+        best_gemv = min((v, n) for n, v in us.items() if n.startswith("gemv"))
+        row["best"] = {"gate_up": best_gu[1], "down": best_dn[1], "gemv": best_gemv[1]}
+        print(f"\n=== M {m} (pairs {m * k}, BLOCK_M {block_m}, {time.time() - t0:.1f} s)")
+        for name, v in us.items():
+            print(f"  {name:36s} {v:8.1f} us")
+        print(f"  best grouped: {best_gu[1]} + {best_dn[1]} = {best_gu[0] + best_dn[0]:.1f} us;"
+              f" best {best_gemv[1]} = {best_gemv[0]:.1f} us", flush=True)  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=list(_TOKENS))
+    p.add_argument("--output", help="write the figures as JSON here")
+    args = p.parse_args()
+    start = time.time()
+    rows = bench(tuple(args.tokens))
+    print(f"\ntotal {time.time() - start:.1f} s")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Tile choice of the fused MoE kernels by the number of (token, expert) pairs of a step.
+
+Decode at small batch is memory bound: every pair's expert weights stream once, and the grid
+must give each SM enough programs to keep its loads in flight. At batch 1 the 8 (+1 shared)
+pairs make 9 M-blocks, so `gate_up` with 64-wide N tiles launches only 9 x 8 programs on an
+H200's 132 SMs; narrower N tiles multiply the programs. Large batches want wide tiles (fewer
+re-reads of x, bigger dots). `benchmarks/bench_moe.py` times the candidates on the GPU; the
+table below holds its choice per bucket of pairs.
+
+`GEMV_MAX_TOKENS`: at most this many tokens take the GEMV kernels (`moe_gemv.py`, no layout,
+no padding to BLOCK_M, the k-sum fused into the down kernel) instead of the grouped GEMM.
+`combine`: "sum" writes `[T*k, H]` fp32 and sums over k (deterministic); "atomic" adds each
+pair into a zeroed `[T, H]` fp32 with atomics (fewer bytes, but the sum order varies run to
+run, so results can differ in the last bit between runs).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class MoETiles:
+    block_m: int
+    gate_up_n: int
+    gate_up_k: int
+    down_n: int
+    down_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    combine: str = "sum"
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "gate_up_n", "gate_up_k", "down_n", "down_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"MoETiles.{name} must be a power of two >= 16, got {v}")
+        if self.combine not in ("sum", "atomic"):
+            raise ValueError(f"MoETiles.combine must be 'sum' or 'atomic', got {self.combine!r}")
+
+
+@dataclass(frozen=True)
+class GemvTiles:
+    gate_up_n: int = 16
+    down_n: int = 32
+    block_k: int = 256
+    num_warps: int = 4
+    down_per_pair: bool = True  # moe_gemv.py: k times the programs, plus a k-sum launch
+
+
+# (largest token count of the bucket, tiles); the last bucket takes every larger step. Buckets
+# end at powers of two: the warm-up runs one step per power-of-two token class
+# (pyexecutor/warmup_shapes.py), so every tile variant compiles before serving.
+# NOTE: initial guesses until the lead's bench_moe.py run on the H200 fills them in.
+TILE_TABLE: tuple[tuple[int, MoETiles], ...] = (
+    (8, MoETiles(16, 32, 128, 64, 128, num_warps=4, num_stages=4)),
+    (64, MoETiles(16, 64, 64, 64, 64, num_warps=4, num_stages=3)),
+    (512, MoETiles(16, 64, 64, 64, 64, num_warps=4, num_stages=3)),
+    (1 << 62, MoETiles(16, 64, 64, 64, 64, num_warps=4, num_stages=3)),
+)
+GEMV_TILES = GemvTiles()
+# At most this many tokens (a power of two, see above) take the GEMV kernels;
+# TRTLLM_MOE_GEMV_MAX_TOKENS=0 turns them off (A/B runs).
+GEMV_MAX_TOKENS = int(os.environ.get("TRTLLM_MOE_GEMV_MAX_TOKENS", "4"))
+
+
+def token_class(num_tokens: int) -> int:
+    """The power of two >= num_tokens: tile choices depend on it only."""
+    return 1 << max(num_tokens - 1, 0).bit_length()
+
+
+def pick_tiles(
+    num_tokens: int, top_k: int, num_experts: int, block_m: int | None = None
+) -> MoETiles:
+    """The table's tiles for a step of `num_tokens` tokens; `block_m` overrides the table's.
+
+    A step with many more pairs than experts fills long runs, so it takes BLOCK_M 64 even in
+    a small bucket (fewer re-reads of each expert's weights).
+    """
+    tokens = token_class(num_tokens)
+    tiles = next(t for bound, t in TILE_TABLE if tokens <= bound)
+    if block_m is None and tokens * top_k > 4 * num_experts:
+        block_m = 64
+    return tiles if block_m is None else replace(tiles, block_m=block_m)
