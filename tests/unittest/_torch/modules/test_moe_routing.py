@@ -203,24 +203,29 @@ def test_fused_block_real_35b_dims_gpu(tokens: int) -> None:
     x = torch.randn(tokens, H, device=DEVICE, dtype=torch.bfloat16)
     shared, gate = moe.shared_expert, moe.shared_expert_gate
     assert shared is not None and gate is not None
-    logits = F.linear(x, moe.gate.weight)
-    w_ref, ids_ref = route_ref(logits, K)
+    unfused_logits = F.linear(x, moe.gate.weight)
     # The torch path in fp32: routed experts, then HF's gated shared expert.
     w1, w2 = moe.experts.gate_up_proj.float(), moe.experts.down_proj.float()
-    routed = fused_moe_ref(x.float(), w1, w2, ids_ref, w_ref.float())
     gate_out, up = F.linear(x.float(), shared.gate_up_proj.weight.float()).chunk(2, dim=-1)
-    shared_out = F.linear(F.silu(gate_out) * up, shared.down_proj.weight.float())
-    want = routed + torch.sigmoid(gate(x)).float() * shared_out
+    shared_out = torch.sigmoid(gate(x)).float() * F.linear(
+        F.silu(gate_out) * up, shared.down_proj.weight.float()
+    )
     assert moe.fuse_shared_expert_()
     fused_logits = F.linear(x, moe.gate.weight)
-    torch.testing.assert_close(fused_logits[:, :E], logits, atol=0, rtol=0)
+    # NOTE: cuBLAS may take another kernel for E + 1 router rows than for E, so the routed
+    # logits can differ from the unfused GEMM's by a bf16 rounding (seen on the H200: 0.0156);
+    # the reference routes on the fused GEMM's logits so near-ties decide alike.
+    torch.testing.assert_close(fused_logits[:, :E], unfused_logits, atol=2e-2, rtol=1.6e-2)
+    logits = fused_logits[:, :E]
+    w_ref, ids_ref = route_ref(logits, K)
+    want = fused_moe_ref(x.float(), w1, w2, ids_ref, w_ref.float()) + shared_out
     weights, ids, _ = moe_route(fused_logits, K, True, True)
     probs = F.softmax(logits.float(), -1)
     keep = _no_boundary_tie(probs, K)
     got, ref = ids[:, :K].long().sort(-1).values, ids_ref.sort(-1).values
     assert bool((got[keep] == ref[keep]).all())  # the same experts where no tie decides
     # Where one does: the lowest ids among the tied (moe_routing.py), as CUDA's topk picks.
-    lowest = probs.neg().sort(-1, stable=True).indices[:, :K].sort(-1).values
+    lowest = probs.neg().sort(dim=-1, stable=True).indices[:, :K].sort(-1).values
     assert bool((got == lowest).all())
     assert bool((ids[:, K] == E).all())
     out = moe(x).float()
