@@ -91,7 +91,17 @@ def write_conv_snapshots(x: torch.Tensor, conv: StateRows, metadata: GatedDeltaN
 
 
 def _take(t: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
-    return torch.cat([t[a:b] for a, b in spans]) if len(spans) > 1 else t[spans[0][0] : spans[0][1]]
+    """The rows of `spans` packed; adjacent spans are merged first, so the common step (one
+    split request, packed last) slices without a copy."""
+    merged = [list(spans[0])]
+    for a, b in spans[1:]:
+        if a == merged[-1][1]:
+            merged[-1][1] = b
+        else:
+            merged.append([a, b])
+    if len(merged) == 1:
+        return t[merged[0][0] : merged[0][1]]
+    return torch.cat([t[a:b] for a, b in merged])
 
 
 def _offsets(spans: list[tuple[int, int]]) -> tuple[int, ...]:
