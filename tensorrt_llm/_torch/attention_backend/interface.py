@@ -40,6 +40,9 @@ class AttentionMetadata:
     seq_slots_cpu: torch.Tensor  # [B] int64
     kv_cache_manager: KVCacheManager | None
     tokens_per_block: int
+    # Hybrid prefix caching: (context row, offset in its chunk, scratch seq slot) per context
+    # request whose recurrent state is snapshotted inside its chunk (gated_delta_net_snapshot).
+    recurrent_snapshots: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def num_seqs(self) -> int:

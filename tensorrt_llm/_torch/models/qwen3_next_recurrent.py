@@ -70,6 +70,7 @@ def gdn_metadata(attn_metadata: AttentionMetadata) -> GatedDeltaNetMetadata:
         # A fresh request (nothing cached yet) starts from zero even in a recycled slot.
         has_initial_state=tuple(n > 0 for n in cached),
         num_decodes=attn_metadata.num_generations,
+        snapshots=attn_metadata.recurrent_snapshots,
     )
 
 

@@ -44,11 +44,12 @@ from torch import nn
 from ..._utils import step_constant
 from .causal_conv1d import CausalConv1d
 from .gated_delta_net_metadata import GatedDeltaNetMetadata, StateRows
+from .gated_delta_net_snapshot import split_prefill_rule, varlen_rule, write_conv_snapshots
 from .gated_delta_net_weights import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
     convert_qwen3_next_gdn_weights,
 )
-from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from .gated_delta_rule import fused_recurrent_gated_delta_rule
 from .linear import Linear
 from .triton_kernels import use_triton
 from .triton_kernels.causal_conv1d import causal_conv1d_update_, causal_conv1d_varlen
@@ -222,6 +223,8 @@ class GatedDeltaNet(nn.Module):
         parts = []
         if num_ctx > 0:
             span = slice(0, num_ctx_tokens)
+            if metadata.snapshots:  # before the conv overwrites the initial states it reads
+                write_conv_snapshots(mixed_qkv[span], conv.rows(0, num_ctx), metadata)
             x = self._prefill_conv(mixed_qkv[span], conv.rows(0, num_ctx), metadata, fused)
             g, beta = gdn_gates_torch(a[span], b[span], self.A_log, self.dt_bias)
             parts.append(self._prefill_rule(x, g, beta, ssm.rows(0, num_ctx), metadata))
@@ -339,20 +342,12 @@ class GatedDeltaNet(nn.Module):
         else:
             carry = step_constant(tuple(flags), torch.bool, ssm.device)
             initial = torch.where(carry[:, None, None, None], ssm.read(), 0)
-        o, final = chunk_gated_delta_rule(
-            q[None],
-            k[None],
-            v[None],
-            g[None],
-            beta[None],
-            initial,
-            True,
-            use_qk_l2norm=True,
-            cu_seqlens=metadata.cu_seqlens,
-        )
-        assert final is not None
+        if metadata.snapshots:
+            o, final = split_prefill_rule(varlen_rule, (q, k, v, g, beta), initial, ssm, metadata)
+        else:
+            o, final = varlen_rule(q, k, v, g, beta, initial, metadata.cu_seqlens)
         ssm.write(final)
-        return o[0]
+        return o
 
     def _decode_rule(
         self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ssm: StateRows, fused: bool

@@ -15,11 +15,16 @@ class GatedDeltaNetMetadata:
     context_lens: new tokens of each context request this step, in packing order.
     has_initial_state: per context request, whether its state carries over from an earlier chunk.
     num_decodes: generation requests after the context requests, one token each.
+    snapshots: `(context row, offset, scratch slot)` per context request whose recurrent state
+        after its first `offset` new tokens (0 < offset < its length) is also wanted: the
+        layer writes that state into the pool rows of `scratch slot` (prefix caching takes a
+        snapshot inside a chunk without ending the chunk there; hybrid_kv_cache_reuse.py).
     """
 
     context_lens: tuple[int, ...] = ()
     has_initial_state: tuple[bool, ...] = ()
     num_decodes: int = 0
+    snapshots: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.context_lens) != len(self.has_initial_state):
@@ -31,6 +36,15 @@ class GatedDeltaNetMetadata:
             raise ValueError(f"context_lens must be positive, got {list(self.context_lens)}")
         if self.num_decodes < 0:
             raise ValueError(f"num_decodes must be >= 0, got {self.num_decodes}")
+        rows = [row for row, _, _ in self.snapshots]
+        if len(set(rows)) != len(rows) or any(
+            not 0 <= row < self.num_contexts or not 0 < off < self.context_lens[row]
+            for row, off, _ in self.snapshots
+        ):
+            raise ValueError(
+                f"snapshots {list(self.snapshots)} must name distinct context rows and offsets "
+                f"strictly inside their chunks {list(self.context_lens)}"
+            )
 
     @property
     def num_contexts(self) -> int:

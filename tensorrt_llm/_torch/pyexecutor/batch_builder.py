@@ -298,6 +298,11 @@ class InputBatchBuilder:
             seq_slots_cpu=torch.from_numpy(slots_host),
             kv_cache_manager=self.kv_cache_manager,
             tokens_per_block=tpb,
+            recurrent_snapshots=tuple(
+                (i, r.inner_snapshot[0] - r.context_current_position, r.inner_snapshot[1])
+                for i, r in enumerate(ctx)
+                if r.inner_snapshot is not None
+            ),
         )
         return InputBatch(
             attn_metadata=metadata,

@@ -11,16 +11,21 @@ as if an earlier chunk had run (the path chunked prefill already takes).
 
 Where snapshots come from (all device copies queued right after the forward that wrote the
 state, in `register_step`, on the one stream):
-- prefill: the scheduler ends a chunk at each snapshot point of the context (`chunk_limit`):
-  the last aligned position before the last context token, `((len - 1) // tpb) * tpb`, which a
+- prefill: at each snapshot point of the context: the last aligned position before the last
+  context token, `((len - 1) // tpb) * tpb`, which a
   repeat of the same prompt can hit, and the last aligned position at or before the first
   media run, which the same text with another image can hit, and the end of the cached KV
   when the hit had to stop at least `MIN_DIVERGENCE_GAIN_BLOCKS` short of it for want of a
   snapshot (requests sharing a prefix longer than any snapshot, e.g. one system prompt: the
-  next of them hits it all). A chunk
-  that ends the context on a block boundary is snapshotted too (no extra step). Each point
-  costs one more forward for that request (its remaining tokens run in the next step) and one
-  pool entry.
+  next of them hits it all). A point inside a step's chunk does not end the chunk
+  (`plan_step`): the request's `inner_snapshot` names it and a free seq slot as scratch, the
+  DeltaNet layers write the state at the point into the scratch slot's rows while they run
+  the chunk (gated_delta_net_snapshot.py), and `register_step` copies that slot into the pool
+  and frees it. One point per request and step: a chunk that would hold two ends at the
+  second (`chunk_limit`), which is then snapshotted as a chunk end; with no seq slot free the
+  chunk ends at the point instead. A chunk end on a point or on a block boundary that ends
+  the context is snapshotted from the request's own slot. `INNER_SNAPSHOT_ENV=0` brings back
+  ending a chunk at every point (one more forward per point: +40% turn-1 TTFT on the H200).
 - decode: when a step makes the sequence a multiple of tpb long, the slot's state is copied
   into the request's pending entry (overwritten at the next crossing: one entry per running
   request, whatever its length). Its block key is known only once the tokens are on the host,
@@ -39,6 +44,7 @@ gives the same tokens.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -52,7 +58,7 @@ from .state_snapshot_pool import RecurrentSnapshotPool
 if TYPE_CHECKING:
     from .engine_config import EngineConfig
     from .model_engine import PyTorchModelEngine
-    from .resource_manager import KVCacheManager
+    from .resource_manager import KVCacheManager, SeqSlotManager
     from .scheduler import ScheduledRequests
 
 logger = logging.getLogger(__name__)
@@ -71,6 +77,14 @@ DEFAULT_SNAPSHOT_POOL_CPU_MIB = 256
 # in a chat the next turn's cached KV runs just past the previous prompt's snapshot (to where
 # the re-rendered answer parts from the generated one), which is not worth an entry and a step.
 MIN_DIVERGENCE_GAIN_BLOCKS = 4
+# "0": end a prefill chunk at every snapshot point instead of snapshotting inside the chunk
+# (the A/B switch of the module docstring); read when the reuse is built.
+INNER_SNAPSHOT_ENV = "TRTLLM_HYBRID_INNER_SNAPSHOT"
+
+
+def _scratch_id(request_id: int) -> int:
+    """The seq-slot manager's key of a request's scratch slot (request ids are >= 0)."""
+    return -1 - request_id
 
 
 def recurrent_slot_state(model_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -96,6 +110,10 @@ class HybridKvCacheReuse(KvCacheReuse):
         self._last_match: tuple[int, int] = (-1, 0)
         # Request id -> the end of its cached KV where no snapshot was: one more point.
         self._divergence: dict[int, int] = {}
+        self.inner_snapshots = os.environ.get(INNER_SNAPSHOT_ENV, "1") != "0"
+        # Requests holding a scratch slot (`plan_step` to `register_step`), and its manager.
+        self._scratch: dict[int, LlmRequest] = {}
+        self._seq_slots: SeqSlotManager | None = None
 
     # ---- admission ---------------------------------------------------------------------------
     def match(self, req: LlmRequest) -> list[int]:
@@ -138,16 +156,52 @@ class HybridKvCacheReuse(KvCacheReuse):
 
     def chunk_limit(self, req: LlmRequest, remaining: int) -> int:
         pos = req.context_current_position
-        for point in self.snapshot_points(req):
-            if pos < point < pos + remaining:
-                return point - pos
-        return remaining
+        inside = [p for p in self.snapshot_points(req) if pos < p < pos + remaining]
+        # Inside a chunk one point is taken per step (`plan_step`): a second one ends it.
+        keep = 1 if self.inner_snapshots else 0
+        return inside[keep] - pos if len(inside) > keep else remaining
+
+    def plan_step(self, scheduled: ScheduledRequests, seq_slots: SeqSlotManager) -> None:
+        """Give each context request whose chunk holds a snapshot point strictly inside it a
+        scratch seq slot for the state there (`inner_snapshot`); without a free slot its
+        chunk ends at the point. Runs once the step's chunks are sized, after admissions, so
+        scratch slots never keep a request out."""
+        self._seq_slots = seq_slots
+        for req in list(self._scratch.values()):  # a step that never registered (spec decode)
+            self._free_scratch(req)
+        if not self.inner_snapshots:
+            return
+        for req in scheduled.context_requests:
+            pos = req.context_current_position
+            end = pos + req.context_chunk_size
+            inside = [p for p in self.snapshot_points(req) if pos < p < end]
+            if not inside or req.seq_slot is None:
+                continue
+            if seq_slots.num_free == 0:
+                req.context_chunk_size = inside[0] - pos  # the old way: one more step
+                continue
+            req.inner_snapshot = (inside[-1], seq_slots.acquire(_scratch_id(req.request_id)))
+            self._scratch[req.request_id] = req
+
+    def _free_scratch(self, req: LlmRequest) -> None:
+        self._scratch.pop(req.request_id, None)
+        req.inner_snapshot = None
+        if self._seq_slots is not None:
+            self._seq_slots.release(_scratch_id(req.request_id))
 
     # ---- snapshots after a step --------------------------------------------------------------
     def register_step(self, scheduled: ScheduledRequests) -> None:
         super().register_step(scheduled)
         tpb = self.tokens_per_block
         for req in scheduled.context_requests:
+            if req.inner_snapshot is not None:
+                # The forward wrote the state at the point into the scratch slot: copy it
+                # (queued after that forward), then the slot can serve the next step.
+                point, scratch = req.inner_snapshot
+                keys = self.block_keys(req, point)
+                if len(keys) == point // tpb:
+                    self.snapshots.save(keys[-1], scratch)
+                self._free_scratch(req)
             end = req.context_current_position + req.context_chunk_size
             if end % tpb or req.block_reuse_off or req.seq_slot is None:
                 continue
@@ -190,6 +244,8 @@ class HybridKvCacheReuse(KvCacheReuse):
         self._pending_len.pop(req.request_id, None)
         self._restored.pop(req.request_id, None)
         self._divergence.pop(req.request_id, None)
+        if req.request_id in self._scratch:
+            self._free_scratch(req)
 
 
 def default_snapshot_pool_bytes(device: torch.device) -> int:

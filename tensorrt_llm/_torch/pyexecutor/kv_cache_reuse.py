@@ -28,7 +28,7 @@ from .block_hash import BlockKey, MediaSpan, compute_block_keys, max_reusable_bl
 from .llm_request import LlmRequest
 
 if TYPE_CHECKING:
-    from .resource_manager import KVCacheManager
+    from .resource_manager import KVCacheManager, SeqSlotManager
     from .scheduler import ScheduledRequests
 
 logger = logging.getLogger(__name__)
@@ -116,8 +116,12 @@ class KvCacheReuse:
 
     def chunk_limit(self, req: LlmRequest, remaining: int) -> int:
         """The most context tokens the request's next chunk may take out of `remaining`:
-        all of them here; hybrid models end chunks at their snapshot points."""
+        all of them here; hybrid models end a chunk at a second snapshot point inside it."""
         return remaining
+
+    def plan_step(self, scheduled: ScheduledRequests, seq_slots: SeqSlotManager) -> None:
+        """The step's chunks are sized (end of `schedule`): nothing to do here; hybrid models
+        give the requests snapshotted inside their chunk a scratch seq slot."""
 
     def on_released(self, req: LlmRequest) -> None:
         """The request gave its blocks and seq slot back (finished, failed, preempted)."""

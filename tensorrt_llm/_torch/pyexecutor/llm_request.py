@@ -83,6 +83,9 @@ class LlmRequest:
         self.seq_slot: int | None = None
         self.context_current_position = 0  # prompt tokens already prefilled (in the KV cache)
         self.context_chunk_size = 0  # context tokens scheduled for the current step
+        # Hybrid prefix caching: (context position, scratch seq slot) where this step's chunk
+        # also snapshots the recurrent state, strictly inside the chunk (hybrid_kv_cache_reuse).
+        self.inner_snapshot: tuple[int, int] | None = None
         # Tokens the context phase prefills: the prompt, plus the generated tokens of a
         # preempted request (they are recomputed, not sampled again).
         self._context_len = self.prompt_len

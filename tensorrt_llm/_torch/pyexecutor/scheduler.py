@@ -38,8 +38,10 @@ Policy:
   the cached blocks before its first chunk is sized, so the chunk and the admission check
   count only what the hit leaves to compute; the hit blocks become its first blocks (a hit
   that would not fit takes no reference). A resume after preemption is matched again.
-  Hybrid models (`HybridKvCacheReuse`) also end chunks at their snapshot points
-  (`reuse.chunk_limit`) and hear of every release (`reuse.on_released`).
+  Hybrid models (`HybridKvCacheReuse`) snapshot the recurrent state inside a chunk: once the
+  step is sized `reuse.plan_step` gives those requests a free seq slot as scratch (with none
+  free the chunk ends at the point); a chunk holding two points ends at the second
+  (`reuse.chunk_limit`); they hear of every release (`reuse.on_released`).
 - Reservation (`guaranteed_no_evict`, scheduler_config GUARANTEED_NO_EVICT): a waiting
   request is admitted only when the blocks of its whole prompt + max_tokens fit in the pool
   beside the same reservation of every request holding KV; nothing is ever preempted then
@@ -224,6 +226,8 @@ class SimpleScheduler:
                 scheduled.generation_requests.append(req)
                 budget -= self.tokens_per_generation
         self._schedule_contexts(requests, running, scheduled, budget)
+        if self.reuse is not None:
+            self.reuse.plan_step(scheduled, self.seq_slot_manager)
         return scheduled
 
     def _schedule_contexts(
@@ -304,7 +308,7 @@ class SimpleScheduler:
 
     def _context_chunk(self, req: LlmRequest, budget: int) -> int:
         remaining = req.context_remaining_length
-        if self.reuse is not None:  # hybrid models end chunks where state is snapshotted
+        if self.reuse is not None:  # hybrid models: at most one snapshot point inside
             remaining = self.reuse.chunk_limit(req, remaining)
         if remaining <= budget:
             return remaining

@@ -122,6 +122,34 @@ def test_repeat_and_next_turn_match_reuse_off(family: str, overlap: bool, refere
         assert reuse.snapshots.num_pending == 0  # every finished request gave its entry back
 
 
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_snapshot_inside_the_chunk_keeps_one_prefill_step(family: str, references: dict) -> None:
+    """The prompt-end snapshot point lies inside the prompt's one chunk: the prompt still
+    prefills in one step (the state there is taken inside it, through a scratch seq slot),
+    and the repeat and the next turn that hit it give the reuse-off tokens."""
+    with _llm(True, family) as llm:
+        executor = llm._executor
+        reuse = executor.scheduler.reuse
+        chunks: dict[int, list[tuple[int, int, Any]]] = {}
+        register = reuse.register_step
+
+        def spy(scheduled: Any) -> None:
+            for r in scheduled.context_requests:
+                row = (r.context_current_position, r.context_chunk_size, r.inner_snapshot)
+                chunks.setdefault(r.request_id, []).append(row)
+            register(scheduled)
+
+        reuse.register_step = spy
+        _check_repeat_and_next_turn(llm, references[family])
+        first, again, follow = chunks.values()
+        n = sum(again[0][:2])  # the prompt's length: the repeat runs from its hit to the end
+        # Each prefill is one step: the first with its point inside (scratch: slot 1), the
+        # repeat and the next turn from their hits.
+        assert first == [(0, n, (_full_hit(n), 1))]
+        assert len(again) == len(follow) == 1 and again[0][0] == _full_hit(n)
+        assert executor.scheduler.seq_slot_manager.num_free == 4  # scratch slots given back
+
+
 def test_process_mode_and_the_snapshot_knob(references: dict) -> None:
     """The engine in its own process: the knob crosses with the args; a pool too small for
     one snapshot is an error naming it."""

@@ -2,13 +2,18 @@
 whose per-slot state is an order-sensitive sum over the tokens a sequence has run (it reads
 the slot's state when the chunk starts past position 0, as the DeltaNet layers do). After
 every step each scheduled request's state must equal that sum over its whole sequence so far,
-whatever hits, restores, chunk splits, evictions and preemptions happened on the way."""
+whatever hits, restores, chunk splits, evictions and preemptions happened on the way. A
+request's `inner_snapshot` (a point inside its chunk) gets the state at that point written
+into its scratch slot, as the DeltaNet layers do."""
 
 from __future__ import annotations
 
 import torch
 
-from tensorrt_llm._torch.pyexecutor.hybrid_kv_cache_reuse import HybridKvCacheReuse
+from tensorrt_llm._torch.pyexecutor.hybrid_kv_cache_reuse import (
+    INNER_SNAPSHOT_ENV,
+    HybridKvCacheReuse,
+)
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.request_lifecycle import apply_step_results, sample_rows
 from tensorrt_llm._torch.pyexecutor.resource_manager import KVCacheManager, SeqSlotManager
@@ -37,6 +42,7 @@ class _Engine:
             SLOTS, max_num_tokens, True, kv, SeqSlotManager(SLOTS), 0, reuse=self.reuse
         )
         self.chunks: list[tuple[int, int, int]] = []  # (request id, begin, end) of each chunk
+        self.inner: list[tuple[int, int]] = []  # (request id, point) snapshotted inside a chunk
 
     def _forward(self, out: ScheduledRequests) -> None:
         for req in out.context_requests:
@@ -47,6 +53,12 @@ class _Engine:
             row = self.state[req.seq_slot]
             if begin == 0:
                 row.zero_()  # a fresh sequence, even in a recycled slot
+            if req.inner_snapshot is not None:
+                point, scratch = req.inner_snapshot
+                assert begin < point < end and scratch != req.seq_slot
+                self.inner.append((req.request_id, point))
+                self.state[scratch][0] = row[0] + _contribution(tokens[: point - begin], begin)
+                self.state[scratch][1] = point
             row[0] += _contribution(tokens, begin)
             row[1] = end  # tokens the state covers
         for req in out.generation_requests:
@@ -88,16 +100,46 @@ def _req(rid: int, prompt: list[int], max_tokens: int = 6) -> LlmRequest:
     return LlmRequest(rid, prompt, SamplingParams(max_tokens=max_tokens))
 
 
-def test_prefill_ends_a_chunk_at_the_snapshot_point_and_a_repeat_restores_it() -> None:
+def test_prefill_snapshots_inside_its_one_chunk_and_a_repeat_restores_it() -> None:
     eng = _Engine(64)
     first = _req(0, PROMPT)
     eng.run([first])
-    # 18 tokens: a chunk ends at 16 (the last boundary before token 17), then 2 more run.
-    assert eng.chunks == [(0, 0, 16), (0, 16, 18)]
+    # 18 tokens in one chunk; the state at 16 (the last boundary before token 17) is taken
+    # inside it, through a scratch slot that is free again after the step.
+    assert eng.chunks == [(0, 0, 18)] and eng.inner == [(0, 16)]
+    assert eng.sched.seq_slot_manager.num_free == SLOTS
     again = _req(1, PROMPT)
     eng.run([again])
-    assert again.num_cached_tokens == 16 and eng.chunks[2:] == [(1, 16, 18)]
+    assert again.num_cached_tokens == 16 and eng.chunks[1:] == [(1, 16, 18)]
     assert eng.reuse.snapshots.stats.restored == 1
+
+
+def test_chunk_holding_two_points_ends_at_the_second(monkeypatch) -> None:
+    eng = _Engine(64)
+    first = _req(0, PROMPT)
+    monkeypatch.setattr(eng.reuse, "snapshot_points", lambda req: [8, 12, 16])
+    eng.run([first])
+    # One point per chunk inside it, the next one ends the chunk (snapshotted from the slot).
+    assert eng.chunks == [(0, 0, 12), (0, 12, 18)] and eng.inner == [(0, 8), (0, 16)]
+    assert all(eng.reuse.snapshots.has(first.block_keys[p // TPB - 1]) for p in (8, 12, 16))
+
+
+def test_no_free_seq_slot_ends_the_chunk_at_the_point() -> None:
+    eng = _Engine(64, max_num_tokens=128)
+    reqs = [_req(i, [10 * i + t for t in PROMPT]) for i in range(SLOTS)]
+    eng.run(reqs)
+    # The 4 admissions take every slot: no scratch, each chunk ends at its point (old way).
+    assert sorted(eng.chunks) == sorted(
+        [(i, 0, 16) for i in range(SLOTS)] + [(i, 16, 18) for i in range(SLOTS)]
+    )
+    assert eng.inner == [] and eng.sched.seq_slot_manager.num_free == SLOTS
+
+
+def test_inner_snapshot_switch_off_ends_chunks_at_points(monkeypatch) -> None:
+    monkeypatch.setenv(INNER_SNAPSHOT_ENV, "0")
+    eng = _Engine(64)
+    eng.run([_req(0, PROMPT)])
+    assert eng.chunks == [(0, 0, 16), (0, 16, 18)] and eng.inner == []
 
 
 def test_no_snapshot_no_hit_even_with_the_kv_cached() -> None:
@@ -147,5 +189,6 @@ def test_a_short_divergence_adds_no_snapshot_point() -> None:
     follow = _req(1, first.all_token_ids + [90, 91, 92, 93, 94, 95])  # 30 tokens
     eng.run([follow])
     assert follow.num_cached_tokens == 16
-    # From the hit straight to its own last boundary before the last token, then the rest.
-    assert [c for c in eng.chunks if c[0] == 1] == [(1, 16, 28), (1, 28, 30)]
+    # From the hit to the end in one chunk, snapshotted inside at its last boundary only.
+    assert [c for c in eng.chunks if c[0] == 1] == [(1, 16, 30)]
+    assert [p for rid, p in eng.inner if rid == 1] == [28]
