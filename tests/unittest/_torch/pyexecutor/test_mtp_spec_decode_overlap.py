@@ -3,8 +3,8 @@
 Greedy outputs equal the non-speculative run's token for token; seeded temperature outputs
 equal MTP without the overlap scheduler; streaming has no repeated or missing token; requests
 finish at different steps (max_tokens, stop tokens inside accepted runs); the longer prompts
-are prefilled in chunks (max_num_tokens 16). The previous step's streaming responses are sent
-while the next verify step runs, before its results reach the host.
+are prefilled in chunks (max_num_tokens 16); preemption under KV pressure. The previous step's
+streaming responses are sent while the next verify step runs, before its results reach the host.
 """
 
 from __future__ import annotations
@@ -154,3 +154,23 @@ def test_streaming_has_no_repeats_or_gaps_and_overlaps(
     assert [[t for diff in p for t in diff] for p in parts] == reference
     assert len(parts[0]) > 1  # really streamed, read while running
     assert sum(inside) > 0
+
+
+def test_preemption_under_kv_pressure_keeps_greedy_output(ckpts: dict[str, Path]) -> None:
+    """Requests preempted and prefilled again while their last step's response is held back."""
+    ckpt = ckpts["qwen3_5"]
+    params = [SamplingParams(max_tokens=16, temperature=0, ignore_eos=True) for _ in PROMPTS]
+    small = {**ENGINE, "kv_cache_config": {"max_tokens": 96}}
+
+    def run(spec: dict[str, Any] | None, oracle: Override | None = None) -> tuple[Any, int]:
+        with LLM(model=str(ckpt), speculative_config=spec, **small) as llm:
+            if spec is not None:
+                llm._executor.spec_decoder.draft_override = oracle
+            prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+            outs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+            return outs, llm._executor.get_stats().num_preemptions
+
+    reference, _ = run(None)
+    outs, preemptions = run(MTP, _continuation(reference, lambda done: done % (K + 1)))
+    assert outs == reference
+    assert preemptions > 0
