@@ -393,7 +393,6 @@ class LlmArgs:
             check_speculative_support(
                 speculative,
                 text_config,
-                disable_overlap_scheduler=self.disable_overlap_scheduler,
                 max_num_tokens=self.max_num_tokens,
             )
         return EngineConfig(

@@ -18,6 +18,14 @@ forward of step n+1 does not, so it is launched first; then the host waits for s
 applies them and advances the matchers (`_accept_pending`) while the GPU runs that forward, and
 only then builds the masks and launches the sampling. Responses for step n (finishing requests,
 freeing their resources) still wait until step n+1 is launched.
+
+MTP speculation (`spec_decoder` set): step n+1's rows (positions, KV lengths, drafts) depend on
+how many drafts step n accepted, which is only known once step n's results are on the host; so
+there is no token in flight and no look-ahead launch. What overlaps is the host work that does
+not depend on them: the streaming responses of step n are delivered after step n+1's target
+forward and sampling are queued, while the device runs them (`SpecDecoder.run_step`'s
+`before_sync`). A request that finished at step n is finished (resources freed, final response
+sent) at the end of step n, so the scheduler of step n+1 sees the capacity it left.
 """
 
 from __future__ import annotations
@@ -63,8 +71,13 @@ class OverlapPyExecutor(PyExecutor):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pending: _InFlight | None = None  # the launched step not processed yet
+        # MTP: requests of the last step whose streaming response is not sent yet.
+        self._unsent: list[LlmRequest] = []
 
     def _step(self) -> None:
+        if self.spec_decoder is not None:
+            self._spec_step()
+            return
         start = time.perf_counter()
         scheduled = self._schedule()
         if scheduled is not None and scheduled.preemption_deferred and self._pending is not None:
@@ -99,6 +112,49 @@ class OverlapPyExecutor(PyExecutor):
         self._process_pending()
         self._pending = launched
         self._record_step(scheduled, start)
+
+    def _spec_step(self) -> None:
+        """One MTP step; the previous step's streaming responses go out while it runs."""
+        start = time.perf_counter()
+        scheduled = self._schedule()
+        if scheduled is None or scheduled.is_empty:
+            self._send_unsent()
+            if scheduled is not None:
+                self._wait_for_command(0.005)
+            return
+        decoder = self.spec_decoder
+        assert decoder is not None
+
+        def run(s: ScheduledRequests) -> None:
+            decoder.run_step(self, s, self._send_unsent)
+
+        ran = scheduled
+        try:
+            ran, _ = run_isolated(scheduled, run, self._fail_input)
+        except Exception as exc:
+            logger.exception(
+                "engine step failed; failing every request of the step: %s",
+                [r.request_id for r in ran.all_requests],
+            )
+            for req in ran.all_requests:
+                req.set_error(f"engine step failed: {type(exc).__name__}: {exc}")
+        # The step may have failed before its forward was queued: the earlier responses first.
+        self._send_unsent()
+        for req in ran.all_requests:
+            if req.is_finished:
+                self._finish(req)
+            else:
+                self._unsent.append(req)
+        self._record_step(scheduled, start)
+
+    def _send_unsent(self) -> None:
+        """Deliver the streaming responses held back from the previous MTP step."""
+        unsent, self._unsent = self._unsent, []
+        for req in unsent:
+            # Finished since (cancelled, failed, or in the step now running): `_finish` sent
+            # its tokens with the final response already, or will.
+            if req in self._active and not req.is_finished:
+                self._emit(req)
 
     def _launch(self, scheduled: ScheduledRequests) -> _InFlight:
         guided, pending = self.guided_decoder, self._pending

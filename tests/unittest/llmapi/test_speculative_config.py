@@ -66,10 +66,12 @@ def test_checkpoint_without_mtp_head_is_refused(ckpts: dict[str, str]) -> None:
         args.to_engine_config()
 
 
-def test_overlap_scheduler_is_refused(ckpts: dict[str, str]) -> None:
+def test_overlap_scheduler_is_taken(ckpts: dict[str, str]) -> None:
+    """The default (overlap) executor runs MTP too (test_mtp_spec_decode_overlap.py)."""
     args = LlmArgs(model=ckpts["mtp"], speculative_config={"decoding_type": "MTP"})
-    with pytest.raises(ValueError, match="pass disable_overlap_scheduler=True"):
-        args.to_engine_config()
+    config = args.to_engine_config()
+    assert not config.disable_overlap_scheduler
+    assert config.speculative_config == MTPDecodingConfig(1)
 
 
 def test_step_budget_must_hold_a_verify_row(ckpts: dict[str, str]) -> None:

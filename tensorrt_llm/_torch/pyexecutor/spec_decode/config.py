@@ -23,6 +23,12 @@ class MTPDecodingConfig:
     num_nextn_predict_layers: draft tokens proposed per step (k); each generation step verifies
       them in one target forward of 1 + k tokens per request. The head's layers are reused in
       turn when k exceeds them (Qwen3.5 ships one).
+
+    With the overlap scheduler (the default) a step's rows depend on how many drafts the
+    previous step accepted, so the next step is built only once those counts are on the host
+    (no look-ahead launch, unlike plain decoding); what overlaps is the previous step's
+    streaming responses (delivery, detokenization by the front end), sent while the device runs
+    the next verify forward. Outputs equal the non-overlap executor's (py_executor_overlap.py).
     """
 
     num_nextn_predict_layers: int = 1
@@ -71,7 +77,6 @@ def check_speculative_support(
     config: MTPDecodingConfig,
     text_config: Any,
     *,
-    disable_overlap_scheduler: bool,
     max_num_tokens: int,
 ) -> None:
     """The combinations MTP cannot run yet, as errors naming the knob (`to_engine_config`)."""
@@ -87,9 +92,4 @@ def check_speculative_support(
         raise ValueError(
             f"max_num_tokens={max_num_tokens} cannot hold one verify row of 1 + "
             f"{k} tokens (speculative_config.num_nextn_predict_layers)"
-        )
-    if not disable_overlap_scheduler:
-        raise ValueError(
-            "speculative_config with the overlap scheduler is not supported yet; pass "
-            "disable_overlap_scheduler=True"
         )

@@ -109,7 +109,15 @@ class SpecDecoder:
         return self.drafts.get(req.request_id, [])[: draft_budget(req, self.max_draft_len)]
 
     @torch.inference_mode()
-    def run_step(self, executor: PyExecutor, scheduled: ScheduledRequests) -> None:
+    def run_step(
+        self,
+        executor: PyExecutor,
+        scheduled: ScheduledRequests,
+        before_sync: Callable[[], None] | None = None,
+    ) -> None:
+        """One speculative step. `before_sync` runs once the target forward and the sampling
+        are queued, before the host waits for their results: the overlap executor delivers the
+        previous step's streaming responses there, while the device runs this step."""
         engine = self.engine
         guided = executor.guided_decoder
         if guided is not None:
@@ -136,6 +144,8 @@ class SpecDecoder:
         ]
         sampled += [v.request for v in verify]
         step, packed = self._sample(executor, batch, hidden, sampled, last_rows, verify)
+        if before_sync is not None:
+            before_sync()
         tokens, logprobs, prompt, check = self._to_host(executor, step, packed, verify)
         release_prefilled_media(scheduled)
         advance_context_chunks(scheduled)
