@@ -36,7 +36,7 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="JSON|FILE",
         help='e.g. \'{"decoding_type": "MTP", "num_nextn_predict_layers": 3}\' (in process, '
-        "with the non-overlap executor); prints the acceptance length",
+        "with the default executor, as the run without it); prints the acceptance length",
     )
     g.add_argument(
         "--draft_mode",
@@ -69,7 +69,6 @@ def spec_llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     return {
         "speculative_config": args.speculative_config,
-        "disable_overlap_scheduler": True,
         "executor_mode": "inproc",
     }
 
