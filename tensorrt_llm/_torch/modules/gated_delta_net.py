@@ -42,14 +42,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..._utils import step_constant
+from ...mapping import Mapping as ParallelMapping
 from .causal_conv1d import CausalConv1d
 from .gated_delta_net_metadata import GatedDeltaNetMetadata, StateRows
 from .gated_delta_net_weights import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
     convert_qwen3_next_gdn_weights,
+    gdn_rank_shards,
 )
 from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .linear import Linear
+from .tensor_parallel import TensorParallelMode
 from .triton_kernels import use_triton
 from .triton_kernels.causal_conv1d import causal_conv1d_update_, causal_conv1d_varlen
 from .triton_kernels.gated_rms_norm import rms_norm_gated, rms_norm_gated_torch
@@ -103,12 +106,20 @@ class GatedDeltaNet(nn.Module):
         conv_kernel_size: int = 4,
         rms_norm_eps: float = 1e-6,
         dtype: torch.dtype | None = None,
+        mapping: ParallelMapping | None = None,
     ) -> None:
         super().__init__()
         if min(hidden_size, num_k_heads, num_v_heads, head_k_dim, head_v_dim) <= 0:
             raise ValueError("GatedDeltaNet sizes must be positive")
         if num_v_heads % num_k_heads != 0:
             raise ValueError(f"num_v_heads={num_v_heads} is not a multiple of {num_k_heads=}")
+        mapping = mapping if mapping is not None else ParallelMapping()
+        # The checkpoint's head counts (its weight layouts); the attributes below are this
+        # tensor-parallel rank's share (gated_delta_net_weights.py: `gdn_rank_shards`).
+        self.full_num_k_heads, self.full_num_v_heads = num_k_heads, num_v_heads
+        tp = gdn_rank_shards(num_k_heads, num_v_heads, head_k_dim, head_v_dim, mapping)
+        if tp is not None:
+            num_k_heads, num_v_heads = tp.num_k_heads, tp.num_v_heads
         self.hidden_size = hidden_size
         self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
@@ -116,20 +127,41 @@ class GatedDeltaNet(nn.Module):
         self.value_dim = num_v_heads * head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_kernel_size = conv_kernel_size
+        # Sized whole here; under tensor parallelism the Linears hold this rank's rows (the
+        # column shards of `tp`) and out_proj its input columns (one all-reduce).
+        col, row = (
+            (None, None) if tp is None else (TensorParallelMode.COLUMN, TensorParallelMode.ROW)
+        )
+        full_conv, full_value = self.conv_dim * mapping.tp_size, self.value_dim * mapping.tp_size
+        full_v = num_v_heads * mapping.tp_size
         self.in_proj_qkvz = Linear(
             hidden_size,
-            self.conv_dim + self.value_dim,
+            full_conv + full_value,
             dtype=dtype,
-            output_splits=(self.conv_dim, self.value_dim),
+            output_splits=(full_conv, full_value),
+            mapping=mapping,
+            tensor_parallel_mode=col,
+            output_shards=None if tp is None else (tp.qkv, tp.z),
         )
         self.in_proj_ba = Linear(
-            hidden_size, 2 * num_v_heads, dtype=dtype, output_splits=(num_v_heads, num_v_heads)
+            hidden_size,
+            2 * full_v,
+            dtype=dtype,
+            output_splits=(full_v, full_v),
+            mapping=mapping,
+            tensor_parallel_mode=col,
+            output_shards=None if tp is None else (tp.heads, tp.heads),
         )
         self.conv1d = CausalConv1d(self.conv_dim, conv_kernel_size, activation="silu", dtype=dtype)
         self.dt_bias = nn.Parameter(torch.empty(num_v_heads, dtype=dtype))
         self.A_log = nn.Parameter(torch.empty(num_v_heads, dtype=dtype))
-        self.norm = RMSNormGated(head_v_dim, eps=rms_norm_eps, dtype=dtype)
-        self.out_proj = Linear(self.value_dim, hidden_size, dtype=dtype)
+        self.norm = RMSNormGated(head_v_dim, eps=rms_norm_eps, dtype=dtype)  # per head: whole
+        self.out_proj = Linear(
+            full_value, hidden_size, dtype=dtype, mapping=mapping, tensor_parallel_mode=row
+        )
+        if tp is not None:  # the checkpoint slices the loader reads (weight_loading.py)
+            self.tp_shards = {"dt_bias": (tp.heads,), "A_log": (tp.heads,)}
+            self.conv1d.tp_shards = {"weight": (tp.qkv,), "bias": (tp.qkv,)}
         # Read once here, not on every decode step.
         self.inplace_decode = os.environ.get(INPLACE_DECODE_ENV, "1") != "0"
         # "auto": the Triton kernels on CUDA; tests set "triton" (CPU under TRITON_INTERPRET=1).
@@ -139,8 +171,11 @@ class GatedDeltaNet(nn.Module):
         self._in_proj_decided = False
 
     @classmethod
-    def from_config(cls, config: Any, dtype: torch.dtype | None = None) -> GatedDeltaNet:
-        """Build from an HF Qwen3.5 / Qwen3-Next text config (`linear_*` fields)."""
+    def from_config(
+        cls, config: Any, dtype: torch.dtype | None = None, mapping: ParallelMapping | None = None
+    ) -> GatedDeltaNet:
+        """Build from an HF Qwen3.5 / Qwen3-Next text config (`linear_*` fields); with a
+        tensor-parallel `mapping`, this rank's heads."""
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"GatedDeltaNet supports hidden_act='silu' only, got {act!r}")
@@ -153,6 +188,7 @@ class GatedDeltaNet(nn.Module):
             conv_kernel_size=config.linear_conv_kernel_dim,
             rms_norm_eps=config.rms_norm_eps,
             dtype=dtype,
+            mapping=mapping,
         )
 
     @property
@@ -393,8 +429,8 @@ class GatedDeltaNet(nn.Module):
 
         converted = convert_qwen3_next_gdn_weights(
             weights,
-            num_k_heads=self.num_k_heads,
-            num_v_heads=self.num_v_heads,
+            num_k_heads=self.full_num_k_heads,
+            num_v_heads=self.full_num_v_heads,
             head_k_dim=self.head_k_dim,
             head_v_dim=self.head_v_dim,
         )

@@ -112,7 +112,9 @@ def _presize_hybrid(
 ) -> BatchSizing | None:
     """Seq slots of a hybrid model on CUDA when max_batch_size is not given (see capacity.py);
     None for every other case."""
-    state = recurrent_state_bytes_per_slot(config.text_config, model_config.torch_dtype)
+    state = recurrent_state_bytes_per_slot(
+        config.text_config, model_config.torch_dtype, config.mapping.tp_size
+    )
     if config.max_batch_size is not None or config.device.type != "cuda" or not state:
         return None
     torch.cuda.empty_cache()

@@ -41,10 +41,32 @@ def check_tp_config(config: EngineConfig) -> None:
     # only: not what one GPU computes, so it waits for its own sharding.
     if config.quantization not in (None, "fp8_block"):
         refused.append(f"quantization={config.quantization!r} (fp8_block is supported)")
+    if "linear_attention" in (getattr(config.text_config, "layer_types", None) or ()):
+        refused.extend(_hybrid_refusals(config))
     if refused:
         raise ValueError(
             f"tensor_parallel_size={mapping.tp_size} does not support yet: " + ", ".join(refused)
         )
+
+
+def _hybrid_refusals(config: EngineConfig) -> list[str]:
+    """What a Gated DeltaNet (Qwen3.5 / Qwen3.6) stack does not run under tensor parallelism
+    yet; its heads, conv channels and states shard (gated_delta_net_weights.py)."""
+    refused = []
+    # The DeltaNet's q|k|v rows are three ranges a rank (MultiRangeShard), which the
+    # block-FP8 scale shards (`shard_block_scales`) do not place yet.
+    if config.quant_config is not None or config.quantization == "fp8_block":
+        refused.append("block-FP8 checkpoints of hybrid (Gated DeltaNet) stacks")
+    if config.speculative_config is not None:
+        refused.append("MTP speculative decoding (the MTP head is not sharded)")
+    # Rank 0 alone would snapshot and restore the recurrent states of a reused prefix.
+    if config.enable_block_reuse:
+        refused.append("prefix caching of hybrid stacks (pass enable_block_reuse=False)")
+    # The slot count presized from rank 0's free memory is not agreed with the workers
+    # (they build `batch_size_cap` slots of recurrent state).
+    if config.device.type == "cuda" and config.max_batch_size is None:
+        refused.append("hybrid stacks without max_batch_size on CUDA (give it explicitly)")
+    return refused
 
 
 def check_model_shards(config: EngineConfig) -> None:
