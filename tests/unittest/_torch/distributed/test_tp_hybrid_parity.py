@@ -5,12 +5,17 @@ rows, conv channels and states) and half the attention heads with their output g
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 from tp_bodies import schedule_logits_all
 from tp_harness import spawn_ranks
 
+from tensorrt_llm._torch.pyexecutor.tp_setup import check_model_shards
+from tensorrt_llm.llmapi import KvCacheConfig
+from tensorrt_llm.llmapi.llm_args import LlmArgs
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 
 WORLD = 2
@@ -30,3 +35,26 @@ def test_tp2_hybrid_logits_equal_tp1(tmp_path: Path) -> None:
                 msg = f"{family} rank {rank} step {step}"
                 torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5, msg=msg)
                 assert torch.equal(got.argmax(-1), ref.argmax(-1)), msg
+
+
+def test_hybrid_settings_not_built_are_refused(tmp_path: Path) -> None:
+    """Before any rank starts: MTP, prefix caching, block-FP8, and CUDA's presized slot count
+    (not agreed over the ranks) without an explicit max_batch_size."""
+    ckpt = write_tiny_checkpoint("qwen3_5", tmp_path / "mtp", mtp_num_hidden_layers=1)
+    tp2 = dict(model=str(ckpt), device="cpu", tensor_parallel_size=2, max_batch_size=2)
+    mtp = {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
+    spec = dict(speculative_config=mtp, disable_overlap_scheduler=True)
+    config = LlmArgs(**tp2, **spec).to_engine_config()
+    with pytest.raises(ValueError, match="MTP speculative decoding"):
+        check_model_shards(config)
+    config = LlmArgs(**tp2, kv_cache_config=KvCacheConfig(enable_block_reuse=True))
+    with pytest.raises(ValueError, match="prefix caching of hybrid stacks"):
+        check_model_shards(config.to_engine_config())
+    fp8 = write_tiny_checkpoint("qwen3_5", tmp_path / "fp8", quantization="fp8_block")
+    config = LlmArgs(**{**tp2, "model": str(fp8)}).to_engine_config()
+    with pytest.raises(ValueError, match="block-FP8 checkpoints of hybrid"):
+        check_model_shards(config)
+    config = LlmArgs(**{**tp2, "max_batch_size": None}).to_engine_config()
+    with pytest.raises(ValueError, match="without max_batch_size on CUDA"):
+        check_model_shards(replace(config, device=torch.device("cuda", 0)))
+    check_model_shards(LlmArgs(**tp2).to_engine_config())  # the rest builds
