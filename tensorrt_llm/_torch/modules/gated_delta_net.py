@@ -23,7 +23,9 @@ leak into a fresh request. Decode rows always continue from their state.
 Weights: our `in_proj_qkvz` rows are [q | k | v | z] contiguous and `in_proj_ba` rows [b | a].
 Qwen3.5 checkpoints (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`) stack straight in
 via `GATED_DELTA_NET_FUSED_PROJECTIONS`; Qwen3-Next checkpoints (`in_proj_qkvz`, `in_proj_ba`
-grouped per key head) are first rewritten by `convert_qwen3_next_gdn_weights`.
+grouped per key head) are first rewritten by `convert_qwen3_next_gdn_weights`. With a
+tensor-parallel `mapping` a layer holds K/tp key heads with their value heads; every size,
+state shape and weight above is then the rank's (`gdn_rank_shards`).
 
 Kernels (CUDA, unless `TRTLLM_GDN_FUSED=0`): a decode step runs three Triton kernels between the
 in_proj and out_proj GEMMs (the conv update of the pool rows, the recurrence with the gates and
@@ -48,11 +50,10 @@ from .gated_delta_net_metadata import GatedDeltaNetMetadata, StateRows
 from .gated_delta_net_weights import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
     convert_qwen3_next_gdn_weights,
+    gdn_projections,
     gdn_rank_shards,
 )
 from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-from .linear import Linear
-from .tensor_parallel import TensorParallelMode
 from .triton_kernels import use_triton
 from .triton_kernels.causal_conv1d import causal_conv1d_update_, causal_conv1d_varlen
 from .triton_kernels.gated_rms_norm import rms_norm_gated, rms_norm_gated_torch
@@ -127,38 +128,15 @@ class GatedDeltaNet(nn.Module):
         self.value_dim = num_v_heads * head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_kernel_size = conv_kernel_size
-        # Sized whole here; under tensor parallelism the Linears hold this rank's rows (the
-        # column shards of `tp`) and out_proj its input columns (one all-reduce).
-        col, row = (
-            (None, None) if tp is None else (TensorParallelMode.COLUMN, TensorParallelMode.ROW)
-        )
-        full_conv, full_value = self.conv_dim * mapping.tp_size, self.value_dim * mapping.tp_size
-        full_v = num_v_heads * mapping.tp_size
-        self.in_proj_qkvz = Linear(
-            hidden_size,
-            full_conv + full_value,
-            dtype=dtype,
-            output_splits=(full_conv, full_value),
-            mapping=mapping,
-            tensor_parallel_mode=col,
-            output_shards=None if tp is None else (tp.qkv, tp.z),
-        )
-        self.in_proj_ba = Linear(
-            hidden_size,
-            2 * full_v,
-            dtype=dtype,
-            output_splits=(full_v, full_v),
-            mapping=mapping,
-            tensor_parallel_mode=col,
-            output_shards=None if tp is None else (tp.heads, tp.heads),
+        # Under tensor parallelism the projections hold this rank's rows (out_proj: its
+        # input columns, one all-reduce), conv1d / dt_bias / A_log its channels and heads.
+        self.in_proj_qkvz, self.in_proj_ba, self.out_proj = gdn_projections(
+            hidden_size, self.conv_dim, self.value_dim, num_v_heads, tp, mapping, dtype
         )
         self.conv1d = CausalConv1d(self.conv_dim, conv_kernel_size, activation="silu", dtype=dtype)
         self.dt_bias = nn.Parameter(torch.empty(num_v_heads, dtype=dtype))
         self.A_log = nn.Parameter(torch.empty(num_v_heads, dtype=dtype))
         self.norm = RMSNormGated(head_v_dim, eps=rms_norm_eps, dtype=dtype)  # per head: whole
-        self.out_proj = Linear(
-            full_value, hidden_size, dtype=dtype, mapping=mapping, tensor_parallel_mode=row
-        )
         if tp is not None:  # the checkpoint slices the loader reads (weight_loading.py)
             self.tp_shards = {"dt_bias": (tp.heads,), "A_log": (tp.heads,)}
             self.conv1d.tp_shards = {"weight": (tp.qkv,), "bias": (tp.qkv,)}

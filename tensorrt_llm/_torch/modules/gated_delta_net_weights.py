@@ -17,6 +17,8 @@ import torch
 
 from ...mapping import Mapping as ParallelMapping
 from ..distributed import MultiRangeShard, TensorShard, column_shard
+from .linear import Linear
+from .tensor_parallel import TensorParallelMode
 
 # our fused projection -> the Qwen3.5 HF projections stacked along the output dim, in order
 GATED_DELTA_NET_FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
@@ -100,3 +102,44 @@ def gdn_rank_shards(
     )
     z = TensorShard(0, v.start * head_v_dim, v.length * head_v_dim)
     return GdnRankShards(k.length, v.length, qkv, z, v)
+
+
+def gdn_projections(
+    hidden_size: int,
+    conv_dim: int,
+    value_dim: int,
+    num_v_heads: int,
+    tp: GdnRankShards | None,
+    mapping: ParallelMapping,
+    dtype: torch.dtype | None,
+) -> tuple[Linear, Linear, Linear]:
+    """`in_proj_qkvz` ([q | k | v | z]), `in_proj_ba` ([b | a]) and `out_proj` of a layer
+    whose sizes (`conv_dim`, ...) are this rank's: with `tp`, the Linears are built from the
+    full sizes and hold the rank's rows (COLUMN, by `tp`'s shards) and columns (ROW)."""
+    tp_size = mapping.tp_size if tp is not None else 1
+    full_conv, full_value, full_v = conv_dim * tp_size, value_dim * tp_size, num_v_heads * tp_size
+    col = row = None
+    if tp is not None:
+        col, row = TensorParallelMode.COLUMN, TensorParallelMode.ROW
+    in_proj_qkvz = Linear(
+        hidden_size,
+        full_conv + full_value,
+        dtype=dtype,
+        output_splits=(full_conv, full_value),
+        mapping=mapping,
+        tensor_parallel_mode=col,
+        output_shards=None if tp is None else (tp.qkv, tp.z),
+    )
+    in_proj_ba = Linear(
+        hidden_size,
+        2 * full_v,
+        dtype=dtype,
+        output_splits=(full_v, full_v),
+        mapping=mapping,
+        tensor_parallel_mode=col,
+        output_shards=None if tp is None else (tp.heads, tp.heads),
+    )
+    out_proj = Linear(
+        full_value, hidden_size, dtype=dtype, mapping=mapping, tensor_parallel_mode=row
+    )
+    return in_proj_qkvz, in_proj_ba, out_proj
