@@ -53,10 +53,6 @@ def _hybrid_refusals(config: EngineConfig) -> list[str]:
     """What a Gated DeltaNet (Qwen3.5 / Qwen3.6) stack does not run under tensor parallelism
     yet; its heads, conv channels and states shard (gated_delta_net_weights.py)."""
     refused = []
-    # The DeltaNet's q|k|v rows are three ranges a rank (MultiRangeShard), which the
-    # block-FP8 scale shards (`shard_block_scales`) do not place yet.
-    if config.quant_config is not None or config.quantization == "fp8_block":
-        refused.append("block-FP8 checkpoints of hybrid (Gated DeltaNet) stacks")
     if config.speculative_config is not None:
         refused.append("MTP speculative decoding (the MTP head is not sharded)")
     # Rank 0 alone would snapshot and restore the recurrent states of a reused prefix.

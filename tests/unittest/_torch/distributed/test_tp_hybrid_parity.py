@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from tp_bodies import schedule_logits_all
+from tp_engine_bodies import MAX_TOKENS, greedy_tp1_and_tp
 from tp_harness import spawn_ranks
 
 from tensorrt_llm._torch.pyexecutor.tp_setup import check_model_shards
@@ -38,8 +39,8 @@ def test_tp2_hybrid_logits_equal_tp1(tmp_path: Path) -> None:
 
 
 def test_hybrid_settings_not_built_are_refused(tmp_path: Path) -> None:
-    """Before any rank starts: MTP, prefix caching, block-FP8, and CUDA's presized slot count
-    (not agreed over the ranks) without an explicit max_batch_size."""
+    """Before any rank starts: MTP, prefix caching, block-FP8 shards that split a block, and
+    CUDA's presized slot count (not agreed over the ranks) without an explicit max_batch_size."""
     ckpt = write_tiny_checkpoint("qwen3_5", tmp_path / "mtp", mtp_num_hidden_layers=1)
     tp2 = dict(model=str(ckpt), device="cpu", tensor_parallel_size=2, max_batch_size=2)
     mtp = {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
@@ -50,11 +51,50 @@ def test_hybrid_settings_not_built_are_refused(tmp_path: Path) -> None:
     config = LlmArgs(**tp2, kv_cache_config=KvCacheConfig(enable_block_reuse=True))
     with pytest.raises(ValueError, match="prefix caching of hybrid stacks"):
         check_model_shards(config.to_engine_config())
+    # Block-FP8: 16-dim DeltaNet heads give a rank 16-row q, k ranges, not whole 128-blocks.
     fp8 = write_tiny_checkpoint("qwen3_5", tmp_path / "fp8", quantization="fp8_block")
     config = LlmArgs(**{**tp2, "model": str(fp8)}).to_engine_config()
-    with pytest.raises(ValueError, match="block-FP8 checkpoints of hybrid"):
+    with pytest.raises(ValueError, match=r"in_proj_qkvz: .*rows \[0, 16\)"):
         check_model_shards(config)
     config = LlmArgs(**{**tp2, "max_batch_size": None}).to_engine_config()
     with pytest.raises(ValueError, match="without max_batch_size on CUDA"):
         check_model_shards(replace(config, device=torch.device("cuda", 0)))
     check_model_shards(LlmArgs(**tp2).to_engine_config())  # the rest builds
+
+
+# 128-dim DeltaNet and attention heads, 128 channels a rank: every shard is whole 128-blocks
+# (a rank's q, k and v ranges each start on a block boundary).
+FP8_TEXT = dict(
+    hidden_size=128,
+    head_dim=128,
+    intermediate_size=256,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=256,
+    # rotary 128 * 0.25 = 32 -> half 16 = 6 + 5 + 5
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 1e7,
+        "mrope_section": [6, 5, 5],
+        "mrope_interleaved": True,
+        "partial_rotary_factor": 0.25,
+    },
+)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tp2_fp8_block_hybrid_greedy_equals_tp1(family: str, tmp_path: Path) -> None:
+    """Block-FP8 (the -FP8 releases' layout): each rank's e4m3 in_proj_qkv rows and their
+    scales come as the same three ranges; greedy tokens through the engine equal TP=1's."""
+    ckpt = write_tiny_checkpoint(
+        family,
+        tmp_path / family,
+        quantization="fp8_block",
+        text_config=FP8_TEXT,
+        vision_config={"out_hidden_size": FP8_TEXT["hidden_size"]},
+    )
+    (reference, sharded), worker_steps = spawn_ranks(greedy_tp1_and_tp, WORLD, str(ckpt), False)
+    assert all(len(tokens) == MAX_TOKENS for tokens in reference)
+    assert sharded == reference
+    assert worker_steps > 0
