@@ -1,7 +1,9 @@
-"""Tensor parallelism of the Qwen3.5 hybrid stack (Gated DeltaNet + gated attention) on 2
-gloo ranks: every step's logits of a chunked-prefill + decode schedule equal the TP=1
-model's (float32). Each rank holds half the DeltaNet key and value heads (their q, k, v
-rows, conv channels and states) and half the attention heads with their output gates."""
+"""Tensor parallelism of the Qwen3.5 hybrid stacks (Gated DeltaNet + gated attention, dense
+and MoE) on 2 gloo ranks: every step's logits of a chunked-prefill + decode schedule equal
+the TP=1 model's (float32), and so do greedy tokens through the engine (with images, and
+block-FP8). Each rank holds half the DeltaNet key and value heads (their q, k, v rows, conv
+channels and states), half the attention heads with their output gates and half the experts
+(the shared expert tensor-parallel); settings not built yet are refused before ranks start."""
 
 from __future__ import annotations
 
@@ -95,6 +97,16 @@ def test_tp2_fp8_block_hybrid_greedy_equals_tp1(family: str, tmp_path: Path) -> 
         vision_config={"out_hidden_size": FP8_TEXT["hidden_size"]},
     )
     (reference, sharded), worker_steps = spawn_ranks(greedy_tp1_and_tp, WORLD, str(ckpt), False)
+    assert all(len(tokens) == MAX_TOKENS for tokens in reference)
+    assert sharded == reference
+    assert worker_steps > 0
+
+
+def test_tp2_hybrid_vl_with_images_greedy_equals_tp1(tmp_path: Path) -> None:
+    """Qwen3.5-VL through the engine with images (the tower data-parallel over the ranks,
+    mRoPE positions): greedy tokens equal TP=1's."""
+    ckpt = write_tiny_checkpoint("qwen3_5", tmp_path / "qwen3_5")
+    (reference, sharded), worker_steps = spawn_ranks(greedy_tp1_and_tp, WORLD, str(ckpt), True)
     assert all(len(tokens) == MAX_TOKENS for tokens in reference)
     assert sharded == reference
     assert worker_steps > 0
