@@ -143,3 +143,20 @@ def test_qwen3_next_refuses_tp(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="Qwen3-Next checkpoints do not support"):
         with torch.device("meta"):
             Qwen3_5TextForCausalLM(text, mapping=mapping)
+
+
+def test_multi_range_shard_and_uneven_deltanet_heads(tmp_path: Path) -> None:
+    from tensorrt_llm._torch.distributed import MultiRangeShard
+    from tensorrt_llm._torch.modules.gated_delta_net import GatedDeltaNet
+
+    ckpt = write_tiny_checkpoint("qwen3", tmp_path / "q3")
+    full = load_file(str(ckpt / "model.safetensors"))
+    lazy = lazy_safetensors_checkpoint([ckpt / "model.safetensors"])
+    name = "model.layers.0.mlp.down_proj.weight"
+    shard = MultiRangeShard(0, ((4, 2), (10, 3)))
+    assert shard.length == shard.size == 5
+    assert torch.equal(shard.take(lazy[name]), torch.cat([full[name][4:6], full[name][10:13]]))
+    tp2 = Mapping(world_size=2, rank=0, tp_size=2)
+    # V is a multiple of K, so key heads that split mean value heads that split.
+    with pytest.raises(ValueError, match="linear_num_key_heads=3"):
+        GatedDeltaNet(32, 3, 6, 8, 8, mapping=tp2)
