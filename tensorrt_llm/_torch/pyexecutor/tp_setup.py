@@ -58,10 +58,6 @@ def _hybrid_refusals(config: EngineConfig) -> list[str]:
     # Rank 0 alone would snapshot and restore the recurrent states of a reused prefix.
     if config.enable_block_reuse:
         refused.append("prefix caching of hybrid stacks (pass enable_block_reuse=False)")
-    # The slot count presized from rank 0's free memory is not agreed with the workers
-    # (they build `batch_size_cap` slots of recurrent state).
-    if config.device.type == "cuda" and config.max_batch_size is None:
-        refused.append("hybrid stacks without max_batch_size on CUDA (give it explicitly)")
     return refused
 
 

@@ -3,11 +3,11 @@ and MoE) on 2 gloo ranks: every step's logits of a chunked-prefill + decode sche
 the TP=1 model's (float32), and so do greedy tokens through the engine (with images, and
 block-FP8). Each rank holds half the DeltaNet key and value heads (their q, k, v rows, conv
 channels and states), half the attention heads with their output gates and half the experts
-(the shared expert tensor-parallel); settings not built yet are refused before ranks start."""
+(the shared expert tensor-parallel); settings not built yet are refused before ranks
+start, and the slot counts presized from each rank's memory agree (MIN)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from tp_harness import spawn_ranks
 from tensorrt_llm._torch.pyexecutor.tp_setup import check_model_shards
 from tensorrt_llm.llmapi import KvCacheConfig
 from tensorrt_llm.llmapi.llm_args import LlmArgs
+from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 
 WORLD = 2
@@ -41,8 +42,7 @@ def test_tp2_hybrid_logits_equal_tp1(tmp_path: Path) -> None:
 
 
 def test_hybrid_settings_not_built_are_refused(tmp_path: Path) -> None:
-    """Before any rank starts: MTP, prefix caching, block-FP8 shards that split a block, and
-    CUDA's presized slot count (not agreed over the ranks) without an explicit max_batch_size."""
+    """Before any rank starts: MTP, prefix caching and block-FP8 shards that split a block."""
     ckpt = write_tiny_checkpoint("qwen3_5", tmp_path / "mtp", mtp_num_hidden_layers=1)
     tp2 = dict(model=str(ckpt), device="cpu", tensor_parallel_size=2, max_batch_size=2)
     mtp = {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
@@ -58,9 +58,6 @@ def test_hybrid_settings_not_built_are_refused(tmp_path: Path) -> None:
     config = LlmArgs(**{**tp2, "model": str(fp8)}).to_engine_config()
     with pytest.raises(ValueError, match=r"in_proj_qkvz: .*rows \[0, 16\)"):
         check_model_shards(config)
-    config = LlmArgs(**{**tp2, "max_batch_size": None}).to_engine_config()
-    with pytest.raises(ValueError, match="without max_batch_size on CUDA"):
-        check_model_shards(replace(config, device=torch.device("cuda", 0)))
     check_model_shards(LlmArgs(**tp2).to_engine_config())  # the rest builds
 
 
@@ -110,3 +107,18 @@ def test_tp2_hybrid_vl_with_images_greedy_equals_tp1(tmp_path: Path) -> None:
     assert all(len(tokens) == MAX_TOKENS for tokens in reference)
     assert sharded == reference
     assert worker_steps > 0
+
+
+def _agreed_slots(mapping: Mapping, fits: list[int]) -> tuple[int, str]:
+    from tensorrt_llm._torch.pyexecutor.capacity import BatchSizing
+    from tensorrt_llm._torch.pyexecutor.model_build import agree_hybrid_slots
+
+    own = BatchSizing(fits[mapping.rank], "cap")
+    agreed = agree_hybrid_slots(own, mapping, torch.device("cpu"))
+    return agreed.max_batch_size, agreed.bound
+
+
+def test_presized_hybrid_slots_are_the_least_any_rank_fits() -> None:
+    """CUDA presizing without max_batch_size: each rank sizes its recurrent state from its
+    own memory, and every rank builds the least count (rank 1 fits fewer here)."""
+    assert spawn_ranks(_agreed_slots, WORLD, [6, 3]) == [(3, "recurrent state"), (3, "cap")]
