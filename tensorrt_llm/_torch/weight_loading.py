@@ -37,7 +37,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .checkpoint_slices import lazy_safetensors_checkpoint, materialize
-from .distributed import TensorShard
+from .distributed import AnyShard
 
 # our fused projection -> the HF projections stacked along the output dim, in order
 FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
@@ -188,7 +188,7 @@ def load_hf_weights(
             _copy_into(params[param_name], param_name, [materialize(v) for v in present], hf_names)
 
 
-def _take(parts: tuple[TensorShard | None, ...] | None, tensors: list[Any]) -> list[Any]:
+def _take(parts: tuple[AnyShard | None, ...] | None, tensors: list[Any]) -> list[Any]:
     """This rank's slice of each checkpoint part (all of a part without a shard); as given
     when the counts differ (the caller's check names the mismatch)."""
     if parts is None or len(parts) != len(tensors):
@@ -198,10 +198,10 @@ def _take(parts: tuple[TensorShard | None, ...] | None, tensors: list[Any]) -> l
     ]
 
 
-def _param_shards(model: nn.Module) -> dict[str, tuple[TensorShard | None, ...]]:
+def _param_shards(model: nn.Module) -> dict[str, tuple[AnyShard | None, ...]]:
     """Parameter name -> one checkpoint slice per source part, for modules built for one
     tensor-parallel rank (their `tp_shards`); empty for an unsharded model."""
-    out: dict[str, tuple[TensorShard | None, ...]] = {}
+    out: dict[str, tuple[AnyShard | None, ...]] = {}
     for name, module in model.named_modules():
         for local, parts in (getattr(module, "tp_shards", None) or {}).items():
             out[f"{name}.{local}" if name else local] = parts

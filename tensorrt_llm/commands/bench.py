@@ -88,8 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tp_size",
         type=int,
         default=1,
-        help="tensor-parallel ranks on this node (LLM's tensor_parallel_size; not hybrid stacks, "
-        "needs --no_cuda_graph for now)",
+        help="tensor-parallel ranks on this node (LLM's tensor_parallel_size; needs "
+        "--no_cuda_graph for now)",
     )
     p.add_argument(
         "--max_num_tokens",

@@ -204,7 +204,7 @@ def _add_upstream_flags(p: argparse.ArgumentParser) -> None:
         "--tp_size",
         type=int,
         default=None,
-        help="tensor-parallel ranks on this node (LLM's tensor_parallel_size; not hybrid stacks)",
+        help="tensor-parallel ranks on this node (LLM's tensor_parallel_size)",
     )
     g.add_argument(
         "--pp_size",

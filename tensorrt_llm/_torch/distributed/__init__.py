@@ -8,9 +8,19 @@ no extra work per step.
 
 from .ops import all_gather, all_reduce, min_over_ranks
 from .process_group import destroy_distributed, init_distributed, is_initialized, tp_group
-from .sharding import TensorShard, column_shard, kv_head_shard, kv_heads_per_rank, vocab_shard
+from .sharding import (
+    AnyShard,
+    MultiRangeShard,
+    TensorShard,
+    column_shard,
+    kv_head_shard,
+    kv_heads_per_rank,
+    vocab_shard,
+)
 
 __all__ = [
+    "AnyShard",
+    "MultiRangeShard",
     "TensorShard",
     "all_gather",
     "all_reduce",

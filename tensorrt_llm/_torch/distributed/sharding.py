@@ -46,6 +46,33 @@ class TensorShard:
         return part
 
 
+@dataclass(frozen=True)
+class MultiRangeShard:
+    """Several row ranges `(start, length)` of dimension `dim`, read one by one and joined in
+    order: a rank's rows of a checkpoint tensor that packs several head groups back to back
+    (Gated DeltaNet's `in_proj_qkv` and conv1d: this rank's q, then k, then v channels)."""
+
+    dim: int
+    ranges: tuple[tuple[int, int], ...]
+
+    @property
+    def length(self) -> int:
+        return sum(n for _, n in self.ranges)
+
+    @property
+    def size(self) -> int:
+        return self.length
+
+    def take(self, source: Any) -> torch.Tensor:
+        """This rank's rows of `source`; each range is read lazily (`TensorShard.take`)."""
+        parts = [TensorShard(self.dim, start, n).take(source) for start, n in self.ranges]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=self.dim)
+
+
+# What a parameter's `tp_shards` may hold for one checkpoint part.
+AnyShard = TensorShard | MultiRangeShard
+
+
 def column_shard(size: int, tp_size: int, tp_rank: int, what: str, dim: int = 0) -> TensorShard:
     """An even split of `size` rows (heads, channels) over the ranks; uneven is an error."""
     if size % tp_size:

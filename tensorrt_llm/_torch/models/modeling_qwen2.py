@@ -262,7 +262,7 @@ def check_tensor_parallel(cls: type[Qwen2TextForCausalLM], mapping: ParallelMapp
     if mapping is not None and mapping.has_tp and not cls.supports_tensor_parallel:
         raise ValueError(
             f"{cls.__name__} does not support tensor_parallel_size={mapping.tp_size} yet "
-            "(tensor parallelism covers the Qwen2, Qwen3 and Qwen3-MoE text stacks)"
+            "(tensor parallelism covers the Qwen2, Qwen3, Qwen3-MoE and Qwen3.5 text stacks)"
         )
 
 
@@ -277,7 +277,7 @@ class Qwen2TextForCausalLM(TextPiecewiseMixin, nn.Module):
     is_hybrid: ClassVar[bool] = False
     has_vision: ClassVar[bool] = False
     multimodal_data_device_paths: ClassVar[list[str]] = []
-    # Whether the stack shards across tensor-parallel ranks (not the hybrid stacks yet).
+    # Whether the stack shards across tensor-parallel ranks.
     supports_tensor_parallel: ClassVar[bool] = True
 
     def __init__(

@@ -74,6 +74,7 @@ def _text_kwargs(model_config: ModelConfig) -> dict[str, Any]:
         "dtype": model_config.torch_dtype,
         "attn_backend": model_config.attn_backend,
         "max_num_seq_slots": model_config.max_num_seq_slots,
+        "mapping": model_config.mapping,
     }
 
 

@@ -113,6 +113,8 @@ def with_mtp(
     """Give a Qwen3.5 text causal LM its MTP head (`lm.mtp`), on the device and in the dtype
     of its embedding, so that `lm.load_weights` loads the checkpoint's `mtp.*` into it.
     Call it before loading; without it those tensors are skipped with one log line."""
+    if lm.mapping.has_tp:  # its layers and fc are built whole, not as a rank's shard
+        raise ValueError("MTP speculative decoding does not support tensor_parallel_size > 1 yet")
     embed = lm.model.embed_tokens.weight
     num_full = sum(layer.layer_type == "full_attention" for layer in lm.model.layers)
     mtp = Qwen3_5MTP(

@@ -22,6 +22,7 @@ from torch import nn
 from ...mapping import Mapping as ParallelMapping
 from ..attention_backend import AttentionMetadata, get_attention_backend
 from ..attention_backend.piecewise import run_attention, run_split
+from ..distributed import TensorShard, column_shard, kv_head_shard
 from ..modules.embedding import Embedding, LMHead
 from ..modules.fp8_linear import Fp8Activation, UnscaledOutput
 from ..modules.fused_moe import (
@@ -30,6 +31,7 @@ from ..modules.fused_moe import (
     fuse_shared_experts_,
     prepare_fp8_block_experts_,
 )
+from ..modules.fused_moe.expert_parallel import expert_range, select_local_experts
 from ..modules.gated_delta_net import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
     GatedDeltaNet,
@@ -38,6 +40,7 @@ from ..modules.gated_delta_net import (
 from ..modules.gated_mlp import GatedMLP, mlp_after_norm
 from ..modules.linear import Linear
 from ..modules.rms_norm import RMSNorm
+from ..modules.tensor_parallel import TensorParallelMode
 from ..modules.triton_kernels.mrope import rope_qk_
 from ..weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
 from .modeling_qwen2 import (
@@ -87,24 +90,50 @@ class GatedAttention(nn.Module):
     """
 
     def __init__(
-        self, config: Any, kv_layer_idx: int, attn_backend: str, dtype: torch.dtype | None
+        self,
+        config: Any,
+        kv_layer_idx: int,
+        attn_backend: str,
+        dtype: torch.dtype | None,
+        mapping: ParallelMapping | None = None,
     ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = text_head_dim(config)
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
+        mapping = mapping if mapping is not None else ParallelMapping()
+        self.head_dim = hd = text_head_dim(config)
+        full_q, full_kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        shards, col, row = None, None, None
+        if mapping.has_tp:
+            # A rank's query heads with their gate rows: q_proj interleaves them per head
+            # ([q_h | gate_h]), so the rank's rows are one range; kv heads as in `Attention`.
+            tp, rank = mapping.tp_size, mapping.tp_rank
+            q_heads = column_shard(self.num_heads, tp, rank, "num_attention_heads")
+            kv_rows, self.num_kv_heads = kv_head_shard(self.num_kv_heads, hd, tp, rank)
+            self.num_heads = q_heads.length
+            q_rows = TensorShard(0, q_heads.start * 2 * hd, q_heads.length * 2 * hd)
+            shards, col, row = (
+                (q_rows, kv_rows, kv_rows),
+                TensorParallelMode.COLUMN,
+                TensorParallelMode.ROW,
+            )
+        self.q_size = self.num_heads * hd
+        self.kv_size = self.num_kv_heads * hd
         bias = bool(getattr(config, "attention_bias", False))
         self.qkv_proj = Linear(
             config.hidden_size,
-            2 * self.q_size + 2 * self.kv_size,
+            2 * full_q + 2 * full_kv,
             bias=bias,
             dtype=dtype,
             # q_proj holds q and its output gate; the shards place block-FP8 scales.
-            output_splits=(2 * self.q_size, self.kv_size, self.kv_size),
+            output_splits=(2 * full_q, full_kv, full_kv),
+            mapping=mapping,
+            tensor_parallel_mode=col,
+            output_shards=shards,
         )
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias, dtype=dtype)
+        self.o_proj = Linear(
+            full_q, config.hidden_size, bias=bias, dtype=dtype, mapping=mapping,
+            tensor_parallel_mode=row,
+        )  # fmt: skip
         self.q_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
         self.k_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
         backend_cls = get_attention_backend(attn_backend)
@@ -156,18 +185,21 @@ class HybridDecoderLayer(nn.Module):
         moe: bool,
         attn_backend: str,
         dtype: torch.dtype,
+        mapping: ParallelMapping | None = None,
     ) -> None:
         super().__init__()
         eps = config.rms_norm_eps
         self.layer_type = layer_type
         if layer_type == "linear_attention":
-            self.linear_attn = GatedDeltaNet.from_config(config, dtype=dtype)
+            self.linear_attn = GatedDeltaNet.from_config(config, dtype=dtype, mapping=mapping)
         else:
-            self.self_attn = GatedAttention(config, kv_layer_idx, attn_backend, dtype)
+            self.self_attn = GatedAttention(config, kv_layer_idx, attn_backend, dtype, mapping)
         self.mlp: nn.Module = (
-            MoE.from_config(config, dtype=dtype)
+            MoE.from_config(config, dtype=dtype, mapping=mapping)
             if moe
-            else GatedMLP(config.hidden_size, config.intermediate_size, dtype=dtype)
+            else GatedMLP(
+                config.hidden_size, config.intermediate_size, dtype=dtype, mapping=mapping
+            )
         )
         self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, eps, dtype=dtype)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, eps, dtype=dtype)
@@ -216,6 +248,7 @@ class Qwen3_5Model(nn.Module):
         dtype: torch.dtype = torch.float32,
         attn_backend: str = "vanilla",
         max_num_seq_slots: int = 8,
+        mapping: ParallelMapping | None = None,
     ) -> None:
         super().__init__()
         layer_types = list(getattr(config, "layer_types", None) or [])
@@ -227,7 +260,9 @@ class Qwen3_5Model(nn.Module):
                 f"got {layer_types}"
             )
         self.config = config
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens = Embedding(
+            config.vocab_size, config.hidden_size, dtype=dtype, mapping=mapping
+        )
         layers, kv_idx = [], 0
         for layer_type in layer_types:
             layers.append(
@@ -238,6 +273,7 @@ class Qwen3_5Model(nn.Module):
                     moe=self.moe,
                     attn_backend=attn_backend,
                     dtype=dtype,
+                    mapping=mapping,
                 )
             )
             kv_idx += layer_type == "full_attention"
@@ -305,7 +341,6 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
     model: Qwen3_5Model
     # NOTE: also tells QwenVLModelBase to pass max_num_seq_slots (sizes the recurrent state).
     is_hybrid: ClassVar[bool] = True
-    supports_tensor_parallel: ClassVar[bool] = False  # DeltaNet heads are not sharded yet
 
     def __init__(
         self,
@@ -319,14 +354,26 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
     ) -> None:
         nn.Module.__init__(self)
         check_tensor_parallel(type(self), mapping)
+        self.mapping = mapping if mapping is not None else ParallelMapping()
+        if self.mapping.has_tp and getattr(config, "model_type", None) == "qwen3_next":
+            # Its grouped in_proj_qkvz is rewritten whole (convert_qwen3_next_gdn_weights),
+            # which a rank reading only its slices cannot do.
+            raise ValueError(
+                "Qwen3-Next checkpoints do not support tensor_parallel_size > 1 yet "
+                "(Qwen3.5 / Qwen3.6 ones do)"
+            )
         self.config = config
         self.model = self.model_cls(
-            config, dtype=dtype, attn_backend=attn_backend, max_num_seq_slots=max_num_seq_slots
+            config,
+            dtype=dtype,
+            attn_backend=attn_backend,
+            max_num_seq_slots=max_num_seq_slots,
+            mapping=mapping,
         )
         # The MTP head, set by `with_mtp` (modeling_qwen3_5_mtp.py) before loading; while it
         # is None the checkpoint's `mtp.*` tensors are skipped with one log line.
         self.mtp: Qwen3_5MTP | None = None
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype=dtype, mapping=mapping)
         if tie_word_embeddings is None:
             tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.tie_word_embeddings = tie_word_embeddings
@@ -358,9 +405,13 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
             named.pop("lm_head.weight", None)
         config = self.config
         if self.model_cls.moe:
+            num_experts = config.num_experts
+            if self.mapping.moe_ep_size > 1:  # this rank's experts only, numbered from 0
+                named = select_local_experts(named, num_experts, self.mapping)
+                num_experts = expert_range(num_experts, self.mapping)[1]
             named = convert_hf_expert_weights(
                 named,
-                num_experts=config.num_experts,
+                num_experts=num_experts,
                 hidden_size=config.hidden_size,
                 intermediate_size=config.moe_intermediate_size,
             )

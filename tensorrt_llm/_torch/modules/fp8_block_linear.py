@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..distributed import TensorShard
+from ..distributed import AnyShard, MultiRangeShard, TensorShard
 from .fp8_block_cublas import choose_block_gemm, cublas_block_fp8_gemm
 from .fp8_linear import Fp8Activation, padded_rows
 from .triton_kernels.fp8_block import (
@@ -69,13 +69,13 @@ def scale_rows(splits: Sequence[int], block: tuple[int, int]) -> int:
 
 def shard_block_scales(
     name: str,
-    weight_shards: Sequence[TensorShard | None],
+    weight_shards: Sequence[AnyShard | None],
     full_splits: Sequence[int],
     full_in_features: int,
     rows: bool,
     block: tuple[int, int],
     tp_size: int,
-) -> tuple[TensorShard | None, ...]:
+) -> tuple[AnyShard | None, ...]:
     """The `weight_scale_inv` slice of each checkpoint part that goes with its weight slice:
     the out-block rows of a column shard (`rows`), the in-block columns of a row shard.
 
@@ -85,22 +85,32 @@ def shard_block_scales(
     the layer and its sizes; the releases' 128-blocks split whenever the per-rank heads and
     channels are multiples of 128."""
     b = block[0] if rows else block[1]
-    out: list[TensorShard | None] = []
+    out: list[AnyShard | None] = []
     for i, shard in enumerate(weight_shards):
         if shard is None:
             out.append(None)
             continue
         full = full_splits[i] if rows else full_in_features
-        end = shard.start + shard.length
-        if shard.start % b or (shard.length % b and end != full):
-            what = f"output part {i} ({full} rows)" if rows else f"in_features ({full} columns)"
-            raise ValueError(
-                f"{name}: tensor_parallel_size={tp_size} gives this rank "
-                f"{'rows' if rows else 'columns'} [{shard.start}, {end}) of {what}, not whole "
-                f"{b}-blocks of the block-FP8 weight_scale_inv {block}; the per-rank share must "
-                f"be a multiple of {b}"
-            )
-        out.append(TensorShard(shard.dim, shard.start // b, -(-shard.length // b)))
+        # A multi-range shard (Gated DeltaNet's q, k, v rows): each range as its own shard.
+        ranges = (
+            shard.ranges if isinstance(shard, MultiRangeShard) else ((shard.start, shard.length),)
+        )
+        blocks = []
+        for start, length in ranges:
+            end = start + length
+            if start % b or (length % b and end != full):
+                what = f"output part {i} ({full} rows)" if rows else f"in_features ({full} columns)"
+                raise ValueError(
+                    f"{name}: tensor_parallel_size={tp_size} gives this rank "
+                    f"{'rows' if rows else 'columns'} [{start}, {end}) of {what}, not whole "
+                    f"{b}-blocks of the block-FP8 weight_scale_inv {block}; the per-rank share "
+                    f"must be a multiple of {b}"
+                )
+            blocks.append((start // b, -(-length // b)))
+        if isinstance(shard, MultiRangeShard):
+            out.append(MultiRangeShard(shard.dim, tuple(blocks)))
+        else:
+            out.append(TensorShard(shard.dim, *blocks[0]))
     return tuple(out)
 
 

@@ -23,7 +23,9 @@ leak into a fresh request. Decode rows always continue from their state.
 Weights: our `in_proj_qkvz` rows are [q | k | v | z] contiguous and `in_proj_ba` rows [b | a].
 Qwen3.5 checkpoints (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`) stack straight in
 via `GATED_DELTA_NET_FUSED_PROJECTIONS`; Qwen3-Next checkpoints (`in_proj_qkvz`, `in_proj_ba`
-grouped per key head) are first rewritten by `convert_qwen3_next_gdn_weights`.
+grouped per key head) are first rewritten by `convert_qwen3_next_gdn_weights`. With a
+tensor-parallel `mapping` a layer holds K/tp key heads with their value heads; every size,
+state shape and weight above is then the rank's (`gdn_rank_shards`).
 
 Kernels (CUDA, unless `TRTLLM_GDN_FUSED=0`): a decode step runs three Triton kernels between the
 in_proj and out_proj GEMMs (the conv update of the pool rows, the recurrence with the gates and
@@ -42,15 +44,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..._utils import step_constant
+from ...mapping import Mapping as ParallelMapping
 from .causal_conv1d import CausalConv1d
 from .gated_delta_net_metadata import GatedDeltaNetMetadata, StateRows
 from .gated_delta_net_snapshot import split_prefill_rule, varlen_rule, write_conv_snapshots
 from .gated_delta_net_weights import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
     convert_qwen3_next_gdn_weights,
+    gdn_projections,
+    gdn_rank_shards,
 )
 from .gated_delta_rule import fused_recurrent_gated_delta_rule
-from .linear import Linear
 from .triton_kernels import use_triton
 from .triton_kernels.causal_conv1d import causal_conv1d_update_, causal_conv1d_varlen
 from .triton_kernels.gated_rms_norm import rms_norm_gated, rms_norm_gated_torch
@@ -104,12 +108,20 @@ class GatedDeltaNet(nn.Module):
         conv_kernel_size: int = 4,
         rms_norm_eps: float = 1e-6,
         dtype: torch.dtype | None = None,
+        mapping: ParallelMapping | None = None,
     ) -> None:
         super().__init__()
         if min(hidden_size, num_k_heads, num_v_heads, head_k_dim, head_v_dim) <= 0:
             raise ValueError("GatedDeltaNet sizes must be positive")
         if num_v_heads % num_k_heads != 0:
             raise ValueError(f"num_v_heads={num_v_heads} is not a multiple of {num_k_heads=}")
+        mapping = mapping if mapping is not None else ParallelMapping()
+        # The checkpoint's head counts (its weight layouts); the attributes below are this
+        # tensor-parallel rank's share (gated_delta_net_weights.py: `gdn_rank_shards`).
+        self.full_num_k_heads, self.full_num_v_heads = num_k_heads, num_v_heads
+        tp = gdn_rank_shards(num_k_heads, num_v_heads, head_k_dim, head_v_dim, mapping)
+        if tp is not None:
+            num_k_heads, num_v_heads = tp.num_k_heads, tp.num_v_heads
         self.hidden_size = hidden_size
         self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
@@ -117,20 +129,18 @@ class GatedDeltaNet(nn.Module):
         self.value_dim = num_v_heads * head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_kernel_size = conv_kernel_size
-        self.in_proj_qkvz = Linear(
-            hidden_size,
-            self.conv_dim + self.value_dim,
-            dtype=dtype,
-            output_splits=(self.conv_dim, self.value_dim),
-        )
-        self.in_proj_ba = Linear(
-            hidden_size, 2 * num_v_heads, dtype=dtype, output_splits=(num_v_heads, num_v_heads)
+        # Under tensor parallelism the projections hold this rank's rows (out_proj: its
+        # input columns, one all-reduce), conv1d / dt_bias / A_log its channels and heads.
+        self.in_proj_qkvz, self.in_proj_ba, self.out_proj = gdn_projections(
+            hidden_size, self.conv_dim, self.value_dim, num_v_heads, tp, mapping, dtype
         )
         self.conv1d = CausalConv1d(self.conv_dim, conv_kernel_size, activation="silu", dtype=dtype)
         self.dt_bias = nn.Parameter(torch.empty(num_v_heads, dtype=dtype))
         self.A_log = nn.Parameter(torch.empty(num_v_heads, dtype=dtype))
-        self.norm = RMSNormGated(head_v_dim, eps=rms_norm_eps, dtype=dtype)
-        self.out_proj = Linear(self.value_dim, hidden_size, dtype=dtype)
+        self.norm = RMSNormGated(head_v_dim, eps=rms_norm_eps, dtype=dtype)  # per head: whole
+        if tp is not None:  # the checkpoint slices the loader reads (weight_loading.py)
+            self.tp_shards = {"dt_bias": (tp.heads,), "A_log": (tp.heads,)}
+            self.conv1d.tp_shards = {"weight": (tp.qkv,), "bias": (tp.qkv,)}
         # Read once here, not on every decode step.
         self.inplace_decode = os.environ.get(INPLACE_DECODE_ENV, "1") != "0"
         # "auto": the Triton kernels on CUDA; tests set "triton" (CPU under TRITON_INTERPRET=1).
@@ -140,8 +150,11 @@ class GatedDeltaNet(nn.Module):
         self._in_proj_decided = False
 
     @classmethod
-    def from_config(cls, config: Any, dtype: torch.dtype | None = None) -> GatedDeltaNet:
-        """Build from an HF Qwen3.5 / Qwen3-Next text config (`linear_*` fields)."""
+    def from_config(
+        cls, config: Any, dtype: torch.dtype | None = None, mapping: ParallelMapping | None = None
+    ) -> GatedDeltaNet:
+        """Build from an HF Qwen3.5 / Qwen3-Next text config (`linear_*` fields); with a
+        tensor-parallel `mapping`, this rank's heads."""
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"GatedDeltaNet supports hidden_act='silu' only, got {act!r}")
@@ -154,6 +167,7 @@ class GatedDeltaNet(nn.Module):
             conv_kernel_size=config.linear_conv_kernel_dim,
             rms_norm_eps=config.rms_norm_eps,
             dtype=dtype,
+            mapping=mapping,
         )
 
     @property
@@ -388,8 +402,8 @@ class GatedDeltaNet(nn.Module):
 
         converted = convert_qwen3_next_gdn_weights(
             weights,
-            num_k_heads=self.num_k_heads,
-            num_v_heads=self.num_v_heads,
+            num_k_heads=self.full_num_k_heads,
+            num_v_heads=self.full_num_v_heads,
             head_k_dim=self.head_k_dim,
             head_v_dim=self.head_v_dim,
         )

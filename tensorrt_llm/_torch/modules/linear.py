@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...mapping import Mapping
-from ..distributed import TensorShard, all_reduce
+from ..distributed import AnyShard, all_reduce
 from .fp8_block_linear import fp8_block_forward, load_fp8_block, scale_rows, shard_block_scales
 from .fp8_linear import (
     FP8_DTYPE,
@@ -49,7 +49,7 @@ class Linear(nn.Module):
         *,
         mapping: Mapping | None = None,
         tensor_parallel_mode: TensorParallelMode | None = None,
-        output_shards: Sequence[TensorShard] | None = None,
+        output_shards: Sequence[AnyShard] | None = None,
     ) -> None:
         super().__init__()
         if in_features <= 0 or out_features <= 0:

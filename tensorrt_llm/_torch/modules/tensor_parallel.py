@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...mapping import Mapping
-from ..distributed import TensorShard, column_shard
+from ..distributed import AnyShard, column_shard
 
 # parameter name ("weight", "bias") -> one shard per checkpoint part (None: the whole part)
-ParamShards = dict[str, tuple[TensorShard | None, ...]]
+ParamShards = dict[str, tuple[AnyShard | None, ...]]
 
 
 class TensorParallelMode(str, enum.Enum):
@@ -40,7 +40,7 @@ def shard_linear(
     output_splits: Sequence[int],
     mode: TensorParallelMode,
     mapping: Mapping,
-    output_shards: Sequence[TensorShard] | None = None,
+    output_shards: Sequence[AnyShard] | None = None,
 ) -> LinearShards:
     """Per-rank sizes and checkpoint slices. `output_shards` (COLUMN only) overrides the even
     split of each output part (replicated kv heads: `kv_head_shard`)."""

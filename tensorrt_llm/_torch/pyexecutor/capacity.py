@@ -61,8 +61,9 @@ def typical_request_tokens(max_seq_len: int) -> int:
     return max(1, min(max_seq_len, TYPICAL_REQUEST_TOKENS))
 
 
-def recurrent_state_bytes_per_slot(text_config: Any, dtype: torch.dtype) -> int:
-    """Bytes of conv + SSM state one seq slot holds over every DeltaNet layer (0: none).
+def recurrent_state_bytes_per_slot(text_config: Any, dtype: torch.dtype, tp_size: int = 1) -> int:
+    """Bytes of conv + SSM state one seq slot holds over every DeltaNet layer (0: none), on
+    one of `tp_size` tensor-parallel ranks (each holds `1/tp` of the heads and channels).
 
     NOTE: must match RecurrentStateCache (modeling_qwen3_next.py): conv rows in the model
     dtype, SSM rows in float32; a test checks the two agree.
@@ -76,7 +77,7 @@ def recurrent_state_bytes_per_slot(text_config: Any, dtype: torch.dtype) -> int:
     conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
     conv = conv_dim * (text_config.linear_conv_kernel_dim - 1) * dtype.itemsize
     ssm = v_heads * k_dim * v_dim * torch.float32.itemsize
-    return num_layers * (conv + ssm)
+    return num_layers * (conv + ssm) // tp_size
 
 
 def estimate_weight_bytes(cls: type, model_config: Any) -> int:

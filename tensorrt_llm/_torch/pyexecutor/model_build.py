@@ -5,9 +5,11 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 
+from ...mapping import Mapping as ParallelMapping
 from ..distributed import min_over_ranks
 from ..models.modeling_utils import ModelConfig
 from ..modules.fp8_block_model import (
@@ -17,8 +19,15 @@ from ..modules.fp8_block_model import (
 )
 from ..modules.fused_moe import fuse_shared_experts_
 from ..weight_loading import build_model_on_meta, load_model
+from .capacity import (
+    BatchSizing,
+    estimate_weight_bytes,
+    recurrent_state_bytes_per_slot,
+    size_hybrid_slots,
+    typical_request_tokens,
+)
 from .engine_config import MAX_SEQ_LEN_USER, EngineConfig
-from .kv_cache_creator import KVCacheSpec, kv_tokens_upper_bound
+from .kv_cache_creator import KVCacheSpec, kv_bytes_per_token, kv_tokens_upper_bound
 from .spec_decode.setup import prepare_mtp
 
 logger = logging.getLogger(__name__)
@@ -108,3 +117,46 @@ def engine_max_seq_len(config: EngineConfig, spec: KVCacheSpec) -> int:
     if bound is None:
         return config.max_seq_len
     return max(config.tokens_per_block, min(config.max_seq_len, bound))
+
+
+def presize_hybrid(
+    config: EngineConfig, cls: type, model_config: ModelConfig, spec: KVCacheSpec
+) -> BatchSizing | None:
+    """Seq slots of a hybrid model on CUDA when max_batch_size is not given (see capacity.py);
+    None for every other case. Under tensor parallelism every rank sizes from its own free
+    memory and they agree the least (MIN), so no rank builds more recurrent state than it fits.
+    NOTE: a collective; rank 0 (create_py_executor) and the workers (tp_worker.py) call this
+    at the same point of their startup, before building the model (the conditions are the
+    config's, the same on every rank)."""
+    state = recurrent_state_bytes_per_slot(
+        config.text_config, model_config.torch_dtype, config.mapping.tp_size
+    )
+    if config.max_batch_size is not None or config.device.type != "cuda" or not state:
+        return None
+    torch.cuda.empty_cache()
+    free, _total = torch.cuda.mem_get_info(config.device)
+    probe_config = replace(model_config, max_num_seq_slots=1)
+    sizing = size_hybrid_slots(
+        model_config.max_num_seq_slots,
+        free,
+        estimate_weight_bytes(cls, probe_config),
+        config.kv_cache_free_gpu_memory_fraction,
+        state,
+        kv_bytes_per_token(spec),
+        typical_request_tokens(config.max_seq_len),
+    )
+    return agree_hybrid_slots(sizing, config.mapping, config.device)
+
+
+def agree_hybrid_slots(
+    sizing: BatchSizing, mapping: ParallelMapping, device: torch.device
+) -> BatchSizing:
+    """The least slot count any tp rank's memory fits (this rank's sizing when it is that
+    one); as is on one GPU. A collective (see `presize_hybrid`)."""
+    if not mapping.has_tp:
+        return sizing
+    agreed = min_over_ranks([sizing.max_batch_size], mapping, device)[0]
+    if agreed == sizing.max_batch_size:
+        return sizing
+    detail = f"a tensor-parallel rank fits fewer; this rank: {sizing.describe()}"
+    return BatchSizing(agreed, "recurrent state", detail)

@@ -17,7 +17,6 @@ import torch
 
 from ...inputs.multimodal import MultimodalParams
 from ..models.modeling_auto import get_model_class
-from ..models.modeling_utils import ModelConfig
 from ..models.vision_embedding_cache import VisionEmbeddingCache
 from ..modules.linear import quantize_model_fp8_
 from ..quantization import QuantConfig
@@ -25,10 +24,7 @@ from .capacity import (
     BatchSizing,
     SeqLenSizing,
     cap_max_seq_len,
-    estimate_weight_bytes,
-    recurrent_state_bytes_per_slot,
     size_from_kv,
-    size_hybrid_slots,
     typical_request_tokens,
 )
 from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
@@ -38,10 +34,9 @@ from .hybrid_kv_cache_reuse import make_kv_cache_reuse, make_snapshot_pool
 from .kv_cache_creator import (
     KVCacheSpec,
     choose_num_blocks,
-    kv_bytes_per_token,
     run_capacity_probe,
 )
-from .model_build import build_model, engine_max_seq_len, model_config_of
+from .model_build import build_model, engine_max_seq_len, model_config_of, presize_hybrid
 from .model_engine import PyTorchModelEngine
 from .piecewise_graph_runner import (
     DEFAULT_PIECEWISE_MAX_TOKENS,
@@ -105,28 +100,6 @@ def _check_quant_config(config: EngineConfig) -> QuantConfig | None:
     if quant is not None and config.quantization == "fp8":
         raise ValueError("quantization='fp8' cannot apply to a block-FP8 model")
     return quant
-
-
-def _presize_hybrid(
-    config: EngineConfig, cls: type, model_config: ModelConfig, spec: KVCacheSpec
-) -> BatchSizing | None:
-    """Seq slots of a hybrid model on CUDA when max_batch_size is not given (see capacity.py);
-    None for every other case."""
-    state = recurrent_state_bytes_per_slot(config.text_config, model_config.torch_dtype)
-    if config.max_batch_size is not None or config.device.type != "cuda" or not state:
-        return None
-    torch.cuda.empty_cache()
-    free, _total = torch.cuda.mem_get_info(config.device)
-    probe_config = replace(model_config, max_num_seq_slots=1)
-    return size_hybrid_slots(
-        model_config.max_num_seq_slots,
-        free,
-        estimate_weight_bytes(cls, probe_config),
-        config.kv_cache_free_gpu_memory_fraction,
-        state,
-        kv_bytes_per_token(spec),
-        typical_request_tokens(config.max_seq_len),
-    )
 
 
 def _final_sizing(
@@ -218,7 +191,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         config,
     )
     model_config = model_config_of(config)
-    presized = _presize_hybrid(config, cls, model_config, spec)
+    presized = presize_hybrid(config, cls, model_config, spec)
     if presized is not None:
         model_config = replace(model_config, max_num_seq_slots=presized.max_batch_size)
     num_slots = model_config.max_num_seq_slots

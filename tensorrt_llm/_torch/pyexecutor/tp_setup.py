@@ -41,10 +41,24 @@ def check_tp_config(config: EngineConfig) -> None:
     # only: not what one GPU computes, so it waits for its own sharding.
     if config.quantization not in (None, "fp8_block"):
         refused.append(f"quantization={config.quantization!r} (fp8_block is supported)")
+    if "linear_attention" in (getattr(config.text_config, "layer_types", None) or ()):
+        refused.extend(_hybrid_refusals(config))
     if refused:
         raise ValueError(
             f"tensor_parallel_size={mapping.tp_size} does not support yet: " + ", ".join(refused)
         )
+
+
+def _hybrid_refusals(config: EngineConfig) -> list[str]:
+    """What a Gated DeltaNet (Qwen3.5 / Qwen3.6) stack does not run under tensor parallelism
+    yet; its heads, conv channels and states shard (gated_delta_net_weights.py)."""
+    refused = []
+    if config.speculative_config is not None:
+        refused.append("MTP speculative decoding (the MTP head is not sharded)")
+    # Rank 0 alone would snapshot and restore the recurrent states of a reused prefix.
+    if config.enable_block_reuse:
+        refused.append("prefix caching of hybrid stacks (pass enable_block_reuse=False)")
+    return refused
 
 
 def check_model_shards(config: EngineConfig) -> None:

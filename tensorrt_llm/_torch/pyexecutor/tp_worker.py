@@ -20,7 +20,7 @@ import torch
 from ..models.modeling_auto import get_model_class
 from .engine_config import EngineConfig
 from .kv_cache_creator import KVCacheSpec, blocks_that_fit, device_free_bytes
-from .model_build import build_model, engine_max_seq_len, model_config_of
+from .model_build import build_model, engine_max_seq_len, model_config_of, presize_hybrid
 from .model_engine import PyTorchModelEngine
 from .spec_decode.setup import kv_spec_with_mtp
 from .tp_setup import check_tp_config
@@ -38,12 +38,17 @@ def build_engine_shard(config: EngineConfig) -> tuple[PyTorchModelEngine, KVCach
         config,
     )
     cls = get_model_class(config.architecture)
-    model = build_model(cls, model_config_of(config), config.device, config)
+    model_config = model_config_of(config)
+    # A hybrid stack on CUDA without max_batch_size: the slot count all ranks agreed (MIN).
+    presized = presize_hybrid(config, cls, model_config, spec)
+    if presized is not None:
+        model_config = replace(model_config, max_num_seq_slots=presized.max_batch_size)
+    model = build_model(cls, model_config, config.device, config)
     engine = PyTorchModelEngine(
         model,
         config.device,
         max_num_tokens=config.max_num_tokens,
-        max_batch_size=config.batch_size_cap,
+        max_batch_size=model_config.max_num_seq_slots,
         max_seq_len=engine_max_seq_len(config, spec),
         tokens_per_block=config.tokens_per_block,
     )

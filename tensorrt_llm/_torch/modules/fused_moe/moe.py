@@ -295,7 +295,8 @@ class MoE(nn.Module):
     as router row E (`fuse_shared_expert_`, shared_fusion.py): one routed pass computes both.
 
     Expert parallelism (`mapping.moe_ep_size > 1`, expert_parallel.py): `experts` holds this
-    rank's share, routing stays global, and the routed output is all-reduced once.
+    rank's share, routing stays global, and the routed output is all-reduced once; a shared
+    expert is split tensor-parallel (its down_proj all-reduces too).
     """
 
     def __init__(
@@ -317,8 +318,6 @@ class MoE(nn.Module):
         # (first expert, count) of this rank; None without expert parallelism.
         self.local_experts: tuple[int, int] | None = None
         if self.mapping.moe_ep_size > 1:
-            if shared_expert_intermediate_size:
-                raise ValueError("expert parallelism with a shared expert is not supported yet")
             self.local_experts = expert_range(num_experts, self.mapping)
         self.experts = MoEExperts(
             self.local_experts[1] if self.local_experts else num_experts,
@@ -328,7 +327,12 @@ class MoE(nn.Module):
         self.shared_expert_gate: Linear | None = None
         self.shared_fused = False  # the shared expert is expert E of `experts` (see above)
         if shared_expert_intermediate_size:
-            self.shared_expert = GatedMLP(hidden_size, shared_expert_intermediate_size, dtype=dtype)
+            # Under expert parallelism the shared expert is tensor-parallel (column gate_up,
+            # row down_proj: its own all-reduce); its one-row gate stays whole on every rank.
+            self.shared_expert = GatedMLP(
+                hidden_size, shared_expert_intermediate_size, dtype=dtype,
+                mapping=self.mapping if self.local_experts is not None else None,
+            )  # fmt: skip
             self.shared_expert_gate = Linear(hidden_size, 1, dtype=dtype)
 
     @classmethod

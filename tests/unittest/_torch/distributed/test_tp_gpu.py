@@ -20,7 +20,9 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen2_5_vl"])
+# qwen3_5 / qwen3_5_moe: the hybrid stacks, whose DeltaNet Triton kernels run on the rank's
+# heads and channels.
+@pytest.mark.parametrize("family", ["qwen3", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe"])
 def test_tp2_nccl_logits_equal_tp1(family: str, tmp_path: Path) -> None:
     ckpt = write_tiny_checkpoint(family, tmp_path / family)
     results = spawn_ranks(schedule_logits, 2, str(ckpt), True, device_type="cuda")

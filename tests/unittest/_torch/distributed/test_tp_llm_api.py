@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm.llmapi import KvCacheConfig
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 
 # Two slots and 16-token steps: batching, chunked prefill and slot reuse in one generate.
@@ -80,7 +81,19 @@ def test_killed_rank_ends_the_engine_with_an_error(ckpt: Path) -> None:
         llm.shutdown()
 
 
-def test_unsupported_stack_is_refused_before_ranks_start(tmp_path: Path) -> None:
+def test_hybrid_tp2_greedy_equals_tp1(tmp_path: Path) -> None:
+    """Qwen3.5 (Gated DeltaNet + gated attention): 16-token steps chunk the long prompt, two
+    slots recycle their recurrent state."""
     hybrid = write_tiny_checkpoint("qwen3_5", tmp_path / "qwen3_5")
-    with pytest.raises(ValueError, match="does not support tensor_parallel_size=2 yet"):
-        LLM(str(hybrid), tensor_parallel_size=2, **KWARGS)
+    with LLM(str(hybrid), **KWARGS) as llm:
+        reference = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    with LLM(str(hybrid), tensor_parallel_size=2, **KWARGS) as llm:
+        outputs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert outputs == reference
+
+
+def test_unsupported_setting_is_refused_before_ranks_start(tmp_path: Path) -> None:
+    hybrid = write_tiny_checkpoint("qwen3_5", tmp_path / "qwen3_5")
+    reuse = KvCacheConfig(enable_block_reuse=True)
+    with pytest.raises(ValueError, match="prefix caching of hybrid stacks"):
+        LLM(str(hybrid), tensor_parallel_size=2, kv_cache_config=reuse, **KWARGS)

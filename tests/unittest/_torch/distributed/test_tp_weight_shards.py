@@ -13,6 +13,7 @@ from tensorrt_llm._torch.checkpoint_slices import LazyTensor, lazy_safetensors_c
 from tensorrt_llm._torch.config_utils import load_pretrained_config
 from tensorrt_llm._torch.distributed import TensorShard, kv_head_shard, vocab_shard
 from tensorrt_llm._torch.models.modeling_auto import get_model_class
+from tensorrt_llm._torch.models.modeling_qwen3_next import Qwen3_5TextForCausalLM
 from tensorrt_llm._torch.models.modeling_utils import ModelConfig
 from tensorrt_llm._torch.weight_loading import load_model
 from tensorrt_llm.mapping import Mapping
@@ -93,11 +94,69 @@ def test_mapping_checks() -> None:
         Mapping(world_size=4, tp_size=4, moe_ep_size=3)
 
 
-def test_unsupported_stacks_refuse_tp(tmp_path: Path) -> None:
-    for family in ("qwen3_5", "qwen3_5_moe"):
-        config = load_pretrained_config(write_tiny_checkpoint(family, tmp_path / family))
-        cls = get_model_class(config.tllm_architecture)
-        mapping = Mapping(world_size=2, rank=0, tp_size=2)
-        with pytest.raises(ValueError, match="does not support tensor_parallel_size=2"):
-            with torch.device("meta"):
-                cls(ModelConfig(config, mapping=mapping))
+@pytest.mark.parametrize("rank", [0, 1])
+def test_qwen3_5_rank_holds_its_deltanet_slices(rank: int, tmp_path: Path) -> None:
+    """Key heads K/2 with their value heads V/2: in_proj_qkv rows and conv1d channels are
+    this rank's q, k and v ranges joined; z, b, a, dt_bias, A_log by value head; out_proj by
+    input column; the gated norm whole. The gated attention's q_proj rows (q and gate
+    interleaved per head) split by head."""
+    ckpt = write_tiny_checkpoint("qwen3_5", tmp_path / "q35")
+    full = load_file(str(ckpt / "model.safetensors"))
+    config = load_pretrained_config(ckpt)
+    text = config.text_config
+    mapping = Mapping(world_size=2, rank=rank, tp_size=2)
+    cls = get_model_class(config.tllm_architecture)
+    model = load_model(cls, ModelConfig(config, checkpoint_dir=str(ckpt), mapping=mapping), "cpu")
+    lm = model.llm
+    pre = "model.language_model.layers.0.linear_attn."
+    gdn = lm.model.layers[0].linear_attn
+    key_dim = text.linear_num_key_heads * text.linear_key_head_dim
+
+    def qkv_rows(t: torch.Tensor) -> torch.Tensor:
+        q, k, v = t.split([key_dim, key_dim, t.shape[0] - 2 * key_dim])
+        return torch.cat([_rows(q, rank, 2), _rows(k, rank, 2), _rows(v, rank, 2)])
+
+    def same(got: torch.Tensor, want: torch.Tensor) -> None:
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+    z = _rows(full[pre + "in_proj_z.weight"], rank, 2)
+    same(gdn.in_proj_qkvz.weight, torch.cat([qkv_rows(full[pre + "in_proj_qkv.weight"]), z]))
+    ba = [_rows(full[f"{pre}in_proj_{p}.weight"], rank, 2) for p in ("b", "a")]
+    same(gdn.in_proj_ba.weight, torch.cat(ba))
+    same(gdn.conv1d.weight, qkv_rows(full[pre + "conv1d.weight"]))
+    for name in ("dt_bias", "A_log"):
+        same(getattr(gdn, name), _rows(full[pre + name], rank, 2))
+    same(gdn.out_proj.weight, _rows(full[pre + "out_proj.weight"], rank, 2, dim=1))
+    same(gdn.norm.weight, full[pre + "norm.weight"])
+    assert gdn.conv_state_shape[0] == gdn.conv_dim == (2 * key_dim) // 2 + gdn.value_dim
+    attn_idx = text.layer_types.index("full_attention")
+    attn = lm.model.layers[attn_idx].self_attn
+    q_gate = _rows(full[f"model.language_model.layers.{attn_idx}.self_attn.q_proj.weight"], rank, 2)
+    same(attn.qkv_proj.weight[: q_gate.shape[0]], q_gate)
+
+
+def test_qwen3_next_refuses_tp(tmp_path: Path) -> None:
+    config = load_pretrained_config(write_tiny_checkpoint("qwen3_5", tmp_path / "q35"))
+    text = config.text_config
+    text.model_type = "qwen3_next"  # grouped in_proj_qkvz: rewritten whole, not sliced
+    mapping = Mapping(world_size=2, rank=0, tp_size=2)
+    with pytest.raises(ValueError, match="Qwen3-Next checkpoints do not support"):
+        with torch.device("meta"):
+            Qwen3_5TextForCausalLM(text, mapping=mapping)
+
+
+def test_multi_range_shard_and_uneven_deltanet_heads(tmp_path: Path) -> None:
+    from tensorrt_llm._torch.distributed import MultiRangeShard
+    from tensorrt_llm._torch.modules.gated_delta_net import GatedDeltaNet
+
+    ckpt = write_tiny_checkpoint("qwen3", tmp_path / "q3")
+    full = load_file(str(ckpt / "model.safetensors"))
+    lazy = lazy_safetensors_checkpoint([ckpt / "model.safetensors"])
+    name = "model.layers.0.mlp.down_proj.weight"
+    shard = MultiRangeShard(0, ((4, 2), (10, 3)))
+    assert shard.length == shard.size == 5
+    assert torch.equal(shard.take(lazy[name]), torch.cat([full[name][4:6], full[name][10:13]]))
+    tp2 = Mapping(world_size=2, rank=0, tp_size=2)
+    # V is a multiple of K, so key heads that split mean value heads that split.
+    with pytest.raises(ValueError, match="linear_num_key_heads=3"):
+        GatedDeltaNet(32, 3, 6, 8, 8, mapping=tp2)

@@ -27,9 +27,14 @@ def text_lm(model: torch.nn.Module) -> Any:
     return getattr(model, "llm", model)
 
 
+def _first_attention(lm: Any) -> Any:
+    """The first attention module of the stack (a hybrid stack starts with DeltaNet layers)."""
+    return next(layer.self_attn for layer in lm.model.layers if hasattr(layer, "self_attn"))
+
+
 def _manager(lm: Any, device: torch.device, seed: int = 0) -> FakeKVCacheManager:
     layers = lm.model.layers
-    attn = layers[0].self_attn
+    attn = _first_attention(lm)
     return FakeKVCacheManager(
         len(layers), 32, 4, attn.num_kv_heads, attn.head_dim, seed=seed, device=device
     )
@@ -59,12 +64,15 @@ def schedule_logits(mapping: Mapping, checkpoint_dir: str, on_gpu: bool = False)
     gen = torch.Generator().manual_seed(5)
     sequences = [torch.randint(0, vocab, (n + NUM_DECODE + 1,), generator=gen) for n in PROMPTS]
     schedule = chunked_schedule(PROMPTS, chunked=2, num_decode=NUM_DECODE)
-    attn = sharded.model.layers[0].self_attn
+    attn = _first_attention(sharded)
+    gdns = [layer.linear_attn for layer in sharded.model.layers if hasattr(layer, "linear_attn")]
     return {
         "reference": _run(single, device, sequences, schedule),
         "sharded": _run(sharded, device, sequences, schedule),
         "heads": (attn.num_heads, attn.num_kv_heads),
         "embed_rows": sharded.model.embed_tokens.weight.shape[0],
+        # (key heads, value heads) of each Gated DeltaNet layer on this rank
+        "gdn_heads": [(g.num_k_heads, g.num_v_heads) for g in gdns],
     }
 
 

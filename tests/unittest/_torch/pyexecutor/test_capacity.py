@@ -93,19 +93,23 @@ def test_hybrid_slots_share_memory_with_the_kv_cache() -> None:
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
-def test_state_bytes_match_the_state_cache(tmp_path: Path, family: str) -> None:
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_state_bytes_match_the_state_cache(tmp_path: Path, family: str, tp_size: int) -> None:
+    """Per rank under tensor parallelism: the rank's DeltaNet heads and conv channels."""
     from tensorrt_llm._torch.modules.gated_delta_net import GatedDeltaNet
+    from tensorrt_llm.mapping import Mapping
 
     config = load_hf_config(write_tiny_checkpoint(family, tmp_path))
     text = getattr(config, "text_config", None) or config
+    mapping = Mapping(world_size=tp_size, rank=tp_size - 1, tp_size=tp_size)
     layers = [
-        GatedDeltaNet.from_config(text, torch.bfloat16)
+        GatedDeltaNet.from_config(text, torch.bfloat16, mapping=mapping)
         for t in text.layer_types
         if t == "linear_attention"
     ]
     cache = RecurrentStateCache(layers, max_num_seq_slots=3, dtype=torch.bfloat16)
     per_row = sum(b.numel() * b.element_size() for b in cache.buffers()) // 4
-    assert recurrent_state_bytes_per_slot(text, torch.bfloat16) == per_row > 0
+    assert recurrent_state_bytes_per_slot(text, torch.bfloat16, tp_size) == per_row > 0
 
 
 def test_graph_buckets_cover_the_default_cap() -> None:
