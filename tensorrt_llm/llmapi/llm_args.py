@@ -10,15 +10,12 @@ the engine's frozen `EngineConfig` (`_torch/pyexecutor/engine_config.py`), the o
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .._torch.attention_backend import ATTENTION_BACKENDS
-from .._torch.attention_backend.interface import FLASH_ATTN_PAGE_MULTIPLE
 from .._torch.pyexecutor.capacity import batch_size_cap
 from .._torch.pyexecutor.engine_config import (
     MAX_SEQ_LEN_CONFIG,
@@ -36,6 +33,14 @@ from .._torch.pyexecutor.spec_decode.config import (
 )
 from .._torch.quantization import QUANTIZATION_MODES, resolve_quant_config
 from ..inputs.validation import check_mm_processor_kwargs
+from .args_checks import (
+    MODALITIES,  # noqa: F401 (re-exported: it moved to args_checks.py)
+    check_choice,
+    normalize_cuda_graph_config,
+    validate_flash_attn,
+    validate_mm_limits,
+    validate_paths,
+)
 from .generation_defaults import GENERATION_CONFIG_MODES
 from .reuse_args import (
     recurrent_state_snapshot_bytes,
@@ -56,7 +61,6 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8": torch.flo
 # "flash_attn" is opt-in (never picked by "auto"): it needs the flash-attn package, which
 # neither of this project's machines has, so it is tested against a stand-in only.
 ATTN_BACKENDS = ("auto", "vanilla", "triton", "flash_attn")
-MODALITIES = ("image", "video")
 # "inproc": the executor loop runs in a thread of the caller's process; "process": in a child
 # process (tensorrt_llm/executor/), so the front end's GIL never slows the engine loop.
 EXECUTOR_MODES = ("inproc", "process")
@@ -72,11 +76,6 @@ _BOOL_FIELDS = (
 DEFAULT_MAX_SEQ_LEN_CAP = 8192
 # Used when neither the user nor the config gives a context length.
 FALLBACK_MAX_SEQ_LEN = 4096
-
-
-def _check_choice(name: str, value: Any, choices: Sequence[str | None]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -169,23 +168,23 @@ class LlmArgs:
         object.__setattr__(
             self, "speculative_config", parse_speculative_config(self.speculative_config)
         )
-        self._validate_paths()
-        _check_choice("dtype", self.dtype, list(DTYPES))
-        _check_choice("device", self.device, DEVICES)
-        _check_choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
-        _check_choice("load_format", self.load_format, ["auto", "dummy"])
-        _check_choice("quantization", self.quantization, QUANTIZATION_MODES)
-        _check_choice("kv_cache_dtype", self.kv_cache_dtype, list(KV_CACHE_DTYPES))
-        _check_choice("executor_mode", self.executor_mode, EXECUTOR_MODES)
-        _check_choice("generation_config", self.generation_config, GENERATION_CONFIG_MODES)
+        validate_paths(self)
+        check_choice("dtype", self.dtype, list(DTYPES))
+        check_choice("device", self.device, DEVICES)
+        check_choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
+        check_choice("load_format", self.load_format, ["auto", "dummy"])
+        check_choice("quantization", self.quantization, QUANTIZATION_MODES)
+        check_choice("kv_cache_dtype", self.kv_cache_dtype, list(KV_CACHE_DTYPES))
+        check_choice("executor_mode", self.executor_mode, EXECUTOR_MODES)
+        check_choice("generation_config", self.generation_config, GENERATION_CONFIG_MODES)
         _check_int("max_batch_size", self.max_batch_size, 1, allow_none=True)
         _check_int("max_num_tokens", self.max_num_tokens, 1)
-        self._normalize_cuda_graph_config()
+        normalize_cuda_graph_config(self)
         _check_int("max_seq_len", self.max_seq_len, 1, allow_none=True)
         _check_int("kv_cache_max_tokens", self.kv_cache_max_tokens, 1, allow_none=True)
         _check_int("tokens_per_block", self.tokens_per_block, 1)
         if self.attn_backend == "flash_attn":
-            self._validate_flash_attn()
+            validate_flash_attn(self)
         _check_int("seed", self.seed, 0, allow_none=True)
         _check_int(
             "vision_embedding_cache_mib", self.vision_embedding_cache_mib, 0, allow_none=True
@@ -204,7 +203,7 @@ class LlmArgs:
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        self._validate_mm_limits()
+        validate_mm_limits(self)
         if not isinstance(self.mm_processor_kwargs, dict):
             kwargs = self.mm_processor_kwargs
             raise ValueError(f"mm_processor_kwargs must be a dict, got {kwargs!r}")
@@ -212,48 +211,6 @@ class LlmArgs:
         check_mm_processor_kwargs(self.mm_processor_kwargs)
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was requested but no CUDA device is available")
-
-    def _validate_flash_attn(self) -> None:
-        # The host-checkable half of flash-attn's rules (the backend checks the rest).
-        if self.tokens_per_block % FLASH_ATTN_PAGE_MULTIPLE:
-            raise ValueError(
-                f"attn_backend 'flash_attn' needs tokens_per_block to be a multiple of "
-                f"{FLASH_ATTN_PAGE_MULTIPLE} (flash-attn's paged KV page size), got "
-                f"{self.tokens_per_block}"
-            )
-        if self.kv_cache_dtype != "auto":
-            raise ValueError(
-                f"attn_backend 'flash_attn' has no {self.kv_cache_dtype} KV cache; use "
-                "kv_cache_dtype='auto'"
-            )
-        if self.dtype == "float32" or self.device == "cpu":
-            raise ValueError(
-                "attn_backend 'flash_attn' runs fp16/bf16 models on CUDA, got "
-                f"dtype={self.dtype!r}, device={self.device!r}"
-            )
-
-    def _validate_paths(self) -> None:
-        if not isinstance(self.model, str | os.PathLike) or not str(self.model):
-            raise ValueError(f"model must be a non-empty path, got {self.model!r}")
-        # NOTE: the only in-place normalisation of this frozen object: PathLike -> str.
-        object.__setattr__(self, "model", os.fspath(self.model))
-        if not os.path.isdir(self.model):
-            raise ValueError(
-                f"model must be a local checkpoint folder (no hub downloads): {self.model!r} "
-                "is not a directory"
-            )
-        if self.tokenizer is not None and not os.path.isdir(str(self.tokenizer)):
-            raise ValueError(f"tokenizer must be a local folder, got {self.tokenizer!r}")
-
-    def _validate_mm_limits(self) -> None:
-        limits = self.limit_mm_per_prompt
-        if limits is None:
-            return
-        if not isinstance(limits, dict):
-            raise ValueError(f"limit_mm_per_prompt must be a dict, got {type(limits).__name__}")
-        for key, value in limits.items():
-            _check_choice("limit_mm_per_prompt key", key, MODALITIES)
-            _check_int(f"limit_mm_per_prompt[{key!r}]", value, 0)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -269,35 +226,6 @@ class LlmArgs:
         if "model" not in kwargs:
             raise ValueError("model is required")
         return cls(**kwargs)
-
-    def _normalize_cuda_graph_config(self) -> None:
-        config = self.cuda_graph_config
-        if isinstance(config, dict):
-            known = {"batch_sizes", "max_batch_size", "enable_padding", "piecewise_max_tokens"}
-            unknown = sorted(set(config) - known)
-            if unknown:
-                raise ValueError(f"unknown cuda_graph_config field(s) {unknown}")
-            config = CudaGraphConfig(**config)
-            object.__setattr__(self, "cuda_graph_config", config)
-        if config is None:
-            return
-        if not isinstance(config, CudaGraphConfig):
-            raise ValueError(
-                f"cuda_graph_config must be a CudaGraphConfig, a dict or None, got {config!r}"
-            )
-        if (config.piecewise_max_tokens or 0) > self.max_num_tokens:
-            raise ValueError(
-                f"cuda_graph_config.piecewise_max_tokens {config.piecewise_max_tokens} exceeds "
-                f"max_num_tokens {self.max_num_tokens}"
-            )
-        # With max_batch_size sized at startup, the engine checks the captured sizes then.
-        if self.max_batch_size is not None and config.largest(self.max_batch_size) > (
-            self.max_batch_size
-        ):
-            raise ValueError(
-                f"cuda_graph_config captures batch size {config.largest(self.max_batch_size)}, "
-                f"more than max_batch_size {self.max_batch_size}"
-            )
 
     def resolve_block_reuse(self, config: Any) -> bool:
         """Block reuse for the checkpoint whose HF `config` this is (reuse_args.py)."""

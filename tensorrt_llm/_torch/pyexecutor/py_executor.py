@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..._utils import async_tensor_h2d
 from .executor_responses import count_finished, refresh_gauges, response_of
 from .executor_types import (  # noqa: F401 (re-exported: the executor's public types)
     SHUTDOWN_ERROR,
@@ -39,10 +38,10 @@ from .llm_request import (
     ERROR_SHUTTING_DOWN,
     LlmRequest,
 )
-from .prompt_logprobs import attach
 from .request_errors import admission_error, run_isolated
 from .request_lifecycle import apply_step_results
 from .sampler_logprobs import SampledStep
+from .step_forward import forward_and_sample
 
 if TYPE_CHECKING:
     from .model_engine import PyTorchModelEngine
@@ -319,52 +318,9 @@ class PyExecutor:
     def _forward_and_sample(
         self, scheduled: ScheduledRequests, before_sample: Callable[[], None] | None = None
     ) -> tuple[list[LlmRequest], SampledStep | None]:
-        """Build the step's InputBatch, run it and sample on the device; returns (sampled
-        requests, device tokens with the logprobs rows asked for). Each token is also kept at
-        its seq slot (SlotState). `before_sample` runs once the forward is launched, before
-        the guided masks are built (the overlap executor accepts the previous step's tokens
-        there while the GPU runs this forward).
-
-        Rows that give a real token are the generation rows and the context rows whose chunk
-        reaches the end of the prompt (`InputBatch.sample_rows`); the others are dropped
-        before sampling.
-        """
-        engine = self.model_engine
-        guided = self.guided_decoder  # its hooks return at once while no request is guided
-        if guided is not None:
-            guided.prepare(scheduled)  # before any state is written: see RequestInputError
-        batch = engine.build_batch(scheduled)
-        plan = batch.prompt_logprobs
-        # Without a prompt-logprobs request the step is exactly `run` (graphs, last tokens).
-        logits, prompt = (engine.run(batch), None) if plan is None else engine.run_step(batch)
-        rows = batch.sample_rows
-        everyone = scheduled.all_requests  # built once: the property makes a new list
-        sampled = [everyone[i] for i in rows]
-        reuse = getattr(self.scheduler, "reuse", None)
-        if reuse is not None:
-            # The step's KV writes are queued ahead of anything a later step runs: its full
-            # blocks may be found from now on (before the results change the requests).
-            reuse.register_step(scheduled)
-        if not sampled:
-            if prompt is None or plan is None:
-                return sampled, None
-            # Only non-final chunks ran: the step's copy carries their prompt entries alone.
-            none = torch.empty(0, dtype=torch.int64, device=logits.device)
-            return sampled, attach(SampledStep(none, none, None), prompt, plan.layout)
-        if before_sample is not None:
-            before_sample()
-        slots = batch.attn_metadata.seq_slots
-        if len(rows) != logits.shape[0]:
-            index = async_tensor_h2d(rows, torch.int64, logits.device)
-            logits = logits.index_select(0, index)
-            slots = slots.index_select(0, index)
-        if guided is not None:
-            logits = guided.mask_logits(logits, sampled)
-        step = self.sampler.sample_step(logits, sampled)
-        engine.slot_state.record_tokens(slots, step.tokens)
-        if prompt is not None and plan is not None:
-            step = attach(step, prompt, plan.layout)
-        return sampled, step
+        # The body is step_forward.forward_and_sample; a method so the overlap executor calls it.
+        parts = (self.model_engine, self.scheduler, self.sampler, self.guided_decoder)
+        return forward_and_sample(*parts, scheduled, before_sample)
 
     def _run_step(self, scheduled: ScheduledRequests) -> None:
         if self.spec_decoder is not None:
