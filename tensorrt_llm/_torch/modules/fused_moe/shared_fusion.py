@@ -112,6 +112,10 @@ def fuse_shared_expert(moe: MoE) -> bool:
 def fuse_shared_experts_(model: nn.Module) -> int:
     """`fuse_shared_expert` on every MoE block of `model` (after its weights are loaded, and
     again after a block-FP8 conversion of the experts); returns how many fused now."""
-    from .moe import MoE  # moe.py imports this module
-
-    return sum(fuse_shared_expert(m) for m in model.modules() if isinstance(m, MoE))
+    # By the method, not isinstance(MoE): moe.py imports this module, and an import back
+    # would be a cycle between the files (tests/unittest/test_import_layering.py).
+    return sum(
+        bool(m.fuse_shared_expert_())
+        for m in model.modules()
+        if callable(getattr(m, "fuse_shared_expert_", None))
+    )
