@@ -61,6 +61,16 @@ class GatedMLP(nn.Module):
     ) -> torch.Tensor | UnscaledOutput:
         """With `defer_output_scale`, an FP8 down_proj may return its output unscaled
         (`Linear.forward_deferred`) for the next norm to scale on load."""
+        act = self._activation(x)
+        return self.down_proj.forward_deferred(act) if defer_output_scale else self.down_proj(act)
+
+    def forward_partial(self, x: torch.Tensor) -> torch.Tensor:
+        """Tensor-parallel: this rank's partial output before down_proj's all-reduce, for a
+        caller that folds it into another reduce (`MoE`: the routed experts' one)."""
+        return self.down_proj.forward_partial(self._activation(x))
+
+    def _activation(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor | Fp8Activation:
+        """`silu(gate) * up`, quantised for a block-FP8 down_proj when it takes groups."""
         unscaled = self.gate_up_proj.forward_unscaled(x)  # FP8 at decode sizes only
         act: torch.Tensor | Fp8Activation
         if unscaled is None:
@@ -76,7 +86,7 @@ class GatedMLP(nn.Module):
         else:
             gate_up, row_scale, col_scale = unscaled
             act = silu_and_mul(gate_up, row_scale=row_scale, col_scale=col_scale)
-        return self.down_proj.forward_deferred(act) if defer_output_scale else self.down_proj(act)
+        return act
 
 
 def mlp_after_norm(

@@ -111,8 +111,22 @@ class Linear(nn.Module):
 
     def _forward_row_parallel(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
         """A ROW layer's partial product (no bias), all-reduced once; the bias joins the full
-        sum once. Block-FP8: this rank's input columns start on a bk boundary
-        (`shard_block_scales`), so its activation groups are the full layer's groups."""
+        sum once."""
+        out = all_reduce(self._row_partial(x), self.mapping)
+        return out if self.bias is None else out + self.bias
+
+    def forward_partial(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        """A ROW layer's partial sum before its all-reduce, for a caller that adds it to other
+        partial sums and reduces them all at once (the MoE block's shared expert)."""
+        if not self.reduce_output:
+            raise ValueError("forward_partial: not a tensor-parallel ROW Linear")
+        if self.bias is not None:  # it must join the reduced sum once, which we do not see
+            raise ValueError("forward_partial: a ROW Linear with a bias")
+        return self._row_partial(x)
+
+    def _row_partial(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        """This rank's share of a ROW product, no bias. Block-FP8: this rank's input columns
+        start on a bk boundary (`shard_block_scales`), so its groups are the full layer's."""
         if self.fp8_block is not None:
             if isinstance(x, Fp8Activation) and x.group != self.fp8_block[1]:
                 raise TypeError(
@@ -128,8 +142,7 @@ class Linear(nn.Module):
             raise TypeError("FP8 activation rows given to a 16-bit Linear")
         else:
             out = F.linear(x, self.weight)
-        out = all_reduce(out, self.mapping)
-        return out if self.bias is None else out + self.bias
+        return out
 
     def to_fp8_block_(
         self, block: tuple[int, int], quantize_on_load: bool = False, name: str = "Linear"

@@ -6,6 +6,11 @@ weights, the same top-k everywhere), runs only the (token, expert) pairs that la
 experts, and one all-reduce sums the ranks' partial outputs (the combine). No token moves
 before the experts: the all-gather dispatch of upstream's EP is already done by the reduce.
 
+A shared expert is tensor-parallel (column gate_up, row down_proj). Its partial output
+before the row reduce joins the routed partial sum, scaled by the replicated
+`sigmoid(shared_expert_gate(x))` (a per-token scalar: `s * sum_r p_r = sum_r s * p_r`), so
+one all-reduce per MoE layer combines both (`combine_expert_parallel`).
+
 Weights: a rank reads only its experts (`select_local_experts`, before the stacked layout is
 built), renumbered from 0.
 """
@@ -14,12 +19,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ....mapping import Mapping as ParallelMapping
-from ...distributed import TensorShard
+from ...distributed import TensorShard, all_reduce
+
+if TYPE_CHECKING:
+    from .moe import MoE
 
 _PER_EXPERT = re.compile(r"^(?P<prefix>(?:.*\.)?experts\.)(?P<idx>\d+)\.(?P<rest>.+)$")
 _STACKED = re.compile(r"^(?:.*\.)?experts\.(?:gate_up_proj|down_proj)(?:_scale_inv)?$")
@@ -42,11 +50,26 @@ def expert_range(num_experts: int, mapping: ParallelMapping) -> tuple[int, int]:
 def local_routing(
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, start: int, count: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Routing onto this rank's experts: pairs routed elsewhere get weight 0 on local expert
-    0 (their product adds nothing), so the expert kernel's shapes stay those of the step."""
+    """Routing onto this rank's experts, renumbered from 0: a pair routed elsewhere gets the
+    dropped id `count` (and weight 0), which every `fused_moe(..., dropped=True)` path leaves
+    uncomputed; the tensors keep the step's shapes (no host sync, CUDA-graph safe)."""
     local = topk_ids - start
     elsewhere = (local < 0) | (local >= count)
-    return local.masked_fill(elsewhere, 0), topk_weights.masked_fill(elsewhere, 0.0)
+    return local.masked_fill(elsewhere, count), topk_weights.masked_fill(elsewhere, 0.0)
+
+
+def combine_expert_parallel(
+    moe: MoE, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+) -> torch.Tensor:
+    """`moe`'s output on this rank's tokens `x [T, H]` from the global routing: the local
+    experts' pairs plus the shared expert's partial sum, all-reduced once."""
+    assert moe.local_experts is not None
+    ids, weights = local_routing(topk_ids, topk_weights, *moe.local_experts)
+    partial = moe.experts(x, ids, weights, dropped=True)
+    if moe.shared_expert is not None and moe.shared_expert_gate is not None:
+        gate = torch.sigmoid(moe.shared_expert_gate(x))
+        partial = partial + gate * moe.shared_expert.forward_partial(x)
+    return all_reduce(partial, moe.mapping)
 
 
 def _materialize(value: Any) -> torch.Tensor:

@@ -31,7 +31,6 @@ import torch
 from torch import nn
 
 from ....mapping import Mapping as ParallelMapping
-from ...distributed import all_reduce
 from ..gated_mlp import GatedMLP
 from ..linear import Linear
 from ..triton_kernels import use_triton
@@ -43,7 +42,7 @@ from ..triton_kernels.fused_moe_ref import (  # noqa: F401
     fused_moe_ref,
 )
 from ..triton_kernels.moe_routing import Layout
-from .expert_parallel import expert_range, local_routing
+from .expert_parallel import combine_expert_parallel, expert_range
 from .fp8_experts import (
     SCALE_SUFFIX,
     check_fp8_pair,
@@ -153,12 +152,14 @@ class MoEExperts(nn.Module):
         topk_ids: torch.Tensor,
         topk_weights: torch.Tensor,
         layout: Layout | None = None,
+        dropped: bool = False,
     ) -> torch.Tensor:
         # Triton grouped GEMM on CUDA (graph-safe); torch reference elsewhere. `layout`: the
-        # routing kernel's aligned pairs (`expert_plan`), saving the alignment launch.
+        # routing kernel's aligned pairs (`expert_plan`), saving the alignment launch;
+        # `dropped`: ids may be E (pairs of other ranks' experts, `local_routing`).
         return fused_moe(
             x, self.gate_up_proj, self.down_proj, topk_ids, topk_weights,
-            scales=self.block_scales(), layout=layout,
+            scales=self.block_scales(), layout=layout, dropped=dropped,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
@@ -295,8 +296,8 @@ class MoE(nn.Module):
     as router row E (`fuse_shared_expert_`, shared_fusion.py): one routed pass computes both.
 
     Expert parallelism (`mapping.moe_ep_size > 1`, expert_parallel.py): `experts` holds this
-    rank's share, routing stays global, and the routed output is all-reduced once; a shared
-    expert is split tensor-parallel (its down_proj all-reduces too).
+    rank's share, routing stays global; a tensor-parallel shared expert's partial output joins
+    the routed one before the layer's single all-reduce.
     """
 
     def __init__(
@@ -328,7 +329,7 @@ class MoE(nn.Module):
         self.shared_fused = False  # the shared expert is expert E of `experts` (see above)
         if shared_expert_intermediate_size:
             # Under expert parallelism the shared expert is tensor-parallel (column gate_up,
-            # row down_proj: its own all-reduce); its one-row gate stays whole on every rank.
+            # row down_proj, reduced with the routed sum); its one-row gate stays whole.
             self.shared_expert = GatedMLP(
                 hidden_size, shared_expert_intermediate_size, dtype=dtype,
                 mapping=self.mapping if self.local_experts is not None else None,
@@ -379,10 +380,9 @@ class MoE(nn.Module):
             block_m = expert_plan(x.shape[0], top_k, experts.num_experts, fp8)
         topk_weights, topk_ids, layout = self.gate.route(x, block_m)
         if self.local_experts is not None:
-            topk_ids, topk_weights = local_routing(topk_ids, topk_weights, *self.local_experts)
-            out = all_reduce(experts(x, topk_ids, topk_weights), self.mapping)
-        else:
-            out = experts(x, topk_ids, topk_weights, layout)
+            out = combine_expert_parallel(self, x, topk_ids, topk_weights)
+            return out.reshape(hidden_states.shape)
+        out = experts(x, topk_ids, topk_weights, layout)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out.reshape(hidden_states.shape)

@@ -146,7 +146,9 @@ def moe_align_block_size(
 
     Returns `sorted_pairs` int32 `[num_blocks * block_m]` (pair id `t*k + slot`, or `T*k` for
     padding) and `block_expert` int32 `[num_blocks]` (the expert of each block, `num_experts` for
-    an empty block). NOTE: at most min(E, T*k) experts get pairs and each pads by < block_m, so
+    an empty block). Ids in `[0, num_experts]`: id `num_experts` is a dropped pair (expert
+    parallelism: routed to another rank's expert), left out of the layout.
+    NOTE: at most min(E, T*k) experts get pairs and each pads by < block_m, so
     `T*k + min(E, T*k) * (block_m - 1)` rows always suffice.
     """
     flat = topk_ids.reshape(-1).long()
@@ -154,17 +156,25 @@ def moe_align_block_size(
     dev = flat.device
     capacity = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
     num_blocks = -(-capacity // block_m)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev)
+    # One bucket more for the dropped id E; it never gets a run.
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
     counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would sync for its size
+    counts = counts[:num_experts]
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = padded.cumsum(0)
     run_start = counts.cumsum(0) - counts
-    order = torch.argsort(flat, stable=True)
+    order = torch.argsort(flat, stable=True)  # dropped pairs sort last
     experts = flat[order]
-    rank = torch.arange(num_pairs, device=dev) - run_start[experts]
-    dest = padded_end[experts] - padded[experts] + rank
-    sorted_pairs = torch.full((num_blocks * block_m,), num_pairs, dtype=torch.int64, device=dev)
+    kept = experts < num_experts
+    live = experts.clamp(max=num_experts - 1)
+    rank = torch.arange(num_pairs, device=dev) - run_start[live]
+    dest = padded_end[live] - padded[live] + rank
+    # A dropped pair lands in one scratch row past the layout, cut off below.
+    rows = num_blocks * block_m
+    dest = torch.where(kept, dest, rows)
+    sorted_pairs = torch.full((rows + 1,), num_pairs, dtype=torch.int64, device=dev)
     sorted_pairs.scatter_(0, dest, order)
+    sorted_pairs = sorted_pairs[:rows]
     block_start = torch.arange(num_blocks, device=dev) * block_m
     block_expert = torch.searchsorted(padded_end, block_start, right=True)
     return sorted_pairs.to(torch.int32), block_expert.to(torch.int32)
@@ -275,15 +285,18 @@ def down_weighted(
     topk_weights: torch.Tensor,
     tiles: MoETiles,
     scales: BlockScales | None = None,
+    dropped: bool = False,
 ) -> torch.Tensor:
-    """GEMM 2 and the k-sum: `sum_k weight * (act @ down^T)` -> `[T, H]` in act's dtype."""
+    """GEMM 2 and the k-sum: `sum_k weight * (act @ down^T)` -> `[T, H]` in act's dtype.
+    `dropped`: the layout leaves some pairs out, so their per-pair rows must start at zero."""
     num_pairs, inter = act.shape
     num_experts, hidden = down_proj.shape[0], down_proj.shape[1]
     num_tokens, top_k = topk_weights.shape
     sorted_pairs, block_expert = layout
     precision = "ieee" if act.dtype == torch.float32 else "tf32"
     atomic = tiles.combine == "atomic"
-    alloc = torch.zeros if atomic else torch.empty
+    # No kernel writes a dropped pair's row: the k-sum then needs it zeroed.
+    alloc = torch.zeros if atomic or dropped else torch.empty
     routed = alloc(num_tokens if atomic else num_pairs, hidden, dtype=torch.float32,
                    device=act.device)  # fmt: skip
     weights = topk_weights.reshape(-1).contiguous()
@@ -318,6 +331,7 @@ def _fused_moe_triton(
     tiles: MoETiles,
     scales: BlockScales | None,
     layout: Layout | None = None,
+    dropped: bool = False,
 ) -> torch.Tensor:
     num_experts, top_k = gate_up_proj.shape[0], topk_ids.shape[1]
     num_pairs = x.shape[0] * top_k
@@ -328,7 +342,7 @@ def _fused_moe_triton(
     elif layout is None:
         layout = moe_align_block_size(topk_ids, num_experts, tiles.block_m)
     act = gate_up_silu(x, w1, layout, top_k, tiles, scales)
-    return down_weighted(act, w2, layout, topk_weights, tiles, scales)
+    return down_weighted(act, w2, layout, topk_weights, tiles, scales, dropped)
 
 
 def fused_moe(
@@ -342,15 +356,18 @@ def fused_moe(
     scales: BlockScales | None = None,
     layout: Layout | None = None,
     tiles: MoETiles | None = None,
+    dropped: bool = False,
 ) -> torch.Tensor:
     """`sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])`: x `[T, H]` -> `[T, H]`.
 
     With `scales`, the weights are block-FP8 (e4m3, `BlockScales` their scale_inv) and x is
     16-bit or fp32. `layout`: the aligned pairs for BLOCK_M `expert_plan(...)` from
     `moe_route` (saves the alignment launch); `tiles` overrides the table (benchmarks).
-    NOTE: topk_ids must lie in `[0, E)`; checking that on the device would
-    need a host sync. The torch path is `fused_moe_ref`, or `fused_moe_dense_ref` during
-    CUDA-graph capture.
+    `dropped`: some ids may be E, pairs that add nothing and are never computed (expert
+    parallelism's pairs of other ranks, `local_routing`); every path here accepts them.
+    NOTE: topk_ids must lie in `[0, E)`, or `[0, E]` with `dropped`; checking that on the
+    device would need a host sync. The torch path is `fused_moe_ref`, or
+    `fused_moe_dense_ref` during CUDA-graph capture.
     """
     _check_inputs(x, gate_up_proj, down_proj, topk_ids, topk_weights)
     if block_m is not None and (block_m < 16 or block_m & (block_m - 1)):
@@ -384,5 +401,5 @@ def fused_moe(
     if layout is not None and layout[0].numel() != layout[1].numel() * tiles.block_m:
         raise ValueError(f"fused_moe: the layout is not aligned to BLOCK_M {tiles.block_m}")
     return _fused_moe_triton(
-        x, gate_up_proj, down_proj, topk_ids, topk_weights, tiles, scales, layout
+        x, gate_up_proj, down_proj, topk_ids, topk_weights, tiles, scales, layout, dropped
     )

@@ -66,6 +66,7 @@ def fused_moe_ref(
 ) -> torch.Tensor:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]); x [T, H] -> [T, H].
 
+    An id E is a dropped pair (`fused_moe(dropped=True)`): skipped, it adds nothing.
     NOTE: one host sync per call (the per-expert token counts); the dense variant has none.
     """
     num_experts, top_k = gate_up_proj.shape[0], topk_ids.shape[1]
@@ -76,7 +77,8 @@ def fused_moe_ref(
     counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     start = 0
-    for expert, count in enumerate(counts):
+    # Dropped pairs (id E) sort last: the runs of the E real experts come first.
+    for expert, count in enumerate(counts[:num_experts]):
         if count == 0:
             continue
         rows = tokens[start : start + count]
@@ -96,7 +98,8 @@ def fused_moe_dense_ref(
     topk_weights: torch.Tensor,
     scales: BlockScales | None = None,
 ) -> torch.Tensor:
-    """Same result as `fused_moe_ref`, computed for every expert on every token (no host sync)."""
+    """Same result as `fused_moe_ref`, computed for every expert on every token (no host sync);
+    a dropped pair's id E matches no expert's mask."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for expert in range(gate_up_proj.shape[0]):
         scale = (topk_weights * (topk_ids == expert)).sum(dim=-1, keepdim=True)

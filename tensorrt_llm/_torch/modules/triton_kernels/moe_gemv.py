@@ -10,7 +10,8 @@ the alignment kernel first. Here:
    token's k pairs and writes the output directly (one launch fewer, k times fewer programs).
    Either way there are no atomics and the sum order is fixed (deterministic).
 Each expert weight byte streams once per pair that uses it; with few tokens the pairs rarely
-share an expert, so that is the minimum traffic. 16-bit weights only (block-FP8 experts take
+share an expert, so that is the minimum traffic. A dropped pair (id E, expert parallelism)
+reads no weight at all. 16-bit weights only (block-FP8 experts take
 the grouped GEMM).
 """
 
@@ -25,36 +26,38 @@ from .moe_tiles import GEMV_TILES, GemvTiles
 @triton_jit
 def _gemv_gate_up_kernel(
     x_ptr, w_ptr, ids_ptr, act_ptr, stride_xt, stride_we, stride_wn, stride_at,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_sync(USE_PDL)
     pair = tl.program_id(0).to(tl.int64)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
-    token = pair // TOP_K
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < INTER
-    gate_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-    acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, HIDDEN, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < HIDDEN
-        x = tl.load(x_ptr + token * stride_xt + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        mask = mask_n[:, None] & mask_k[None, :]
-        gate = tl.load(gate_ptrs + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(gate_ptrs + INTER * stride_wn + offs_k[None, :], mask=mask, other=0.0)
-        acc_gate += tl.sum(gate * x[None, :], axis=1)
-        acc_up += tl.sum(up.to(tl.float32) * x[None, :], axis=1)
-    act = acc_gate * tl.sigmoid(acc_gate) * acc_up
-    tl.store(act_ptr + pair * stride_at + offs_n, act.to(act_ptr.dtype.element_ty), mask=mask_n)
+    # A dropped pair (id NUM_EXPERTS) computes nothing; the down kernel never reads its row.
+    if expert < NUM_EXPERTS:
+        token = pair // TOP_K
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < INTER
+        gate_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+        acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, HIDDEN, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < HIDDEN
+            x = tl.load(x_ptr + token * stride_xt + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            mask = mask_n[:, None] & mask_k[None, :]
+            gate = tl.load(gate_ptrs + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+            up = tl.load(gate_ptrs + INTER * stride_wn + offs_k[None, :], mask=mask, other=0.0)
+            acc_gate += tl.sum(gate * x[None, :], axis=1)
+            acc_up += tl.sum(up.to(tl.float32) * x[None, :], axis=1)
+        act = acc_gate * tl.sigmoid(acc_gate) * acc_up
+        tl.store(act_ptr + pair * stride_at + offs_n, act.to(act_ptr.dtype.element_ty), mask=mask_n)
 
 
 @triton_jit
 def _gemv_down_kernel(
     act_ptr, w_ptr, ids_ptr, topk_w_ptr, out_ptr, stride_at, stride_we, stride_wn, stride_ot,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr, ROW_PAIRS: tl.constexpr,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, ROW_PAIRS: tl.constexpr, NUM_EXPERTS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):  # fmt: skip
@@ -68,16 +71,18 @@ def _gemv_down_kernel(
     for j in tl.static_range(ROW_PAIRS):
         pair = row * ROW_PAIRS + j
         expert = tl.load(ids_ptr + pair).to(tl.int64)
-        w_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, INTER, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mask_k = offs_k < INTER
-            a = tl.load(act_ptr + pair * stride_at + offs_k, mask=mask_k, other=0.0)
-            w = tl.load(w_ptrs + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            acc += tl.sum(w.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
-        # Weighted per pair as the reference does: (act @ down^T) * weight, then the k-sum.
-        out += acc * tl.load(topk_w_ptr + pair).to(tl.float32)
+        if expert < NUM_EXPERTS:  # a dropped pair adds nothing: its term is skipped
+            w_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, INTER, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                mask_k = offs_k < INTER
+                a = tl.load(act_ptr + pair * stride_at + offs_k, mask=mask_k, other=0.0)
+                mask_w = mask_n[:, None] & mask_k[None, :]
+                w = tl.load(w_ptrs + offs_k[None, :], mask=mask_w, other=0.0)
+                acc += tl.sum(w.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
+            # Weighted per pair as the reference does: (act @ down^T) * weight, then the k-sum.
+            out += acc * tl.load(topk_w_ptr + pair).to(tl.float32)
     tl.store(out_ptr + row * stride_ot + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
@@ -105,9 +110,10 @@ def fused_moe_gemv(
     topk_weights: torch.Tensor,
     tiles: GemvTiles = GEMV_TILES,
 ) -> torch.Tensor:
-    """`fused_moe` for a few tokens (inputs already checked by `fused_moe`): [T, H] -> [T, H]."""
+    """`fused_moe` for a few tokens (inputs already checked by `fused_moe`): [T, H] -> [T, H].
+    Ids in `[0, E]`: a dropped pair (id E) reads no weights and adds nothing."""
     num_tokens, hidden = x.shape
-    inter, top_k = down_proj.shape[2], topk_ids.shape[1]
+    num_experts, inter, top_k = down_proj.shape[0], down_proj.shape[2], topk_ids.shape[1]
     x, w1, w2 = x.contiguous(), gate_up_proj.contiguous(), down_proj.contiguous()
     ids = topk_ids.contiguous()
     weights = topk_weights.contiguous()
@@ -116,7 +122,8 @@ def fused_moe_gemv(
     grid1 = (num_tokens * top_k, triton.cdiv(inter, tiles.gate_up_n))
     _gemv_gate_up_kernel[grid1](
         x, w1, ids, act, x.stride(0), w1.stride(0), w1.stride(1), act.stride(0),
-        HIDDEN=hidden, INTER=inter, TOP_K=top_k, BLOCK_N=tiles.gate_up_n, BLOCK_K=block_k1,
+        HIDDEN=hidden, INTER=inter, TOP_K=top_k, NUM_EXPERTS=num_experts,
+        BLOCK_N=tiles.gate_up_n, BLOCK_K=block_k1,
         num_warps=tiles.num_warps, **pdl_launch_kwargs(x.device, grid1[0] * grid1[1]),
     )  # fmt: skip
     out = torch.empty_like(x)
@@ -130,7 +137,7 @@ def fused_moe_gemv(
     grid2 = (num_tokens * (top_k if per_pair else 1), triton.cdiv(hidden, tiles.down_n))
     _gemv_down_kernel[grid2](
         act, w2, ids, weights, dest, act.stride(0), w2.stride(0), w2.stride(1), dest.stride(0),
-        HIDDEN=hidden, INTER=inter, ROW_PAIRS=1 if per_pair else top_k,
+        HIDDEN=hidden, INTER=inter, ROW_PAIRS=1 if per_pair else top_k, NUM_EXPERTS=num_experts,
         BLOCK_N=tiles.down_n, BLOCK_K=block_k2,
         num_warps=tiles.num_warps, **pdl_launch_kwargs(x.device, grid2[0] * grid2[1]),
     )  # fmt: skip

@@ -101,7 +101,9 @@ def _align_kernel(
         while c < num_pairs:
             pairs = c + offs_p
             ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=0)
-            tl.atomic_add(counts_ptr + ids, 1, mask=pairs < num_pairs, sem="relaxed")
+            # A dropped pair (id NUM_EXPERTS) has no counter: it never gets a slot.
+            counted = (pairs < num_pairs) & (ids < NUM_EXPERTS)
+            tl.atomic_add(counts_ptr + ids, 1, mask=counted, sem="relaxed")
             c += BLOCK_P
         tl.debug_barrier()
     counts = tl.load(counts_ptr + offs_e, mask=mask_e, other=0)
@@ -133,8 +135,8 @@ def _align_kernel(
     c = 0
     while c < num_pairs:
         pairs = c + offs_p
-        valid = pairs < num_pairs
-        ids = tl.load(ids_ptr + pairs, mask=valid, other=-1)
+        ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1)
+        valid = (pairs < num_pairs) & (ids < NUM_EXPERTS)  # dropped pairs are left out
         same = (ids[:, None] == ids[None, :]) & valid[None, :]
         earlier = same & (offs_p[None, :] < offs_p[:, None])
         later = same & (offs_p[None, :] > offs_p[:, None])
@@ -184,7 +186,8 @@ def moe_align(
     counts: torch.Tensor | None = None,
 ) -> Layout:
     """`moe_align_block_size`'s layout (sorted_pairs, block_expert, both int32) in one Triton
-    program; `counts` (int32 [E], from `moe_route`) skips the histogram and is overwritten."""
+    program; `counts` (int32 [E], from `moe_route`) skips the histogram and is overwritten.
+    Ids in `[0, E]`: id E (a dropped pair, `fused_moe(dropped=True)`) is never placed."""
     num_pairs = topk_ids.numel()
     if num_pairs > ALIGN_MAX_PAIRS or num_experts > ROUTE_MAX_EXPERTS:
         raise ValueError(f"moe_align: at most {ALIGN_MAX_PAIRS} pairs and {ROUTE_MAX_EXPERTS} "

@@ -50,8 +50,11 @@ def test_ranks_sum_to_the_full_block(layout: str) -> None:
         shard.load_weights(local)
         topk_weights, topk_ids = shard.gate(x)
         ids, w = local_routing(topk_ids, topk_weights, start, count)
-        assert bool(((ids >= 0) & (ids < count)).all())
-        total += shard.experts(x, ids, w)
+        # Pairs of the other rank's experts carry the dropped id `count`, never computed.
+        elsewhere = (topk_ids < start) | (topk_ids >= start + count)
+        assert bool((ids[elsewhere] == count).all()) and bool(elsewhere.any())
+        assert bool(((ids >= 0) & (ids < count))[~elsewhere].all())
+        total += shard.experts(x, ids, w, dropped=True)
     torch.testing.assert_close(total, want, atol=1e-5, rtol=1e-5)
 
 
