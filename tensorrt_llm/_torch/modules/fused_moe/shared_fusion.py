@@ -15,7 +15,8 @@ results agree to rounding (exactly so up to fp32 reassociation in fp32 models).
 
 Not fused (the block keeps the separate path), with the reason logged once:
 - the widths differ (Qwen3.5-MoE releases with a wider shared expert);
-- expert parallelism (`local_experts`): the shared expert is not split over ranks;
+- expert parallelism (`local_experts`): the shared expert is tensor-parallel there, not one
+  rank's expert; its partial sum joins the routed one in the layer's single all-reduce;
 - the precisions differ: block-FP8 routed experts with a 16-bit shared expert, or the reverse
   (e.g. between `Linear`'s quantize-on-load and the experts' later conversion; `build_model`
   fuses again after that), or FP8 layers whose scale blocks differ;

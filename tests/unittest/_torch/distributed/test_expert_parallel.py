@@ -63,3 +63,23 @@ def test_expert_counts_must_split() -> None:
         expert_range(3, Mapping(world_size=2, rank=0, tp_size=2))
     with pytest.raises(ValueError, match="moe_expert_parallel_size=1 must equal"):
         expert_range(4, Mapping(world_size=2, rank=0, tp_size=2, moe_ep_size=1))
+
+
+def test_forward_partial_needs_a_bias_free_row_layer() -> None:
+    """The shared expert's pre-reduce partial: only a ROW layer has one, and only without a
+    bias (which must join the reduced sum once)."""
+    from tensorrt_llm._torch.modules.gated_mlp import GatedMLP
+
+    mapping = Mapping(world_size=2, rank=1, tp_size=2)
+    mlp = GatedMLP(H, INTER, mapping=mapping)
+    assert mlp.down_proj.in_features == INTER // 2
+    for p in mlp.parameters():
+        torch.nn.init.normal_(p)
+    x = torch.randn(3, H)
+    gate, up = (x @ mlp.gate_up_proj.weight.T).chunk(2, dim=-1)
+    want = (torch.nn.functional.silu(gate) * up) @ mlp.down_proj.weight.T
+    torch.testing.assert_close(mlp.forward_partial(x), want)
+    with pytest.raises(ValueError, match="not a tensor-parallel ROW"):
+        mlp.gate_up_proj.forward_partial(x)
+    with pytest.raises(ValueError, match="with a bias"):
+        GatedMLP(H, INTER, bias=True, mapping=mapping).down_proj.forward_partial(x)
