@@ -9,11 +9,11 @@ from typing import Any
 
 from tp_engine_bodies import engine_config
 
+from tensorrt_llm._torch.pyexecutor import tp_worker
 from tensorrt_llm._torch.pyexecutor.engine_config import EngineConfig
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor_creator import create_py_executor
 from tensorrt_llm._torch.pyexecutor.state_snapshot_pool import RecurrentSnapshotPool
-from tensorrt_llm._torch.pyexecutor.tp_worker import run_tp_worker
 from tensorrt_llm.inputs.multimodal import MultimodalParams
 from tensorrt_llm.inputs.registry import create_input_processor
 from tensorrt_llm.llmapi import KvCacheConfig
@@ -24,6 +24,9 @@ TPB = 4
 MAX_TOKENS = 6
 TEXT = "the quick brown fox jumps over the lazy dog and keeps on running far away"
 NEXT_QUESTION = [5, 6, 7]
+# The snapshot entries the worker's memory "fits" (rank 0's fits thousands): all ranks must
+# build this many, and it still holds this chat's snapshots.
+WORKER_ENTRIES = 8
 
 Copy = tuple[int, int, int]
 
@@ -70,26 +73,32 @@ def chat(config: EngineConfig) -> list[tuple[list[int], int]]:
         executor.shutdown()
 
 
-def _record(method: str, into: list[Copy]) -> None:
-    """Wrap `RecurrentSnapshotPool.<method>` (this rank's process only) to keep its copies."""
+def _record(method: str, into: list[Copy], capacities: set[int]) -> None:
+    """Wrap `RecurrentSnapshotPool.<method>` (this rank's process only) to keep its copies
+    and the capacity of the pool that made them."""
     original = getattr(RecurrentSnapshotPool, method)
 
     def recording(self: RecurrentSnapshotPool, *args: Any) -> Any:
         result = original(self, *args)
         into.extend(result if method == "take_copies" else args[0])
+        capacities.add(self.capacity)
         return result
 
     setattr(RecurrentSnapshotPool, method, recording)
 
 
 def chat_tp1_and_tp(mapping: Mapping, checkpoint_dir: str) -> Any:
-    """Rank 0: (TP=1 reuse-off chat, TP=N reuse-on chat, the copies sent); the workers:
-    (steps run, the copies applied)."""
+    """Rank 0: (TP=1 reuse-off chat, TP=N reuse-on chat, the copies sent, pool capacities);
+    the workers: (steps run, the copies applied, pool capacities). A worker's memory fits
+    `WORKER_ENTRIES` snapshots only."""
     config = replace(reuse_config(checkpoint_dir, True), mapping=mapping)
     copies: list[Copy] = []
+    capacities: set[int] = set()
     if mapping.rank != 0:
-        _record("apply_copies", copies)
-        return run_tp_worker(config), copies
+        pool_bytes = tp_worker.snapshot_pool_bytes(config, config.device)
+        tp_worker.snapshot_bytes = lambda state: pool_bytes // WORKER_ENTRIES  # type: ignore
+        _record("apply_copies", copies, capacities)
+        return tp_worker.run_tp_worker(config), copies, capacities
     reference = chat(reuse_config(checkpoint_dir, False))
-    _record("take_copies", copies)
-    return reference, chat(config), copies
+    _record("take_copies", copies, capacities)
+    return reference, chat(config), copies, capacities
