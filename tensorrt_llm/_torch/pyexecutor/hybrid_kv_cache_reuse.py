@@ -53,7 +53,7 @@ import torch
 from .block_hash import BlockKey
 from .kv_cache_reuse import KvCacheReuse
 from .llm_request import LlmRequest
-from .state_snapshot_pool import RecurrentSnapshotPool
+from .state_snapshot_pool import RecurrentSnapshotPool, snapshot_bytes
 
 if TYPE_CHECKING:
     from .engine_config import EngineConfig
@@ -257,6 +257,12 @@ def default_snapshot_pool_bytes(device: torch.device) -> int:
     return min(int(free * DEFAULT_SNAPSHOT_POOL_SHARE), DEFAULT_SNAPSHOT_POOL_CAP_MIB * 2**20)
 
 
+def snapshot_pool_bytes(config: EngineConfig, device: torch.device) -> int:
+    """The pool's byte bound: recurrent_state_snapshot_mib, else the default share."""
+    max_bytes = config.recurrent_state_snapshot_bytes
+    return default_snapshot_pool_bytes(device) if max_bytes is None else max_bytes
+
+
 def make_snapshot_pool(
     config: EngineConfig, engine: PyTorchModelEngine
 ) -> RecurrentSnapshotPool | None:
@@ -271,10 +277,20 @@ def make_snapshot_pool(
             f"{type(engine.model).__name__} is hybrid but lists no '{RECURRENT_STATE_PREFIX}*' "
             "per-slot state: block reuse cannot snapshot it"
         )
-    max_bytes = config.recurrent_state_snapshot_bytes
-    if max_bytes is None:
-        max_bytes = default_snapshot_pool_bytes(engine.device)
-    pool = RecurrentSnapshotPool(state, max_bytes)
+    max_bytes = snapshot_pool_bytes(config, engine.device)
+    channel = engine.step_channel
+    entries = None
+    if channel is not None:
+        # Tensor parallelism: rank 0's pool picks every entry and the workers copy by index,
+        # so all ranks hold the least count any rank's memory fits (tp_worker.py).
+        own = max_bytes // snapshot_bytes(state)
+        entries = channel.send_snapshot_pool(own)
+        if entries < own:
+            logger.info("snapshot pool: %d entries (a tensor-parallel rank fits fewer)", entries)
+    pool = RecurrentSnapshotPool(state, max_bytes, entries)
+    if channel is not None:
+        pool.copy_log = []  # each step carries the copies made before it (StepChannel)
+        channel.snapshots = pool
     logger.info(
         "block reuse on a hybrid model: %d recurrent-state snapshots of %.1f MiB (%.0f MiB, "
         "recurrent_state_snapshot_mib)",

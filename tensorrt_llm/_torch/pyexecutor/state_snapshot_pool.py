@@ -21,6 +21,14 @@ Each entry is in one of three states:
 - pending: owned by one running request (its latest aligned decode state, whose block key is
   not known yet); never evicted; the request `commit`s it under a key or `release`s it. At
   most `max_pending` (half the pool) are pending at once: the rest stays for keyed ones.
+
+Tensor parallelism: each rank's pool holds its own shard of the state, so every rank must
+make the same copies. Only rank 0's pool decides (its bookkeeping above); with `copy_log`
+set it also records each device copy as `(SNAPSHOT_SAVE | SNAPSHOT_RESTORE, entry, seq slot)`
+in call order, the step channel sends them with the next step, and a worker's pool of the
+same capacity replays them by entry index (`apply_copies`) before that step's forward: the
+same stream order as on rank 0. Frees, drops and evictions move no data, so nothing of them
+travels.
 """
 
 from __future__ import annotations
@@ -32,6 +40,9 @@ from dataclasses import dataclass
 import torch
 
 from .block_hash import BlockKey
+
+SNAPSHOT_SAVE = 0  # seq slot rows -> pool entry
+SNAPSHOT_RESTORE = 1  # pool entry -> seq slot rows
 
 
 @dataclass
@@ -54,14 +65,22 @@ class RecurrentSnapshotPool:
     """Bounded pool of recurrent-state snapshots (module docstring).
 
     `state`: the per-slot tensors to snapshot, `[slot rows, ...]` each (the model's
-    `recurrent.*` entries of `EngineModel.per_slot_state`); `max_bytes`: the bound.
+    `recurrent.*` entries of `EngineModel.per_slot_state`); `max_bytes`: the bound;
+    `max_entries`: a lower entry count (tensor parallelism: the least any rank fits).
     """
 
-    def __init__(self, state: Mapping[str, torch.Tensor], max_bytes: int) -> None:
+    def __init__(
+        self,
+        state: Mapping[str, torch.Tensor],
+        max_bytes: int,
+        max_entries: int | None = None,
+    ) -> None:
         if not state:
             raise ValueError("RecurrentSnapshotPool needs at least one per-slot state tensor")
         per_entry = snapshot_bytes(state)
         capacity = max_bytes // per_entry if per_entry else 0
+        if max_entries is not None:
+            capacity = min(capacity, max_entries)
         if capacity < 1:
             raise ValueError(
                 f"recurrent_state_snapshot_mib={max_bytes / 2**20:.1f} holds no snapshot: one "
@@ -83,6 +102,8 @@ class RecurrentSnapshotPool:
         self._key_of: dict[int, BlockKey] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # keyed entries, oldest first
         self._pending: dict[int, int] = {}  # request id -> its pending entry
+        # Rank 0 of a tensor-parallel engine: the copies not sent yet (module docstring).
+        self.copy_log: list[tuple[int, int, int]] | None = None
 
     # ---- sizes -------------------------------------------------------------------------------
     @property
@@ -103,11 +124,40 @@ class RecurrentSnapshotPool:
     # ---- copies ------------------------------------------------------------------------------
     def _copy_in(self, entry: int, seq_slot: int) -> None:
         torch._foreach_copy_([s[entry] for s in self._store], [t[seq_slot] for t in self._slots])
+        if self.copy_log is not None:
+            self.copy_log.append((SNAPSHOT_SAVE, entry, seq_slot))
+
+    def _copy_out(self, entry: int, seq_slot: int) -> None:
+        torch._foreach_copy_([t[seq_slot] for t in self._slots], [s[entry] for s in self._store])
+        if self.copy_log is not None:
+            self.copy_log.append((SNAPSHOT_RESTORE, entry, seq_slot))
+
+    def take_copies(self) -> list[tuple[int, int, int]]:
+        """Rank 0: the copies made since the last call (for the next step's message)."""
+        if not self.copy_log:
+            return []
+        copies, self.copy_log = self.copy_log, []
+        return copies
+
+    def apply_copies(self, copies: list[tuple[int, int, int]]) -> None:
+        """A worker rank: make rank 0's copies, by entry index, on this rank's shard (the
+        worker's own bookkeeping stays empty: rank 0's decides every entry)."""
+        for kind, entry, seq_slot in copies:
+            if not 0 <= entry < self.capacity:
+                raise RuntimeError(f"snapshot entry {entry} outside a pool of {self.capacity}")
+            if kind == SNAPSHOT_SAVE:
+                self._copy_in(entry, seq_slot)
+                self.stats.taken += 1
+            elif kind == SNAPSHOT_RESTORE:
+                self._copy_out(entry, seq_slot)
+                self.stats.restored += 1
+            else:
+                raise RuntimeError(f"unknown snapshot copy kind {kind}")
 
     def restore(self, key: BlockKey, seq_slot: int) -> None:
         """Copy the snapshot under `key` into `seq_slot`'s rows (KeyError when there is none)."""
         entry = self._entry_of[key]
-        torch._foreach_copy_([t[seq_slot] for t in self._slots], [s[entry] for s in self._store])
+        self._copy_out(entry, seq_slot)
         self._lru.move_to_end(entry)
         self.stats.restored += 1
 

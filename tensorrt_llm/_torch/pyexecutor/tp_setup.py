@@ -55,9 +55,8 @@ def _hybrid_refusals(config: EngineConfig) -> list[str]:
     refused = []
     if config.speculative_config is not None:
         refused.append("MTP speculative decoding (the MTP head is not sharded)")
-    # Rank 0 alone would snapshot and restore the recurrent states of a reused prefix.
-    if config.enable_block_reuse:
-        refused.append("prefix caching of hybrid stacks (pass enable_block_reuse=False)")
+    # Prefix caching needs nothing here: rank 0's snapshot pool decides, the step carries its
+    # copies and the workers replay them on their state shards (state_snapshot_pool.py).
     return refused
 
 

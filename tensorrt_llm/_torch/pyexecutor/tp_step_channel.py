@@ -5,9 +5,15 @@ Rank 0 owns the scheduler. Every time its engine runs a step it broadcasts the s
 sizes), one packed int64 tensor with every per-token / per-request array (ids, positions, slot
 mapping, block tables, lengths, seq slots), and, only for steps with multimodal params, their
 bytes (`torch.save`, loaded onto the worker's own device). Model weights never travel.
+Hybrid prefix caching: the packed tensor also carries the step's inner-snapshot points
+(`AttentionMetadata.recurrent_snapshots`, written by the forward into scratch slots) and the
+recurrent-snapshot copies rank 0's pool made since the previous step (restores at
+admission, saves after the previous forward), which the worker replays on its own pool before
+the forward (`state_snapshot_pool.py`).
 Commands besides a step: a new KV cache (its block count: block ids must mean the same
 memory on every rank), the KV sizing (each rank answers the blocks its own free memory fits,
-the ranks keep the minimum: `send_kv_budget`), and stop.
+the ranks keep the minimum: `send_kv_budget`), the snapshot pool's entry count (the
+minimum too: `send_snapshot_pool`), and stop.
 
 NOTE: only a tensor-parallel engine has a channel (`PyTorchModelEngine.step_channel` is None
 otherwise), so a single-GPU step does no work here.
@@ -31,6 +37,7 @@ from ..input_batch import InputBatch
 
 if TYPE_CHECKING:
     from .resource_manager import KVCacheManager
+    from .state_snapshot_pool import RecurrentSnapshotPool
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +45,8 @@ CMD_STEP = 1
 CMD_KV_CACHE = 2
 CMD_STOP = 3
 CMD_KV_BUDGET = 4
-_HEADER = 12  # int64 entries of the fixed header
+CMD_SNAPSHOT_POOL = 5
+_HEADER = 14  # int64 entries of the fixed header
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,14 @@ class KvBudgetCommand:
     reserved_bytes: int
 
 
+@dataclass(frozen=True)
+class SnapshotPoolCommand:
+    """Answer `StepChannel.agree_min` with the recurrent snapshots this rank's pool fits (at
+    most rank 0's `proposed_entries`), then build a pool of the agreed count."""
+
+    proposed_entries: int
+
+
 class StepChannel:
     """Broadcasts from the tp group's first rank; `receive()` on the others."""
 
@@ -71,6 +87,10 @@ class StepChannel:
         self.src = mapping.tp_group[0]
         # gloo broadcasts host tensors, NCCL device ones.
         self.wire = device if device.type == "cuda" else torch.device("cpu")
+        # Rank 0 with hybrid prefix caching: the pool whose copies each step carries.
+        self.snapshots: RecurrentSnapshotPool | None = None
+        # A worker: the snapshot copies of the step `receive` returned last.
+        self.snapshot_copies: list[tuple[int, int, int]] = []
 
     # ------------------------------------------------------------------ rank 0
     def send_step(self, batch: InputBatch) -> None:
@@ -80,6 +100,9 @@ class StepChannel:
         num_seqs, width = md.block_tables.shape
         pos_axes = batch.position_ids.shape[0] if batch.position_ids.dim() == 3 else 1
         media = _pack_objects(batch.multimodal_params) if batch.multimodal_params else None
+        inner = [v for point in md.recurrent_snapshots for v in point]
+        copies = [] if self.snapshots is None else self.snapshots.take_copies()
+        flat_copies = [v for copy in copies for v in copy]
         header = [
             CMD_STEP,
             md.num_contexts,
@@ -93,6 +116,8 @@ class StepChannel:
             pos_axes,
             int(batch.return_context_logits),
             0 if media is None else media.numel(),
+            len(md.recurrent_snapshots),
+            len(copies),
         ]
         self._broadcast_header(header)
         num_tokens = md.num_tokens
@@ -106,6 +131,7 @@ class StepChannel:
             batch.input_ids[:num_tokens],
             batch.position_ids.reshape(pos_axes, -1)[:, :num_tokens].reshape(-1),
         ]
+        parts.append(torch.tensor(inner + flat_copies, dtype=torch.int64))
         packed = torch.cat([p.to(self.wire, torch.int64) for p in parts])
         self._broadcast(packed)
         if media is not None:
@@ -120,6 +146,12 @@ class StepChannel:
         worker's answer (before any of them allocates, so no rank runs out first)."""
         self._broadcast_header([CMD_KV_BUDGET, proposed_blocks, reserved_bytes])
         return self.agree_min(proposed_blocks)
+
+    def send_snapshot_pool(self, proposed_entries: int) -> int:
+        """The recurrent snapshot entries every rank allocates: the minimum of rank 0's and
+        each worker's count (entry indices must mean the same entry on every rank)."""
+        self._broadcast_header([CMD_SNAPSHOT_POOL, proposed_entries])
+        return self.agree_min(proposed_entries)
 
     def agree_min(self, value: int) -> int:
         """The minimum of `value` over the tp group (every rank calls it)."""
@@ -147,9 +179,11 @@ class StepChannel:
             raise collective_error("step broadcast", exc) from exc
 
     # ------------------------------------------------------------------ workers
-    def receive(self) -> InputBatch | KvCacheCommand | KvBudgetCommand | None:
-        """The next command: a step's batch, a KV-cache or KV-sizing command, or None for
-        stop."""
+    def receive(
+        self,
+    ) -> InputBatch | KvCacheCommand | KvBudgetCommand | SnapshotPoolCommand | None:
+        """The next command: a step's batch (its snapshot copies in `snapshot_copies`), a
+        KV-cache, KV-sizing or snapshot-pool command, or None for stop."""
         header = torch.empty(_HEADER, dtype=torch.int64, device=self.wire)
         dist.broadcast(header, self.src, group=self.group)
         h = header.tolist()
@@ -159,6 +193,8 @@ class StepChannel:
             return KvCacheCommand(h[1], h[2])
         if h[0] == CMD_KV_BUDGET:
             return KvBudgetCommand(h[1], h[2])
+        if h[0] == CMD_SNAPSHOT_POOL:
+            return SnapshotPoolCommand(h[1])
         if h[0] != CMD_STEP:
             raise RuntimeError(f"unknown step-channel command {h[0]} from rank {self.src}")
         return self._receive_step(h)
@@ -166,6 +202,7 @@ class StepChannel:
     def _receive_step(self, h: list[int]) -> InputBatch:
         num_ctx, num_gen, num_ctx_tokens, num_tokens, tpb = h[1:6]
         num_seqs, width, padded, pos_axes, context_logits, media_bytes = h[6:12]
+        num_inner, num_copies = h[12:14]
         sizes = [
             num_seqs,
             num_seqs,
@@ -175,12 +212,17 @@ class StepChannel:
             padded,
             num_tokens,
             pos_axes * num_tokens,
+            3 * num_inner,
+            3 * num_copies,
         ]
         packed = torch.empty(sum(sizes), dtype=torch.int64, device=self.wire)
         dist.broadcast(packed, self.src, group=self.group)
-        lens, cached, slots, cu, tables, slot_mapping, ids, pos = packed.to(self.device).split(
-            sizes
-        )
+        lens, cached, slots, cu, tables, slot_mapping, ids, pos, inner, copies = packed.to(
+            self.device
+        ).split(sizes)
+        # NOTE: read on the host only when there are any (a device tensor's tolist syncs).
+        inner_points = _triples(inner) if num_inner else []
+        self.snapshot_copies = _triples(copies) if num_copies else []
         params: list[Any] = []
         if media_bytes:
             raw = torch.empty(media_bytes, dtype=torch.uint8, device=self.wire)
@@ -204,6 +246,7 @@ class StepChannel:
             seq_slots_cpu=slots.cpu(),
             kv_cache_manager=None,  # the worker's own, set by its loop
             tokens_per_block=tpb,
+            recurrent_snapshots=tuple(inner_points),
         )
         return InputBatch(
             attn_metadata=md,
@@ -212,6 +255,10 @@ class StepChannel:
             multimodal_params=params,
             return_context_logits=bool(context_logits),
         )
+
+
+def _triples(flat: torch.Tensor) -> list[tuple[int, int, int]]:
+    return [(a, b, c) for a, b, c in flat.reshape(-1, 3).tolist()]
 
 
 def _pack_objects(value: Any) -> torch.Tensor:

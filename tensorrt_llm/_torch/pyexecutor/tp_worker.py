@@ -8,6 +8,11 @@ same `EngineConfig` with this rank's `mapping`, then runs every step rank 0 broa
 A worker sizes nothing alone: its KV cache has the block count rank 0 sends, which is the
 minimum over the ranks of what each one's free memory fits (`KvBudgetCommand`), measured as
 rank 0 measures its own, after the same capacity probe.
+
+Hybrid prefix caching: the worker's recurrent snapshot pool has the entry count all ranks
+agreed (`SnapshotPoolCommand`, built before the KV sizing as on rank 0) and no bookkeeping
+of its own: it replays the copies each step carries, by rank 0's entry indices, on this
+rank's shard of the state, before the step's forward.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ import torch
 
 from ..models.modeling_auto import get_model_class
 from .engine_config import EngineConfig
+from .hybrid_kv_cache_reuse import recurrent_slot_state, snapshot_pool_bytes
 from .kv_cache_creator import KVCacheSpec, blocks_that_fit, device_free_bytes
 from .model_build import build_model, engine_max_seq_len, model_config_of, presize_hybrid
 from .model_engine import PyTorchModelEngine
 from .spec_decode.setup import kv_spec_with_mtp
+from .state_snapshot_pool import RecurrentSnapshotPool, snapshot_bytes
 from .tp_setup import check_tp_config
-from .tp_step_channel import KvBudgetCommand, KvCacheCommand, StepChannel
+from .tp_step_channel import KvBudgetCommand, KvCacheCommand, SnapshotPoolCommand, StepChannel
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +86,19 @@ def worker_num_blocks(config: EngineConfig, spec: KVCacheSpec, command: KvBudget
     return min(own, command.proposed_blocks)
 
 
+def worker_snapshot_pool(
+    config: EngineConfig, engine: PyTorchModelEngine, channel: StepChannel, proposed: int
+) -> RecurrentSnapshotPool:
+    """This rank's snapshot pool: as many entries as every rank fits (the agreed minimum)."""
+    state = recurrent_slot_state(engine.slot_state.model_state)
+    max_bytes = snapshot_pool_bytes(config, config.device)
+    per_entry = snapshot_bytes(state) if state else 0
+    own = max_bytes // per_entry if per_entry else 0
+    agreed = channel.agree_min(min(own, proposed))
+    # Raises as rank 0's does when the agreed count is 0 (both ranks fail, none waits).
+    return RecurrentSnapshotPool(state, max_bytes, agreed)
+
+
 def run_tp_worker(config: EngineConfig) -> int:
     """Serve rank 0's steps until it stops; returns how many steps ran."""
     mapping = config.mapping
@@ -89,6 +109,7 @@ def run_tp_worker(config: EngineConfig) -> int:
     channel = StepChannel(mapping, config.device)
     logger.info("tp worker rank %d/%d ready", mapping.rank, mapping.world_size)
     steps = 0
+    snapshots: RecurrentSnapshotPool | None = None
     while True:
         command = channel.receive()
         if command is None:
@@ -96,6 +117,9 @@ def run_tp_worker(config: EngineConfig) -> int:
             return steps
         if isinstance(command, KvBudgetCommand):
             channel.agree_min(worker_num_blocks(config, spec, command))
+            continue
+        if isinstance(command, SnapshotPoolCommand):
+            snapshots = worker_snapshot_pool(config, engine, channel, command.proposed_entries)
             continue
         if isinstance(command, KvCacheCommand):
             kv = None
@@ -118,5 +142,9 @@ def run_tp_worker(config: EngineConfig) -> int:
             attn_metadata=replace(command.attn_metadata, kv_cache_manager=engine.kv_cache_manager),
         )
         with torch.inference_mode():
+            if channel.snapshot_copies:
+                if snapshots is None:
+                    raise RuntimeError("rank 0 sent snapshot copies before a snapshot pool")
+                snapshots.apply_copies(channel.snapshot_copies)
             engine.run(batch)
         steps += 1

@@ -166,8 +166,8 @@ def test_snapshot_pool_smaller_than_one_snapshot_is_an_error(
 
     real = hybrid_kv_cache_reuse.RecurrentSnapshotPool
 
-    def one_byte(state: Any, max_bytes: int) -> RecurrentSnapshotPool:
-        return real(state, 1)
+    def one_byte(state: Any, max_bytes: int, *rest: Any) -> RecurrentSnapshotPool:
+        return real(state, 1, *rest)
 
     monkeypatch.setattr(hybrid_kv_cache_reuse, "RecurrentSnapshotPool", one_byte)
     with pytest.raises(ValueError, match="recurrent_state_snapshot_mib=0.0 holds no snapshot"):

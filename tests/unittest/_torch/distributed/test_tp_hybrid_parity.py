@@ -17,7 +17,6 @@ from tp_engine_bodies import MAX_TOKENS, greedy_tp1_and_tp
 from tp_harness import spawn_ranks
 
 from tensorrt_llm._torch.pyexecutor.tp_setup import check_model_shards
-from tensorrt_llm.llmapi import KvCacheConfig
 from tensorrt_llm.llmapi.llm_args import LlmArgs
 from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
@@ -42,7 +41,8 @@ def test_tp2_hybrid_logits_equal_tp1(tmp_path: Path) -> None:
 
 
 def test_hybrid_settings_not_built_are_refused(tmp_path: Path) -> None:
-    """Before any rank starts: MTP, prefix caching and block-FP8 shards that split a block."""
+    """Before any rank starts: MTP and block-FP8 shards that split a block (prefix caching
+    runs: test_tp_hybrid_reuse.py)."""
     ckpt = write_tiny_checkpoint("qwen3_5", tmp_path / "mtp", mtp_num_hidden_layers=1)
     tp2 = dict(model=str(ckpt), device="cpu", tensor_parallel_size=2, max_batch_size=2)
     mtp = {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
@@ -50,9 +50,6 @@ def test_hybrid_settings_not_built_are_refused(tmp_path: Path) -> None:
     config = LlmArgs(**tp2, **spec).to_engine_config()
     with pytest.raises(ValueError, match="MTP speculative decoding"):
         check_model_shards(config)
-    config = LlmArgs(**tp2, kv_cache_config=KvCacheConfig(enable_block_reuse=True))
-    with pytest.raises(ValueError, match="prefix caching of hybrid stacks"):
-        check_model_shards(config.to_engine_config())
     # Block-FP8: 16-dim DeltaNet heads give a rank 16-row q, k ranges, not whole 128-blocks.
     fp8 = write_tiny_checkpoint("qwen3_5", tmp_path / "fp8", quantization="fp8_block")
     config = LlmArgs(**{**tp2, "model": str(fp8)}).to_engine_config()

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from tensorrt_llm import LLM, SamplingParams
-from tensorrt_llm.llmapi import KvCacheConfig
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 
 # Two slots and 16-token steps: batching, chunked prefill and slot reuse in one generate.
@@ -93,7 +92,13 @@ def test_hybrid_tp2_greedy_equals_tp1(tmp_path: Path) -> None:
 
 
 def test_unsupported_setting_is_refused_before_ranks_start(tmp_path: Path) -> None:
-    hybrid = write_tiny_checkpoint("qwen3_5", tmp_path / "qwen3_5")
-    reuse = KvCacheConfig(enable_block_reuse=True)
-    with pytest.raises(ValueError, match="prefix caching of hybrid stacks"):
-        LLM(str(hybrid), tensor_parallel_size=2, kv_cache_config=reuse, **KWARGS)
+    hybrid = write_tiny_checkpoint("qwen3_5", tmp_path / "qwen3_5", mtp_num_hidden_layers=1)
+    mtp = {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
+    with pytest.raises(ValueError, match="MTP speculative decoding"):
+        LLM(
+            str(hybrid),
+            tensor_parallel_size=2,
+            speculative_config=mtp,
+            disable_overlap_scheduler=True,
+            **KWARGS,
+        )

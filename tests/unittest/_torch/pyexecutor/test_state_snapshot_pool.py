@@ -11,6 +11,8 @@ import torch
 from tensorrt_llm._torch.pyexecutor.block_hash import compute_block_keys
 from tensorrt_llm._torch.pyexecutor.block_pool import BlockPool
 from tensorrt_llm._torch.pyexecutor.state_snapshot_pool import (
+    SNAPSHOT_RESTORE,
+    SNAPSHOT_SAVE,
     RecurrentSnapshotPool,
     snapshot_bytes,
 )
@@ -186,3 +188,30 @@ def test_random_operations_keep_the_invariants() -> None:
             pool.restore(key, rng.randrange(SLOTS))
         pool.check_invariants()
         assert pool.num_keyed + pool.num_pending <= pool.capacity
+
+
+def test_a_replica_replays_the_copies_by_entry_index() -> None:
+    """Tensor parallelism: rank 0's pool logs its copies; a pool of the same capacity over
+    another rank's state (here: the same values) that replays them holds the same entries
+    and restores the same rows, with no bookkeeping of its own."""
+    lead_state, replica_state = _state(), _state()
+    lead = _pool(lead_state, 3)
+    replica = RecurrentSnapshotPool(replica_state, 10 * snapshot_bytes(replica_state), 3)
+    assert replica.capacity == lead.capacity == 3
+    lead.copy_log = []
+    keys = _keys(4)
+    for step, key in enumerate(keys):  # the 4th save evicts the 1st key's entry
+        for rank_state in (lead_state, replica_state):
+            for t in rank_state.values():
+                t[0].fill_(step)
+        lead.save(key, 0)
+        replica.apply_copies(lead.take_copies())
+    lead.restore(keys[2], 1)
+    copies = lead.take_copies()
+    assert copies == [(SNAPSHOT_RESTORE, 2, 1)] and lead.take_copies() == []
+    replica.apply_copies(copies)
+    for lead_t, replica_t in zip(lead_state.values(), replica_state.values(), strict=True):
+        assert torch.equal(replica_t, lead_t) and bool((replica_t[1] == 2).all())
+    assert replica.stats.taken == 4 and replica.stats.restored == 1 and replica.num_keyed == 0
+    with pytest.raises(RuntimeError, match="outside a pool of 3"):
+        replica.apply_copies([(SNAPSHOT_SAVE, 3, 0)])
