@@ -158,6 +158,10 @@ def _start_child(payload: bytes) -> subprocess.Popen[bytes]:
     return process
 
 
+def _death_message(code: int) -> str:
+    return f"engine process died (exit code {code})"
+
+
 def _receive_loop(ref: weakref.ref[GenerationExecutorProxy]) -> None:
     # A weak reference: the thread must not keep an unreachable proxy (and its child) alive.
     while True:
@@ -253,8 +257,9 @@ class GenerationExecutorProxy:
     ) -> None:
         if self._closed:
             raise RuntimeError("the executor is shut down; no new requests are accepted")
-        if self._dead_message is not None:
-            raise RuntimeError(self._dead_message)
+        gone = self._gone_message()
+        if gone is not None:
+            raise RuntimeError(gone)
         message = RequestMsg.from_llm_request(request, self.info.pixel_dtype)
         encoded = ipc.encode((MSG_REQUEST, message))
         with self._pending_lock:
@@ -274,6 +279,17 @@ class GenerationExecutorProxy:
             except RuntimeError:
                 pass  # the engine is gone: the death handler fails the request
 
+    def _gone_message(self) -> str | None:
+        """Why the engine takes no requests, or None while it runs.
+
+        The child can have exited before the receiver thread (polling every _POLL_MS) noticed:
+        the caller then gets the same message the pending requests are about to get.
+        """
+        if self._dead_message is not None:
+            return self._dead_message
+        code = self._process.poll()
+        return None if code is None else _death_message(code)
+
     def _send(self, encoded: ipc.Encoded) -> None:
         """Send without blocking forever: a dead engine leaves PUSH with no peer."""
         waited = 0.0
@@ -283,10 +299,9 @@ class GenerationExecutorProxy:
                     ipc.send(self._requests, encoded, zmq.NOBLOCK)
                     return
                 except zmq.Again:
-                    if self._dead_message is not None or self._process.poll() is not None:
-                        raise RuntimeError(
-                            self._dead_message or "engine process is not running"
-                        ) from None
+                    gone = self._gone_message()
+                    if gone is not None:
+                        raise RuntimeError(gone) from None
                     if waited > _SEND_TIMEOUT_S:
                         raise RuntimeError("engine process does not take requests") from None
                     self._requests.poll(_POLL_MS, zmq.POLLOUT)
@@ -333,7 +348,7 @@ class GenerationExecutorProxy:
         if self._closed or self._stopping.is_set():
             self._fail_pending(SHUTDOWN_ERROR, ERROR_SHUTTING_DOWN)
             return
-        self._dead_message = f"engine process died (exit code {code})"
+        self._dead_message = _death_message(code)
         logger.error("%s; failing %d pending requests", self._dead_message, len(self._pending))
         self._fail_pending(self._dead_message, ERROR_ENGINE)
 

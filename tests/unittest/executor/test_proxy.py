@@ -12,6 +12,7 @@ import asyncio
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,35 @@ def test_kill_fails_pending_requests_fast(ckpt: Path) -> None:
         assert not executor.is_alive
         with pytest.raises(RuntimeError, match="engine process died"):
             llm.generate("after", GREEDY)
+    finally:
+        llm.shutdown()
+
+
+def test_request_after_death_names_the_exit_code_before_the_receiver_notices(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm = LLM(str(ckpt), executor_mode="process", **KWARGS)
+    try:
+        executor = llm._executor
+        held = threading.Event()
+        original = executor._receive_once
+
+        def hold_receiver() -> bool:
+            held.wait(timeout=30)
+            return original()
+
+        # The receiver thread looks the method up on every turn: from its next turn it waits.
+        monkeypatch.setattr(executor, "_receive_once", hold_receiver)
+        time.sleep(0.2)
+        os.kill(executor.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10.0
+        while executor._process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # zmq drops the dead peer: sends now fail instead of queueing
+        assert not executor.is_alive
+        with pytest.raises(RuntimeError, match=r"engine process died \(exit code -9\)"):
+            llm.generate("after", GREEDY)
+        held.set()
     finally:
         llm.shutdown()
 
