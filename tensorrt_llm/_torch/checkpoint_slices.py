@@ -4,6 +4,8 @@
 from the header, nothing read yet). `TensorShard.take(lazy)` indexes it through safetensors'
 `get_slice`, which reads just the rows (or columns) asked for from the memory-mapped file;
 `materialize()` / `.to(...)` read the whole tensor (replicated weights, the vision tower).
+`RowGather` is a checkpoint tensor's rows in another order (Qwen3-Next's grouped DeltaNet
+projections seen in the contiguous layout): a slice of it reads only the source rows it maps to.
 """
 
 from __future__ import annotations
@@ -60,9 +62,55 @@ class LazyTensor:
         return f"LazyTensor({self.name!r}, shape={tuple(self.shape)}, dtype={self.dtype})"
 
 
+class RowGather:
+    """Rows of `source` (a tensor or a `LazyTensor`) taken as `(start, length)` ranges and
+    joined in order, read on demand: indexing rows `[a, b)` of it reads only the source
+    rows those map to, so a tensor-parallel rank's shard of a regrouped layout reads only
+    its part of the file."""
+
+    def __init__(self, source: Any, ranges: tuple[tuple[int, int], ...]) -> None:
+        rows = int(source.shape[0])
+        for start, n in ranges:
+            if start < 0 or n < 0 or start + n > rows:
+                raise ValueError(f"row range [{start}, {start + n}) outside a tensor of {rows}")
+        self.source = source
+        self.ranges = ranges
+        self.shape = torch.Size((sum(n for _, n in ranges), *source.shape[1:]))
+        self.dtype: torch.dtype = source.dtype
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        """Basic slices only (`TensorShard.take`'s), the first one over the gathered rows."""
+        index = index if isinstance(index, tuple) else (index,)
+        rows, rest = (index[0], index[1:]) if index else (slice(None), ())
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise ValueError(f"RowGather takes a contiguous row slice, got {rows!r}")
+        lo, hi, _ = rows.indices(self.shape[0])
+        parts, offset = [], 0  # offset: the first gathered row of the current range
+        for start, n in self.ranges:
+            a, b = max(lo, offset), min(hi, offset + n)
+            if a < b:
+                src = (slice(start + a - offset, start + b - offset), *rest)
+                part = self.source[src]
+                parts.append(part if isinstance(part, torch.Tensor) else torch.as_tensor(part))
+            offset += n
+        if not parts:  # an empty slice keeps the trailing shape
+            empty = self.source[(slice(0, 0), *rest)]
+            return empty if isinstance(empty, torch.Tensor) else torch.as_tensor(empty)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def materialize(self) -> torch.Tensor:
+        return self[:]
+
+    def to(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.materialize().to(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"RowGather({self.source!r}, {len(self.ranges)} ranges, shape={tuple(self.shape)})"
+
+
 def materialize(value: Any) -> torch.Tensor:
-    """A tensor from a loaded tensor or a `LazyTensor`."""
-    return value.materialize() if isinstance(value, LazyTensor) else value
+    """A tensor from a loaded tensor, a `LazyTensor` or a `RowGather`."""
+    return value.materialize() if isinstance(value, (LazyTensor, RowGather)) else value
 
 
 def lazy_safetensors_checkpoint(shards: list[Path]) -> dict[str, LazyTensor]:

@@ -62,6 +62,7 @@ _REGISTERING_MODULES: dict[str, str] = {
     "Qwen3MoeForCausalLM": _MODELS + "modeling_qwen3_moe",
     "Qwen3_5ForCausalLM": _MODELS + "modeling_qwen3_5",
     "Qwen3_5MoeForCausalLM": _MODELS + "modeling_qwen3_5",
+    "Qwen3NextForCausalLM": _MODELS + "modeling_qwen3_5",
 }
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_REGISTERING_MODULES)
 

@@ -19,6 +19,7 @@ TINY_FAMILIES: tuple[str, ...] = (
     "qwen_image_bench",
     "qwen2",
     "qwen3",
+    "qwen3_next",
 )
 
 VOCAB_SIZE = 512
@@ -191,6 +192,33 @@ def _qwen3_5(moe: bool = False, vision_model_type: str | None = None) -> dict[st
     }
 
 
+def _qwen3_next() -> dict[str, Any]:
+    """Qwen3-Next (text only, every layer MoE with a gated shared expert): 4 key / 8 value
+    DeltaNet heads of unequal dims, so a tensor-parallel rank holds two whole key-head groups
+    of the grouped `in_proj_qkvz` / `in_proj_ba` and a k/v mix-up changes shapes."""
+    return _text_base(
+        model_type="qwen3_next",
+        architectures=["Qwen3NextForCausalLM"],
+        num_hidden_layers=4,
+        head_dim=32,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=64,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        # 1-D RoPE on a quarter of each 32-dim head (the release: 0.25 of 256).
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+    )
+
+
 def _text_llm(family: str) -> dict[str, Any]:
     if family == "qwen2":
         cfg = _text_base(model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1e6)
@@ -215,6 +243,7 @@ def build_config_dict(family: str, **overrides: Any) -> dict[str, Any]:
         "qwen_image_bench": lambda: _qwen3_5(moe=False, vision_model_type="qwen3_5"),
         "qwen2": lambda: _text_llm("qwen2"),
         "qwen3": lambda: _text_llm("qwen3"),
+        "qwen3_next": _qwen3_next,
     }
     if family not in builders:
         raise ValueError(f"unknown tiny family {family!r}; expected one of {TINY_FAMILIES}")

@@ -100,3 +100,33 @@ class Qwen3_5MoeForCausalLM(Qwen3_5MoeTextForCausalLM):
     def __init__(self, model_config: ModelConfig) -> None:
         super().__init__(model_config.pretrained_config, **_text_kwargs(model_config))
         self.model_config = model_config
+
+
+def check_qwen3_next_config(config: Any) -> None:
+    """Qwen3-Next runs on the Qwen3.5-MoE stack, whose layers are all MoE: the settings
+    that would give some layers a dense MLP are refused by name (the releases use none)."""
+    dense = list(getattr(config, "mlp_only_layers", None) or [])
+    if dense:
+        raise ValueError(f"Qwen3-Next with dense MLP layers (mlp_only_layers={dense}) is not built")
+    step = int(getattr(config, "decoder_sparse_step", 1))
+    if step != 1:
+        raise ValueError(f"Qwen3-Next with decoder_sparse_step={step} (only 1: every layer MoE)")
+    if int(getattr(config, "num_experts", 0)) <= 0:
+        raise ValueError("Qwen3-Next with num_experts=0 (dense) is not built")
+
+
+@register_auto_model(
+    "Qwen3NextForCausalLM",
+    input_processor=TextInputProcessor,
+    config_class="Qwen3NextConfig",
+    supports_piecewise=False,
+)
+class Qwen3NextForCausalLM(Qwen3_5MoeTextForCausalLM):
+    """Qwen3-Next: the Qwen3.5-MoE hybrid stack with 1-D partial RoPE; its DeltaNet
+    projections come grouped per key head (`qwen3_next_weights.py` regroups them, each
+    tensor-parallel rank reading only its groups)."""
+
+    def __init__(self, model_config: ModelConfig) -> None:
+        check_qwen3_next_config(model_config.pretrained_config)
+        super().__init__(model_config.pretrained_config, **_text_kwargs(model_config))
+        self.model_config = model_config

@@ -1,8 +1,11 @@
-"""Qwen3.5 / Qwen3.6 hybrid text stacks (dense and MoE): Gated DeltaNet + gated attention.
+"""Qwen3.5 / Qwen3.6 hybrid text stacks (dense and MoE): Gated DeltaNet + gated attention;
+Qwen3-Next runs on the MoE one (`Qwen3NextForCausalLM`, modeling_qwen3_5.py).
 
 `text_config.layer_types` picks each layer's token mixer: "linear_attention" -> `GatedDeltaNet`,
-"full_attention" -> `GatedAttention` (q_proj also emits a per-head output gate, q/k RMSNorm,
-partial interleaved mRoPE). Every RMSNorm outside the DeltaNet scales by `1 + weight`.
+"full_attention" -> `GatedAttention` (qwen3_next_attention.py: q_proj also emits a per-head
+output gate, q/k RMSNorm, partial RoPE: interleaved mRoPE for Qwen3.5, 1-D for Qwen3-Next).
+Every RMSNorm outside the DeltaNet scales by `1 + weight`. Under tensor parallelism every
+part shards (Qwen3-Next's grouped DeltaNet projections too, `convert_qwen3_next_gdn_weights`).
 
 The model owns the recurrent state of its DeltaNet layers, one entry per seq slot
 (`RecurrentStateCache`); a step gathers the rows of its requests by `attn_metadata.seq_slots`,
@@ -20,11 +23,10 @@ import torch
 from torch import nn
 
 from ...mapping import Mapping as ParallelMapping
-from ..attention_backend import AttentionMetadata, get_attention_backend
-from ..attention_backend.piecewise import run_attention, run_split
-from ..distributed import TensorShard, column_shard, kv_head_shard
+from ..attention_backend import AttentionMetadata
+from ..attention_backend.piecewise import run_split
 from ..modules.embedding import Embedding, LMHead
-from ..modules.fp8_linear import Fp8Activation, UnscaledOutput
+from ..modules.fp8_linear import UnscaledOutput
 from ..modules.fused_moe import (
     MoE,
     convert_hf_expert_weights,
@@ -38,22 +40,30 @@ from ..modules.gated_delta_net import (
     convert_qwen3_next_gdn_weights,
 )
 from ..modules.gated_mlp import GatedMLP, mlp_after_norm
-from ..modules.linear import Linear
-from ..modules.rms_norm import RMSNorm
-from ..modules.tensor_parallel import TensorParallelMode
-from ..modules.triton_kernels.mrope import rope_qk_
 from ..weight_loading import DEFAULT_IGNORE, FUSED_PROJECTIONS, load_hf_weights
 from .modeling_qwen2 import (
     Qwen2Model,
     Qwen2TextForCausalLM,
     build_rotary_embedding,
     check_tensor_parallel,
-    text_head_dim,
 )
+from .qwen3_next_attention import GatedAttention, ZeroCenteredRMSNorm
 from .qwen3_next_recurrent import DeltaNetMixer, RecurrentStateCache, StepRows
 
 if TYPE_CHECKING:
     from .modeling_qwen3_5_mtp import Qwen3_5MTP
+
+# GatedAttention and ZeroCenteredRMSNorm are used from here too (MTP head, tests).
+__all__ = [
+    "GatedAttention",
+    "HybridDecoderLayer",
+    "Qwen3_5Model",
+    "Qwen3_5MoeModel",
+    "Qwen3_5MoeTextForCausalLM",
+    "Qwen3_5TextForCausalLM",
+    "RecurrentStateCache",
+    "ZeroCenteredRMSNorm",
+]
 
 _LAYER_TYPES = ("linear_attention", "full_attention")
 logger = logging.getLogger(__name__)
@@ -70,107 +80,6 @@ def _without_mtp(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             len(named) - len(kept),
         )
     return kept
-
-
-class ZeroCenteredRMSNorm(RMSNorm):
-    """`y = (1 + weight) * x / rms(x)`, all in float32, then cast back (HF Qwen3.5 rounding).
-
-    With `residual`, normalises `x + residual` and also returns that sum (fused add-norm).
-    """
-
-    zero_centered = True
-
-
-class GatedAttention(nn.Module):
-    """Full attention with an output gate: `o_proj(attn(q, k, v) * sigmoid(gate))`.
-
-    `qkv_proj` rows are HF's q_proj (per head: `head_dim` query rows then `head_dim` gate rows),
-    then k_proj, v_proj. `kv_layer_idx` counts full-attention layers only (the KV cache has
-    no entries for the DeltaNet layers).
-    """
-
-    def __init__(
-        self,
-        config: Any,
-        kv_layer_idx: int,
-        attn_backend: str,
-        dtype: torch.dtype | None,
-        mapping: ParallelMapping | None = None,
-    ) -> None:
-        super().__init__()
-        mapping = mapping if mapping is not None else ParallelMapping()
-        self.head_dim = hd = text_head_dim(config)
-        full_q, full_kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
-        shards, col, row = None, None, None
-        if mapping.has_tp:
-            # A rank's query heads with their gate rows: q_proj interleaves them per head
-            # ([q_h | gate_h]), so the rank's rows are one range; kv heads as in `Attention`.
-            tp, rank = mapping.tp_size, mapping.tp_rank
-            q_heads = column_shard(self.num_heads, tp, rank, "num_attention_heads")
-            kv_rows, self.num_kv_heads = kv_head_shard(self.num_kv_heads, hd, tp, rank)
-            self.num_heads = q_heads.length
-            q_rows = TensorShard(0, q_heads.start * 2 * hd, q_heads.length * 2 * hd)
-            shards, col, row = (
-                (q_rows, kv_rows, kv_rows),
-                TensorParallelMode.COLUMN,
-                TensorParallelMode.ROW,
-            )
-        self.q_size = self.num_heads * hd
-        self.kv_size = self.num_kv_heads * hd
-        bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = Linear(
-            config.hidden_size,
-            2 * full_q + 2 * full_kv,
-            bias=bias,
-            dtype=dtype,
-            # q_proj holds q and its output gate; the shards place block-FP8 scales.
-            output_splits=(2 * full_q, full_kv, full_kv),
-            mapping=mapping,
-            tensor_parallel_mode=col,
-            output_shards=shards,
-        )
-        self.o_proj = Linear(
-            full_q, config.hidden_size, bias=bias, dtype=dtype, mapping=mapping,
-            tensor_parallel_mode=row,
-        )  # fmt: skip
-        self.q_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
-        self.k_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
-        backend_cls = get_attention_backend(attn_backend)
-        self.attn = backend_cls(
-            self.num_heads, self.num_kv_heads, self.head_dim, kv_layer_idx, self.head_dim**-0.5
-        )
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor | Fp8Activation,
-        cos_sin: torch.Tensor,
-        attn_metadata: AttentionMetadata,
-        defer_output_scale: bool = False,
-    ) -> torch.Tensor | UnscaledOutput:
-        """With `defer_output_scale`, an FP8 o_proj may return its output unscaled
-        (`Linear.forward_deferred`) for the next norm to scale on load."""
-        num_tokens = hidden_states.shape[0]
-        q_gate, k, v = self.qkv_proj(hidden_states).split(
-            [2 * self.q_size, self.kv_size, self.kv_size], dim=-1
-        )
-        q, gate = q_gate.reshape(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        # The zero-centered q/k norms run inside the rope kernel (in place, one launch).
-        q, k = rope_qk_(
-            q, k, cos_sin, self.head_dim,
-            q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight,
-            norm_eps=self.q_norm.eps, zero_centered=True,
-        )  # fmt: skip
-        out = run_attention(
-            self.attn,
-            q.reshape(num_tokens, self.q_size),
-            k.reshape(num_tokens, self.kv_size),
-            v,  # a strided slice of qkv; the backends read rows by stride
-            attn_metadata,
-        )
-        out = out * torch.sigmoid(gate.reshape(num_tokens, self.q_size))
-        return self.o_proj.forward_deferred(out) if defer_output_scale else self.o_proj(out)
 
 
 class HybridDecoderLayer(nn.Module):
@@ -355,13 +264,6 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
         nn.Module.__init__(self)
         check_tensor_parallel(type(self), mapping)
         self.mapping = mapping if mapping is not None else ParallelMapping()
-        if self.mapping.has_tp and getattr(config, "model_type", None) == "qwen3_next":
-            # Its grouped in_proj_qkvz is rewritten whole (convert_qwen3_next_gdn_weights),
-            # which a rank reading only its slices cannot do.
-            raise ValueError(
-                "Qwen3-Next checkpoints do not support tensor_parallel_size > 1 yet "
-                "(Qwen3.5 / Qwen3.6 ones do)"
-            )
         self.config = config
         self.model = self.model_cls(
             config,

@@ -1,6 +1,7 @@
 """Gated DeltaNet checkpoint layouts: which HF projections fill our fused ones, the
 Qwen3-Next (rows grouped per key head) -> Qwen3.5 (contiguous) rewrite, and the checkpoint
-rows one tensor-parallel rank holds (`gdn_rank_shards`).
+rows one tensor-parallel rank holds (`gdn_rank_shards`; for Qwen3-Next, the same rows of the
+rewritten layout, read from the grouped tensor through `RowGather`).
 
 NOTE: `in_proj_ba` stays its own `Linear` rather than joining `in_proj_qkvz` at load time:
 block-FP8 releases keep `in_proj_a` / `in_proj_b` in 16 bits (`quantization.py`'s defaults)
@@ -12,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ...mapping import Mapping as ParallelMapping
+from ..checkpoint_slices import RowGather
 from ..distributed import MultiRangeShard, TensorShard, column_shard
 from .linear import Linear
 from .tensor_parallel import TensorParallelMode
@@ -27,40 +30,72 @@ GATED_DELTA_NET_FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+def qwen3_next_gdn_row_ranges(
+    leaf: str, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int
+) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Where each Qwen3.5 projection's rows sit in a Qwen3-Next grouped one: Qwen3.5 name
+    (relative, e.g. "in_proj_qkv") -> `(start, length)` rows of the grouped tensor, in order.
+
+    `in_proj_qkvz` holds one group per key head g, `G = 2*dk + 2*r*dv` rows (r = V/K):
+    `[q_g (dk) | k_g (dk) | v_g (r*dv) | z_g (r*dv)]`, and `in_proj_ba` one of `2*r` rows,
+    `[b_g (r) | a_g (r)]`. Key head g owns value heads `g*r ... g*r + r - 1`, so the contiguous
+    `in_proj_qkv = [q_0..q_K-1 | k_0.. | v_0..]` takes q_g, then k_g, then v_g of every
+    group; a tensor-parallel rank's key heads are whole groups and its rows of the result
+    (`gdn_rank_shards`) map back to its groups' rows only."""
+    r = num_v_heads // num_k_heads
+    groups = range(num_k_heads)
+    if leaf == "qkvz":
+        g_rows = 2 * head_k_dim + 2 * r * head_v_dim
+        q = tuple((g * g_rows, head_k_dim) for g in groups)
+        k = tuple((g * g_rows + head_k_dim, head_k_dim) for g in groups)
+        v = tuple((g * g_rows + 2 * head_k_dim, r * head_v_dim) for g in groups)
+        z = tuple((g * g_rows + 2 * head_k_dim + r * head_v_dim, r * head_v_dim) for g in groups)
+        return {"in_proj_qkv": q + k + v, "in_proj_z": z}
+    return {
+        "in_proj_b": tuple((g * 2 * r, r) for g in groups),
+        "in_proj_a": tuple((g * 2 * r + r, r) for g in groups),
+    }
+
+
 def convert_qwen3_next_gdn_weights(
-    weights: Mapping[str, torch.Tensor],
+    weights: Mapping[str, Any],
     *,
     num_k_heads: int,
     num_v_heads: int,
     head_k_dim: int,
     head_v_dim: int,
-) -> dict[str, torch.Tensor]:
+) -> dict[str, Any]:
     """Rewrite Qwen3-Next `*in_proj_qkvz.weight` / `*in_proj_ba.weight` (rows grouped per key
-    head: [q_h, k_h, v_h.., z_h..] and [b_h.., a_h..]) into Qwen3.5's contiguous
-    `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`. Other entries pass through."""
-    ratio = num_v_heads // num_k_heads
-    out: dict[str, torch.Tensor] = {}
+    head, `qwen3_next_gdn_row_ranges`) into Qwen3.5's contiguous `in_proj_qkv`, `in_proj_z`,
+    `in_proj_b`, `in_proj_a`. Other entries pass through.
+
+    A loaded tensor is regrouped at once; a lazy one (`LazyTensor`, a tensor-parallel load)
+    becomes a `RowGather` view, so the loader's shard of it reads only this rank's groups."""
+    out: dict[str, Any] = {}
     for name, tensor in weights.items():
         prefix, _, leaf = name.rpartition("in_proj_")
-        if leaf not in ("qkvz.weight", "ba.weight") or (prefix and not prefix.endswith(".")):
+        grouped = prefix == "" or prefix.endswith(".")
+        if grouped and leaf in ("qkvz.weight_scale_inv", "ba.weight_scale_inv"):
+            raise ValueError(
+                f"{name}: block-FP8 Qwen3-Next checkpoints (grouped in_proj_qkvz / in_proj_ba "
+                "scales) are not supported yet"
+            )
+        if leaf not in ("qkvz.weight", "ba.weight") or not grouped:
             out[name] = tensor
             continue
-        if leaf == "qkvz.weight":
-            sizes = [head_k_dim, head_k_dim, ratio * head_v_dim, ratio * head_v_dim]
-        else:
-            sizes = [ratio, ratio]
-        if tensor.dim() != 2 or tensor.shape[0] != num_k_heads * sum(sizes):
+        kind = leaf.split(".")[0]
+        ranges = qwen3_next_gdn_row_ranges(kind, num_k_heads, num_v_heads, head_k_dim, head_v_dim)
+        rows = sum(n for parts in ranges.values() for _, n in parts)
+        if len(tensor.shape) != 2 or tensor.shape[0] != rows:
             raise ValueError(
-                f"{name} has shape {tuple(tensor.shape)}; expected {num_k_heads * sum(sizes)} "
-                f"rows for {num_k_heads} key heads"
+                f"{name} has shape {tuple(tensor.shape)}; expected {rows} rows for "
+                f"{num_k_heads} key heads"
             )
-        grouped = tensor.reshape(num_k_heads, sum(sizes), tensor.shape[1])
-        parts = [p.reshape(-1, tensor.shape[1]) for p in grouped.split(sizes, dim=1)]
-        if leaf == "qkvz.weight":
-            out[prefix + "in_proj_qkv.weight"] = torch.cat(parts[:3])
-            out[prefix + "in_proj_z.weight"] = parts[3]
-        else:
-            out[prefix + "in_proj_b.weight"], out[prefix + "in_proj_a.weight"] = parts
+        for target, parts in ranges.items():
+            view = RowGather(tensor, parts)
+            out[f"{prefix}{target}.weight"] = view.materialize() if isinstance(
+                tensor, torch.Tensor
+            ) else view
     return out
 
 

@@ -13,7 +13,6 @@ from tensorrt_llm._torch.checkpoint_slices import LazyTensor, lazy_safetensors_c
 from tensorrt_llm._torch.config_utils import load_pretrained_config
 from tensorrt_llm._torch.distributed import TensorShard, kv_head_shard, vocab_shard
 from tensorrt_llm._torch.models.modeling_auto import get_model_class
-from tensorrt_llm._torch.models.modeling_qwen3_next import Qwen3_5TextForCausalLM
 from tensorrt_llm._torch.models.modeling_utils import ModelConfig
 from tensorrt_llm._torch.weight_loading import load_model
 from tensorrt_llm.mapping import Mapping
@@ -133,16 +132,6 @@ def test_qwen3_5_rank_holds_its_deltanet_slices(rank: int, tmp_path: Path) -> No
     attn = lm.model.layers[attn_idx].self_attn
     q_gate = _rows(full[f"model.language_model.layers.{attn_idx}.self_attn.q_proj.weight"], rank, 2)
     same(attn.qkv_proj.weight[: q_gate.shape[0]], q_gate)
-
-
-def test_qwen3_next_refuses_tp(tmp_path: Path) -> None:
-    config = load_pretrained_config(write_tiny_checkpoint("qwen3_5", tmp_path / "q35"))
-    text = config.text_config
-    text.model_type = "qwen3_next"  # grouped in_proj_qkvz: rewritten whole, not sliced
-    mapping = Mapping(world_size=2, rank=0, tp_size=2)
-    with pytest.raises(ValueError, match="Qwen3-Next checkpoints do not support"):
-        with torch.device("meta"):
-            Qwen3_5TextForCausalLM(text, mapping=mapping)
 
 
 def test_multi_range_shard_and_uneven_deltanet_heads(tmp_path: Path) -> None:
