@@ -51,6 +51,7 @@ from .gated_delta_net_snapshot import split_prefill_rule, varlen_rule, write_con
 from .gated_delta_net_weights import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
     convert_qwen3_next_gdn_weights,
+    fuse_in_projections_,
     gdn_projections,
     gdn_rank_shards,
 )
@@ -145,9 +146,9 @@ class GatedDeltaNet(nn.Module):
         self.inplace_decode = os.environ.get(INPLACE_DECODE_ENV, "1") != "0"
         # "auto": the Triton kernels on CUDA; tests set "triton" (CPU under TRITON_INTERPRET=1).
         self.kernel_backend = "auto" if os.environ.get(FUSED_KERNELS_ENV, "1") != "0" else "torch"
-        # in_proj_qkvz and in_proj_ba as one GEMM (`_in_proj_weight`): decided at the first call.
-        self._in_proj_fused: torch.Tensor | None = None
-        self._in_proj_decided = False
+        # `[in_proj_qkvz; in_proj_ba]` as one weight (both parameters views of it), set by the
+        # post-load step `fuse_in_projections_`; None runs the two GEMMs.
+        self.in_proj_fused: torch.Tensor | None = None
 
     @classmethod
     def from_config(
@@ -226,7 +227,8 @@ class GatedDeltaNet(nn.Module):
             return hidden_states.new_empty(0, self.hidden_size)
         fused = use_triton("gated_delta_net", hidden_states.device, self.kernel_backend)
         num_ctx, num_ctx_tokens = metadata.num_contexts, metadata.num_context_tokens
-        fused_w = self._in_proj_weight() if self.kernel_backend != "torch" else None
+        # Prepared once after loading (`fuse_in_projections_`); read, never decided, here.
+        fused_w = self.in_proj_fused
         if fused_w is not None:
             sizes = [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads]
             mixed_qkv, z, b, a = F.linear(hidden_states, fused_w).split(sizes, -1)
@@ -251,46 +253,10 @@ class GatedDeltaNet(nn.Module):
         gate = z.reshape(-1, self.num_v_heads, self.head_v_dim)
         return self.out_proj(self.norm(core, gate, "triton" if fused else "torch"))
 
-    def _in_proj_weight(self) -> torch.Tensor | None:
-        """`[in_proj_qkvz; in_proj_ba]` as one weight, so a decode step runs one GEMM instead
-        of two (plus the small one's split-K reduce): ~6 us per layer at batch 1 on the H200.
-
-        Only for plain 16-bit weights (block-FP8 releases keep in_proj_a/b in 16 bits while
-        qkv/z are FP8, so those stay two GEMMs). At the first call the two weights move into
-        one tensor and both parameters become views of it (no extra memory; later loads write
-        through the views). Decided once, and never during a CUDA-graph capture or a
-        torch.compile trace, whose recordings would keep the old weight addresses.
-        """
-        qkvz, ba = self.in_proj_qkvz.weight, self.in_proj_ba.weight
-        fused = self._in_proj_fused
-        if fused is not None:
-            split = fused.data_ptr() + qkvz.numel() * fused.element_size()
-            if qkvz.data_ptr() == fused.data_ptr() and ba.data_ptr() == split:
-                return fused
-            self._in_proj_fused = None  # the weights were replaced since (quantized, moved)
-            return None
-        if self._in_proj_decided:
-            return None
-        self._in_proj_decided = True
-        capturing = qkvz.is_cuda and torch.cuda.is_current_stream_capturing()
-        plain = all(
-            lin.fp8_block is None and lin.bias is None and not lin.reduce_output
-            for lin in (self.in_proj_qkvz, self.in_proj_ba)
-        )
-        if (
-            capturing
-            or torch.compiler.is_compiling()
-            or not plain
-            or qkvz.dtype not in (torch.bfloat16, torch.float16, torch.float32)
-            or ba.dtype != qkvz.dtype
-            or ba.device != qkvz.device
-            or qkvz.is_meta
-        ):
-            return None
-        fused = torch.cat([qkvz.detach(), ba.detach()])
-        qkvz.data, ba.data = fused[: qkvz.shape[0]], fused[qkvz.shape[0] :]
-        self._in_proj_fused = fused
-        return fused
+    def fuse_in_projections_(self) -> bool:
+        """The post-load step that joins in_proj_qkvz and in_proj_ba into one GEMM
+        (`fuse_in_projections_` of gated_delta_net_weights.py); whether they are joined."""
+        return fuse_in_projections_(self)
 
     def _prefill_conv(
         self, x: torch.Tensor, conv: StateRows, metadata: GatedDeltaNetMetadata, fused: bool

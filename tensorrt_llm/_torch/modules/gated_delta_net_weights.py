@@ -6,14 +6,15 @@ rewritten layout, read from the grouped tensor through `RowGather`).
 NOTE: `in_proj_ba` stays its own `Linear` rather than joining `in_proj_qkvz` at load time:
 block-FP8 releases keep `in_proj_a` / `in_proj_b` in 16 bits (`quantization.py`'s defaults)
 while qkv/z are FP8, and one `Linear` is either all block-FP8 or all 16-bit. With 16-bit weights
-the layer joins the two after loading (`GatedDeltaNet._in_proj_weight`), one GEMM per step.
+the layer joins the two once after loading (`fuse_in_projections_`, run by the engine's
+`build_model` over every layer: `fuse_gdn_in_projections_`), one GEMM per step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +23,11 @@ from ..checkpoint_slices import RowGather
 from ..distributed import MultiRangeShard, TensorShard, column_shard
 from .linear import Linear
 from .tensor_parallel import TensorParallelMode
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from .gated_delta_net import GatedDeltaNet
 
 # our fused projection -> the Qwen3.5 HF projections stacked along the output dim, in order
 GATED_DELTA_NET_FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
@@ -178,3 +184,59 @@ def gdn_projections(
         full_value, hidden_size, dtype=dtype, mapping=mapping, tensor_parallel_mode=row
     )
     return in_proj_qkvz, in_proj_ba, out_proj
+
+
+def fuse_in_projections_(gdn: GatedDeltaNet) -> bool:
+    """Join a layer's `[in_proj_qkvz; in_proj_ba]` into one weight, so a step runs one GEMM
+    instead of two (plus the small one's split-K reduce): ~6 us per layer at batch 1 on the
+    H200. Sets `gdn.in_proj_fused`; returns whether the two are joined.
+
+    Only for plain 16-bit weights on the Triton-capable path (`kernel_backend` not "torch"):
+    block-FP8 releases keep in_proj_a/b in 16 bits while qkv/z are FP8, so those stay two
+    GEMMs. The two weights move into one tensor and both parameters become views of it (no
+    extra memory; later loads write through the views).
+
+    NOTE: a post-load step, run once after the weights are loaded and any quantization is
+    applied, before any CUDA-graph capture or torch.compile trace (whose recordings keep
+    weight addresses); the forward only reads `in_proj_fused`. Whoever replaces the weights
+    afterwards (quantizes, moves them) runs it again: it re-checks and re-joins or drops."""
+    if torch.compiler.is_compiling() or (
+        gdn.in_proj_qkvz.weight.is_cuda and torch.cuda.is_current_stream_capturing()
+    ):
+        raise RuntimeError(
+            "fuse_in_projections_ is a post-load step: it moves the weights, which a CUDA-graph "
+            "capture or a torch.compile trace would keep the old addresses of"
+        )
+    qkvz, ba = gdn.in_proj_qkvz.weight, gdn.in_proj_ba.weight
+    current = gdn.in_proj_fused
+    if current is not None:
+        split = current.data_ptr() + qkvz.numel() * current.element_size()
+        if qkvz.data_ptr() == current.data_ptr() and ba.data_ptr() == split:
+            return True  # joined already: both are still views of it
+    gdn.in_proj_fused = None
+    plain = all(
+        lin.fp8_block is None and lin.bias is None and not lin.reduce_output
+        for lin in (gdn.in_proj_qkvz, gdn.in_proj_ba)
+    )
+    if (
+        gdn.kernel_backend == "torch"
+        or not plain
+        or qkvz.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+        or ba.dtype != qkvz.dtype
+        or ba.device != qkvz.device
+        or qkvz.is_meta
+    ):
+        return False
+    with torch.no_grad():
+        fused = torch.cat([qkvz.detach(), ba.detach()])
+    qkvz.data, ba.data = fused[: qkvz.shape[0]], fused[qkvz.shape[0] :]
+    gdn.in_proj_fused = fused
+    return True
+
+
+def fuse_gdn_in_projections_(model: nn.Module) -> int:
+    """`fuse_in_projections_` on every Gated DeltaNet layer of `model`; how many joined."""
+    from .gated_delta_net import GatedDeltaNet  # the layer module imports this one
+
+    layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
+    return sum(fuse_in_projections_(m) for m in layers)

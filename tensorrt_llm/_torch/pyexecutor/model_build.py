@@ -18,6 +18,7 @@ from ..modules.fp8_block_model import (
     quantize_moe_experts_fp8_block_,
 )
 from ..modules.fused_moe import fuse_shared_experts_
+from ..modules.gated_delta_net_weights import fuse_gdn_in_projections_
 from ..weight_loading import build_model_on_meta, load_model
 from .capacity import (
     BatchSizing,
@@ -96,6 +97,9 @@ def build_model(
     # After the experts' final precision: random weights, or experts converted to FP8 after
     # loading, fuse only now (a checkpoint's load_weights fused already where it could).
     fuse_shared_experts_(model)
+    # Last, with every weight final (loaded, quantized): each DeltaNet layer's two input
+    # projections become one GEMM; the forward only reads the joined weight.
+    fuse_gdn_in_projections_(model)
     return model.eval()
 
 

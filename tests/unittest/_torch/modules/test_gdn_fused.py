@@ -308,12 +308,13 @@ def test_gpu_gated_rms_norm_bf16_rounds_like_torch() -> None:
 
 @torch.no_grad()
 def test_in_projections_become_one_gemm_and_loads_write_through() -> None:
-    """After the first call both projections are views of one weight; a later weight load
-    writes through them, and replaced weights fall back to two GEMMs."""
+    """After the post-load step both projections are views of one weight; a later weight
+    load writes through them, and replaced weights are re-joined when the step runs again."""
     ref = _layer(seed=2)
     ref.kernel_backend = "torch"
     ours = copy.deepcopy(ref)
     ours.kernel_backend = "auto"  # the plain layer on the CPU: torch kernels, one GEMM
+    assert ours.fuse_in_projections_()
     meta = _meta(decodes=2)
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(2, 32, generator=gen)
@@ -323,14 +324,16 @@ def test_in_projections_become_one_gemm_and_loads_write_through() -> None:
         return layer(x, conv, ssm, meta)
 
     torch.testing.assert_close(run(ours), run(ref), **TIGHT)
-    fused = ours._in_proj_fused
+    fused = ours.in_proj_fused
     assert fused is not None and ours.in_proj_ba.weight.data_ptr() > fused.data_ptr()
     assert ours.in_proj_qkvz.weight.data_ptr() == fused.data_ptr()
+    assert ours.fuse_in_projections_() and ours.in_proj_fused is fused  # idempotent
     new_ba = torch.randn(8, 32, generator=gen)
     for layer in (ref, ours):  # a load after fusion (a weight update) lands in the fused GEMM
         layer.in_proj_ba.weight.copy_(new_ba)
     torch.testing.assert_close(run(ours), run(ref), **TIGHT)
     ours.in_proj_qkvz.weight.data = ours.in_proj_qkvz.weight.data.clone()
+    assert ours.fuse_in_projections_() and ours.in_proj_fused is not fused  # re-joined
     torch.testing.assert_close(run(ours), run(ref), **TIGHT)
-    assert ours._in_proj_fused is None
-    assert copy.deepcopy(ref)._in_proj_fused is None  # the torch path never fuses
+    assert not ref.fuse_in_projections_() and ref.in_proj_fused is None  # torch path: two
+    assert copy.deepcopy(ref).in_proj_fused is None
