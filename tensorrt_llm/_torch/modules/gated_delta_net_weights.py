@@ -99,9 +99,9 @@ def convert_qwen3_next_gdn_weights(
             )
         for target, parts in ranges.items():
             view = RowGather(tensor, parts)
-            out[f"{prefix}{target}.weight"] = view.materialize() if isinstance(
-                tensor, torch.Tensor
-            ) else view
+            out[f"{prefix}{target}.weight"] = (
+                view.materialize() if isinstance(tensor, torch.Tensor) else view
+            )
     return out
 
 

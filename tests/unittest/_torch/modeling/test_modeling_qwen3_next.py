@@ -34,13 +34,13 @@ def test_schedule_logits_match_hf(tmp_path: Path) -> None:
     )
     hf = transformers.Qwen3NextForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(3)
-    sequences = [torch.randint(0, config.vocab_size, (n + NUM_DECODE + 1,), generator=gen) for n in PROMPTS]
+    sequences = [
+        torch.randint(0, config.vocab_size, (n + NUM_DECODE + 1,), generator=gen) for n in PROMPTS
+    ]
     with torch.no_grad():
         reference = [hf(input_ids=s[None]).logits[0] for s in sequences]
     attn = next(layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn"))
-    manager = FakeKVCacheManager(
-        config.num_hidden_layers, 32, 4, attn.num_kv_heads, attn.head_dim
-    )
+    manager = FakeKVCacheManager(config.num_hidden_layers, 32, 4, attn.num_kv_heads, attn.head_dim)
     schedule = chunked_schedule(PROMPTS, chunked=2, num_decode=NUM_DECODE)
     assert_schedule_parity(model, manager, sequences, schedule, reference, atol=2e-4)
 
