@@ -57,6 +57,7 @@ def _decode_us(layer: GatedDeltaNet, batch: int, fused: bool, iters: int) -> flo
     x = torch.randn(batch, layer.hidden_size, device=device).bfloat16()
     meta = GatedDeltaNetMetadata(num_decodes=batch)
     layer.kernel_backend = "auto" if fused else "torch"
+    layer.fuse_in_projections_()  # the engine's post-load step (joins only for "auto")
 
     def new() -> None:
         layer(x, conv_pool, ssm_pool, meta, ssm_slots=slots, conv_slots=slots)

@@ -26,6 +26,8 @@ via `GATED_DELTA_NET_FUSED_PROJECTIONS`; Qwen3-Next checkpoints (`in_proj_qkvz`,
 grouped per key head) are first rewritten by `convert_qwen3_next_gdn_weights`. With a
 tensor-parallel `mapping` a layer holds K/tp key heads with their value heads; every size,
 state shape and weight above is then the rank's (`gdn_rank_shards`).
+After loading, the post-load step `fuse_in_projections_` may join the two input projections
+into one weight (`in_proj_fused`); the forward only reads it (None: two GEMMs).
 
 Kernels (CUDA, unless `TRTLLM_GDN_FUSED=0`): a decode step runs three Triton kernels between the
 in_proj and out_proj GEMMs (the conv update of the pool rows, the recurrence with the gates and

@@ -208,12 +208,7 @@ def fuse_in_projections_(gdn: GatedDeltaNet) -> bool:
             "capture or a torch.compile trace would keep the old addresses of"
         )
     qkvz, ba = gdn.in_proj_qkvz.weight, gdn.in_proj_ba.weight
-    current = gdn.in_proj_fused
-    if current is not None:
-        split = current.data_ptr() + qkvz.numel() * current.element_size()
-        if qkvz.data_ptr() == current.data_ptr() and ba.data_ptr() == split:
-            return True  # joined already: both are still views of it
-    gdn.in_proj_fused = None
+    current, gdn.in_proj_fused = gdn.in_proj_fused, None
     plain = all(
         lin.fp8_block is None and lin.bias is None and not lin.reduce_output
         for lin in (gdn.in_proj_qkvz, gdn.in_proj_ba)
@@ -226,7 +221,12 @@ def fuse_in_projections_(gdn: GatedDeltaNet) -> bool:
         or ba.device != qkvz.device
         or qkvz.is_meta
     ):
-        return False
+        return False  # (a join left from before stays as views: same values, same memory)
+    if current is not None:
+        split = current.data_ptr() + qkvz.numel() * current.element_size()
+        if qkvz.data_ptr() == current.data_ptr() and ba.data_ptr() == split:
+            gdn.in_proj_fused = current  # joined already: both are still views of it
+            return True
     with torch.no_grad():
         fused = torch.cat([qkvz.detach(), ba.detach()])
     qkvz.data, ba.data = fused[: qkvz.shape[0]], fused[qkvz.shape[0] :]

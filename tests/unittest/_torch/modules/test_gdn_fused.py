@@ -336,4 +336,7 @@ def test_in_projections_become_one_gemm_and_loads_write_through() -> None:
     assert ours.fuse_in_projections_() and ours.in_proj_fused is not fused  # re-joined
     torch.testing.assert_close(run(ours), run(ref), **TIGHT)
     assert not ref.fuse_in_projections_() and ref.in_proj_fused is None  # torch path: two
+    ours.kernel_backend = "torch"  # switched after the join: the step drops it again
+    assert not ours.fuse_in_projections_() and ours.in_proj_fused is None
+    torch.testing.assert_close(run(ours), run(ref), **TIGHT)
     assert copy.deepcopy(ref).in_proj_fused is None
