@@ -57,3 +57,17 @@ def test_dense_layer_settings_are_refused(override: dict, match: str) -> None:
     config = transformers.Qwen3NextConfig(num_hidden_layers=4, **override)
     with pytest.raises(ValueError, match=match):
         check_qwen3_next_config(config)
+
+
+def test_block_fp8_grouped_scales_are_refused() -> None:
+    """Block-FP8 Qwen3-Next scales cover blocks of the grouped rows, which the regroup does
+    not move: a clear error instead of an "unexpected weights" one."""
+    from tensorrt_llm._torch.modules.gated_delta_net_weights import (
+        convert_qwen3_next_gdn_weights,
+    )
+
+    weights = {"model.layers.0.linear_attn.in_proj_qkvz.weight_scale_inv": torch.ones(2, 1)}
+    with pytest.raises(ValueError, match="block-FP8 Qwen3-Next"):
+        convert_qwen3_next_gdn_weights(
+            weights, num_k_heads=4, num_v_heads=8, head_k_dim=16, head_v_dim=8
+        )
