@@ -71,6 +71,7 @@ __all__ = [
     "GatedDeltaNetMetadata",
     "RMSNormGated",
     "convert_qwen3_next_gdn_weights",
+    "fuse_gdn_in_projections_",
 ]
 
 # Decode steps update the SSM pool in place with our Triton kernel (gdn_decode.py) unless this
@@ -376,3 +377,10 @@ class GatedDeltaNet(nn.Module):
             head_v_dim=self.head_v_dim,
         )
         load_hf_weights(self, converted, fused=GATED_DELTA_NET_FUSED_PROJECTIONS)
+
+
+def fuse_gdn_in_projections_(model: nn.Module) -> int:
+    """`fuse_in_projections_` on every Gated DeltaNet layer of `model` (the engine's post-load
+    step, `model_build.build_model`); how many joined."""
+    layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
+    return sum(fuse_in_projections_(m) for m in layers)

@@ -7,7 +7,7 @@ NOTE: `in_proj_ba` stays its own `Linear` rather than joining `in_proj_qkvz` at 
 block-FP8 releases keep `in_proj_a` / `in_proj_b` in 16 bits (`quantization.py`'s defaults)
 while qkv/z are FP8, and one `Linear` is either all block-FP8 or all 16-bit. With 16-bit weights
 the layer joins the two once after loading (`fuse_in_projections_`, run by the engine's
-`build_model` over every layer: `fuse_gdn_in_projections_`), one GEMM per step.
+`build_model` over every layer: `gated_delta_net.fuse_gdn_in_projections_`), one GEMM per step.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from .linear import Linear
 from .tensor_parallel import TensorParallelMode
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from .gated_delta_net import GatedDeltaNet
 
 # our fused projection -> the Qwen3.5 HF projections stacked along the output dim, in order
@@ -232,11 +230,3 @@ def fuse_in_projections_(gdn: GatedDeltaNet) -> bool:
     qkvz.data, ba.data = fused[: qkvz.shape[0]], fused[qkvz.shape[0] :]
     gdn.in_proj_fused = fused
     return True
-
-
-def fuse_gdn_in_projections_(model: nn.Module) -> int:
-    """`fuse_in_projections_` on every Gated DeltaNet layer of `model`; how many joined."""
-    from .gated_delta_net import GatedDeltaNet  # the layer module imports this one
-
-    layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
-    return sum(fuse_in_projections_(m) for m in layers)

@@ -18,7 +18,7 @@ from ..modules.fp8_block_model import (
     quantize_moe_experts_fp8_block_,
 )
 from ..modules.fused_moe import fuse_shared_experts_
-from ..modules.gated_delta_net_weights import fuse_gdn_in_projections_
+from ..modules.gated_delta_net import fuse_gdn_in_projections_
 from ..weight_loading import build_model_on_meta, load_model
 from .capacity import (
     BatchSizing,
