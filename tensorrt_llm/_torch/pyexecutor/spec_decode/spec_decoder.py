@@ -147,10 +147,6 @@ class SpecDecoder:
         ]
         cb = build_chunk_batch(engine.batch_builder, ctx, rows)
         batch = cb.batch
-        if self.link is not None:  # the LM head's rows: each sampled row, each checking row
-            num_rows = sum(c[2] for c in chunks) + len(verify) + sum(len(v.drafts) for v in verify)
-            self.link.send_target(batch, save, num_rows)
-        hidden = engine.model.forward_hidden(batch)
         for v, off in zip(verify, cb.offsets[len(ctx) :], strict=True):
             v.offset = off
         sampled = [r for r, (_, _, last) in zip(ctx, chunks, strict=True) if last]
@@ -158,6 +154,9 @@ class SpecDecoder:
             v.offset + len(v.drafts) for v in verify
         ]
         sampled += [v.request for v in verify]
+        if self.link is not None:  # a worker's LM head gives its vocab columns of these rows
+            self.link.send_target(batch, save, last_rows + _check_rows(verify))
+        hidden = engine.model.forward_hidden(batch)
         step, packed = self._sample(executor, batch, hidden, sampled, last_rows, verify)
         if before_sync is not None:
             before_sync()
@@ -184,7 +183,7 @@ class SpecDecoder:
         what the draft-checking rows say (`_checks`, on the device)."""
         model = self.engine.model
         dev = hidden.device
-        check_rows = [v.offset + j for v in verify for j in range(len(v.drafts))]
+        check_rows = _check_rows(verify)
         plan = batch.prompt_logprobs
         prompt = None
         if plan is not None:
@@ -357,6 +356,11 @@ class SpecDecoder:
             self.link.send_replay(batch, slots)
         self.engine.model.forward_hidden(batch)
         self.stats.num_replays += len(replay)
+
+
+def _check_rows(verify: list[_Verify]) -> list[int]:
+    """The hidden-state rows whose logits check the drafts, in verify order."""
+    return [v.offset + j for v in verify for j in range(len(v.drafts))]
 
 
 def _refuse_prompt_logprobs(ctx: list[LlmRequest]) -> None:

@@ -11,12 +11,12 @@ A speculative step on rank 0 runs, besides its host work (sampling, acceptance):
 
 Each part goes to the workers as a `SpecCommand` (the step channel's `send_spec`) and, for the
 forwards, the part's batch as an ordinary step message (`send_step`): the target's (1) with
-the slots to save and the LM head's row count; the draft plan (2: rows, KV positions, block
+the slots to save and the rows the LM head runs over; the draft plan (2: rows, KV positions, block
 tables, next tokens), then the greedy tokens of every pass, broadcast from rank 0 (`share`),
 which the workers feed to their next pass instead of their own argmax, so the ranks never
 diverge; the replay's (3) with the slots to restore. Everything on the wire is token ids,
-positions and table rows: small, never model-size. The LM head's logits of a worker are
-dropped (rank 0 samples); its rows only have to be as many as rank 0's (the all-gather).
+positions and table rows: small, never model-size. A worker's LM head runs over rank 0's
+rows (the all-gather hands rank 0 its vocab columns of them); its own logits are dropped.
 
 NOTE: the parts are self-contained: a step that fails on rank 0 between two of them (a
 sampling error) leaves the worker between commands, in step with rank 0's next one.
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ..model_engine import PyTorchModelEngine
     from ..tp_step_channel import StepChannel
 
-SPEC_TARGET = 1  # [slots to save, LM-head rows] + slots; then the target batch
+SPEC_TARGET = 1  # [slots to save] + slots, LM-head rows; then the target batch
 SPEC_DRAFT = 2  # [rows, block-table width] + DraftPlan.pack(); then one share per pass
 SPEC_REPLAY = 3  # [slots to restore] + slots; then the replay batch
 
@@ -56,8 +56,9 @@ class SpecLink:
     def __init__(self, channel: StepChannel) -> None:
         self.channel = channel
 
-    def send_target(self, batch: InputBatch, save_slots: list[int], num_logit_rows: int) -> None:
-        self.channel.send_spec([SPEC_TARGET, len(save_slots), num_logit_rows], _ints(save_slots))
+    def send_target(self, batch: InputBatch, save_slots: list[int], logit_rows: list[int]) -> None:
+        payload = _ints(save_slots + logit_rows)
+        self.channel.send_spec([SPEC_TARGET, len(save_slots)], payload)
         self.channel.send_step(batch)
 
     def send_draft(self, plan: DraftPlan) -> None:
@@ -93,7 +94,7 @@ class SpecWorker:
         phase, *sizes = command.values
         payload = command.payload
         if phase == SPEC_TARGET:
-            self._target(payload.tolist(), sizes[1])
+            self._target(payload[: sizes[0]].tolist(), payload[sizes[0] :])
         elif phase == SPEC_DRAFT:
             self._draft(DraftPlan.unpack(payload, sizes[0], sizes[1]))
         elif phase == SPEC_REPLAY:
@@ -114,14 +115,14 @@ class SpecWorker:
             raise RuntimeError("rank 0 sent a speculative step before any KV cache")
         return replace(batch, attn_metadata=replace(batch.attn_metadata, kv_cache_manager=kv))
 
-    def _target(self, save_slots: list[int], num_logit_rows: int) -> None:
+    def _target(self, save_slots: list[int], logit_rows: torch.Tensor) -> None:
         batch = self._next_batch()
         model = self.engine.model
         self.snapshot = self.rollback.save(save_slots)
         hidden = model.forward_hidden(batch)
-        # Only the row count matters here: the all-gather's shape must be rank 0's.
-        rows = torch.zeros(num_logit_rows, dtype=torch.int64, device=hidden.device)
-        model.lm_logits(hidden.index_select(0, rows))
+        # NOTE: the same rows as rank 0's: the all-gather hands rank 0 this rank's vocab
+        # columns of them (its own logits are dropped).
+        model.lm_logits(hidden.index_select(0, logit_rows.to(hidden.device)))
         self.hidden, self.position_ids = hidden, batch.position_ids
 
     def _draft(self, plan: DraftPlan) -> None:
