@@ -11,7 +11,6 @@ from typing import Any
 from tensorrt_llm._torch.pyexecutor.engine_config import EngineConfig
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor_creator import create_py_executor
-from tensorrt_llm._torch.pyexecutor.spec_decode import tp_spec
 from tensorrt_llm._torch.pyexecutor.tp_worker import run_tp_worker
 from tensorrt_llm.inputs.multimodal import MultimodalParams
 from tensorrt_llm.inputs.registry import create_input_processor
@@ -91,6 +90,7 @@ def partly_correct(reference: list[list[int]]) -> Override:
 
 def _skip_worker_restore() -> None:
     """The control: a worker that replays without restoring its saved recurrent rows."""
+    from tensorrt_llm._torch.pyexecutor.spec_decode import tp_spec
 
     def replay(self: tp_spec.SpecWorker, restore_slots: list[int]) -> None:
         batch = self._next_batch()
