@@ -101,7 +101,16 @@ def test_hybrid_mtp_tp2_greedy_equals_tp1(tmp_path: Path) -> None:
     mtp = {"decoding_type": "MTP", "num_nextn_predict_layers": 2}
     with LLM(str(hybrid), tensor_parallel_size=2, speculative_config=mtp, **KWARGS) as llm:
         outputs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        # Not built yet: such a request fails alone, before its step runs on any rank ...
+        asking = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1)
+        failed = llm.generate(PROMPTS[0], asking)
+        # ... and the ranks stay in step.
+        again = llm.generate(PROMPTS[1], GREEDY).outputs[0].token_ids
     assert outputs == reference
+    assert "prompt_logprobs with speculative_config and tensor_parallel_size" in (
+        failed.error or ""
+    )
+    assert again == reference[1]
 
 
 def test_unsupported_setting_is_refused_before_ranks_start(ckpt: Path) -> None:
