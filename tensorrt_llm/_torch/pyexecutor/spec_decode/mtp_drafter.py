@@ -92,9 +92,20 @@ class DraftPlan:
         """`pack`'s tensor (on the host) back into a plan of `num_rows` rows."""
         a = flat.numpy().astype(np.int64)
         head = _PLAN_FIELDS * num_rows
-        rows = a[:head].reshape(_PLAN_FIELDS, num_rows)
+        offsets, lens, starts, num_drafts, seq_slots, num_blocks = a[:head].reshape(
+            _PLAN_FIELDS, num_rows
+        )
         table = a[head : head + num_rows * width].reshape(num_rows, width)
-        return cls(*rows, block_table=table, next_ids=a[head + num_rows * width :])
+        return cls(
+            offsets,
+            lens,
+            starts,
+            num_drafts,
+            seq_slots,
+            num_blocks,
+            block_table=table,
+            next_ids=a[head + num_rows * width :],
+        )
 
 
 def _spans(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:

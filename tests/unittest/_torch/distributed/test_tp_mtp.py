@@ -8,6 +8,7 @@ every rank (the workers' rollback is load-bearing: a control without it changes 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -53,7 +54,7 @@ def test_rank_loads_its_slices_of_the_mtp_head(
         "cpu",
         prepare=lambda m: prepare_mtp(m, "vanilla"),
     )
-    mtp = text_lm(model).mtp
+    mtp: Any = text_lm(model).mtp
     layer = mtp.layers[0]
     pre = "mtp.layers.0."
 
