@@ -7,9 +7,11 @@ every rank (the workers' rollback is load-bearing: a control without it changes 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -20,6 +22,7 @@ from tensorrt_llm._torch.config_utils import load_pretrained_config
 from tensorrt_llm._torch.distributed import kv_head_shard
 from tensorrt_llm._torch.models.modeling_auto import get_model_class
 from tensorrt_llm._torch.models.modeling_utils import ModelConfig
+from tensorrt_llm._torch.pyexecutor.spec_decode.mtp_drafter import DraftPlan
 from tensorrt_llm._torch.pyexecutor.spec_decode.setup import prepare_mtp, text_lm
 from tensorrt_llm._torch.weight_loading import load_model
 from tensorrt_llm.mapping import Mapping
@@ -118,3 +121,41 @@ def test_tp2_without_the_workers_rollback_the_output_changes(ckpts: dict[str, Pa
     rank0, _ = spawn_ranks(mtp_tp_runs, WORLD, str(ckpts["qwen3_5"]), True, timeout_s=600)
     partly_out, _ = rank0["partly"]
     assert partly_out != rank0["reference"]
+
+
+def test_draft_plan_travels_whole() -> None:
+    """What a worker's passes read is rank 0's plan, field for field."""
+    table = np.array([[3, 7, -1], [5, 2, 9]], dtype=np.int64)
+    plan = DraftPlan(
+        offsets=np.array([0, 4]),
+        lens=np.array([4, 2]),
+        starts=np.array([12, 30]),
+        num_drafts=np.array([0, 3]),
+        seq_slots=np.array([1, 0]),
+        num_blocks=np.array([2, 3]),
+        block_table=table,
+        next_ids=np.arange(100, 106),
+    )
+    got = DraftPlan.unpack(plan.pack(), plan.num_rows, table.shape[1])
+    for field in dataclasses.fields(DraftPlan):
+        assert np.array_equal(getattr(got, field.name), getattr(plan, field.name)), field.name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_tp2_nccl_mtp_greedy_equals_tp1(ckpts: dict[str, Path]) -> None:
+    """NCCL: the draft tokens of each pass are broadcast as device tensors (no host copy)."""
+    from tensorrt_llm import LLM, SamplingParams
+
+    kwargs = dict(device="cuda", dtype="float32", cuda_graph_config=None, max_batch_size=2)
+    kwargs.update(max_num_tokens=16)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = ["hello there", "a longer prompt " * 6, "short"]
+    mtp = {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
+    for family in FAMILIES:
+        ckpt = str(ckpts[family])
+        with LLM(ckpt, **kwargs) as llm:
+            reference = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+        with LLM(ckpt, tensor_parallel_size=2, speculative_config=mtp, **kwargs) as llm:
+            outputs = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+        assert outputs == reference, family
