@@ -9,17 +9,19 @@ A speculative step on rank 0 runs, besides its host work (sampling, acceptance):
    per drafting request, each with an embedding lookup, the head's layer and the LM head;
 3. for requests that rejected a draft: their saved rows back, then a replay forward.
 
-Each part goes to the workers as a `SpecCommand` (the step channel's `send_spec`) and, for the
-forwards, the part's batch as an ordinary step message (`send_step`): the target's (1) with
-the slots to save and the rows the LM head runs over; the draft plan (2: rows, KV positions, block
-tables, next tokens), then the greedy tokens of every pass, broadcast from rank 0 (`share`),
-which the workers feed to their next pass instead of their own argmax, so the ranks never
-diverge; the replay's (3) with the slots to restore. Everything on the wire is token ids,
-positions and table rows: small, never model-size. A worker's LM head runs over rank 0's
-rows (the all-gather hands rank 0 its vocab columns of them); its own logits are dropped.
+Each part goes to the workers as a `SpecCommand` (the step channel's `send_spec`) and, for
+the forwards, the part's batch as an ordinary step message (`send_step`): the target's (1)
+with the slots to save and the rows the LM head runs over; the draft plan (2: rows, KV
+positions, block tables, next tokens), then the greedy tokens of every pass, broadcast from
+rank 0 (`share`), which the workers feed to their next pass instead of their own argmax, so
+the ranks never diverge; the replay's (3) with the slots to restore. Everything on the wire
+is token ids, positions and table rows: small, never model-size. A worker's LM head runs
+over rank 0's rows (the all-gather hands rank 0 its vocab columns of them); its own logits
+are dropped.
 
-NOTE: the parts are self-contained: a step that fails on rank 0 between two of them (a
-sampling error) leaves the worker between commands, in step with rank 0's next one.
+NOTE: the parts are self-contained: a step that fails on rank 0 between two of them (in the
+sampling, say) leaves the worker between commands, in step with rank 0's next one. Inside a
+part nothing raises on rank 0 that does not raise on the worker too (the same forwards).
 """
 
 from __future__ import annotations
