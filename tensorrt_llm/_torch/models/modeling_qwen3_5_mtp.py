@@ -16,6 +16,13 @@ for speculation needs `num_full_attention_layers + num_mtp_layers` layers.
 Speculative decoding (`pyexecutor/spec_decode/`) builds the head through `with_mtp` (before
 loading) and drafts with `Qwen3_5MTP.forward` (`mtp_drafter.py`). A model without the head
 skips the `mtp.*` tensors with one log line (`Qwen3_5TextForCausalLM.load_weights`).
+
+Tensor parallelism: each rank builds its shard of the head with the model's `mapping`. The
+decoder layers are the stack's own tensor-parallel layers (a rank's query heads with their
+gates, kv heads, MLP columns or experts; one all-reduce after attention and one after the
+MLP), so the loader reads only the rank's slices of `mtp.layers.*` (their `tp_shards`). The
+norms and `fc` are whole on every rank; embedding and LM head are the target's
+vocab-parallel ones.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
+from ...mapping import Mapping
 from ..attention_backend import AttentionMetadata
 from ..modules.linear import Linear
 from .modeling_qwen3_next import HybridDecoderLayer, ZeroCenteredRMSNorm
@@ -49,6 +57,7 @@ class Qwen3_5MTP(nn.Module):
         first_kv_layer_idx: int,
         attn_backend: str = "vanilla",
         dtype: torch.dtype = torch.float32,
+        mapping: Mapping | None = None,
     ) -> None:
         super().__init__()
         num_layers = num_mtp_layers(config)
@@ -64,6 +73,11 @@ class Qwen3_5MTP(nn.Module):
             )
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.hidden_size = hidden
+        # NOTE: replicated under tensor parallelism (no mapping). Its input, cat(e, h), is
+        # whole on every rank already and its output is the layer's residual, which every
+        # rank holds whole: a replicated fc needs no collective, where a row-parallel one
+        # would add an all-reduce to every draft pass to save (tp - 1) / tp of 2 * H^2
+        # weights, a small part of the head next to its sharded decoder layer.
         self.fc = Linear(2 * hidden, hidden, bias=False, dtype=dtype)
         self.pre_fc_norm_embedding = ZeroCenteredRMSNorm(hidden, eps, dtype=dtype)
         self.pre_fc_norm_hidden = ZeroCenteredRMSNorm(hidden, eps, dtype=dtype)
@@ -75,6 +89,7 @@ class Qwen3_5MTP(nn.Module):
                 moe=moe,
                 attn_backend=attn_backend,
                 dtype=dtype,
+                mapping=mapping,
             )
             for i in range(num_layers)
         )
@@ -112,9 +127,8 @@ def with_mtp(
 ) -> Qwen3_5TextForCausalLM:
     """Give a Qwen3.5 text causal LM its MTP head (`lm.mtp`), on the device and in the dtype
     of its embedding, so that `lm.load_weights` loads the checkpoint's `mtp.*` into it.
-    Call it before loading; without it those tensors are skipped with one log line."""
-    if lm.mapping.has_tp:  # its layers and fc are built whole, not as a rank's shard
-        raise ValueError("MTP speculative decoding does not support tensor_parallel_size > 1 yet")
+    Call it before loading; without it those tensors are skipped with one log line. Under
+    tensor parallelism the head is this rank's shard (`lm.mapping`)."""
     embed = lm.model.embed_tokens.weight
     num_full = sum(layer.layer_type == "full_attention" for layer in lm.model.layers)
     mtp = Qwen3_5MTP(
@@ -123,6 +137,7 @@ def with_mtp(
         first_kv_layer_idx=num_full,
         attn_backend=attn_backend,
         dtype=embed.dtype,
+        mapping=lm.mapping,
     )
     lm.mtp = mtp.to(embed.device)
     return lm

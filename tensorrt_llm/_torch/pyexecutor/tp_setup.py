@@ -23,6 +23,7 @@ from ..modules.fp8_block_model import apply_fp8_block_config_
 from .engine_config import EngineConfig
 from .kv_cache_creator import check_blocks_fit
 from .model_engine import PyTorchModelEngine
+from .spec_decode.setup import prepare_mtp
 from .tp_step_channel import StepChannel
 
 logger = logging.getLogger(__name__)
@@ -41,23 +42,14 @@ def check_tp_config(config: EngineConfig) -> None:
     # only: not what one GPU computes, so it waits for its own sharding.
     if config.quantization not in (None, "fp8_block"):
         refused.append(f"quantization={config.quantization!r} (fp8_block is supported)")
-    if "linear_attention" in (getattr(config.text_config, "layer_types", None) or ()):
-        refused.extend(_hybrid_refusals(config))
+    # NOTE: nothing is refused for the Gated DeltaNet (Qwen3.5 / Qwen3.6) stacks: their heads,
+    # conv channels and states shard (gated_delta_net_weights.py); prefix caching replays rank
+    # 0's snapshot copies on each rank (state_snapshot_pool.py); MTP speculation shards the
+    # head and the workers run every forward of a speculative step (spec_decode/tp_spec.py).
     if refused:
         raise ValueError(
             f"tensor_parallel_size={mapping.tp_size} does not support yet: " + ", ".join(refused)
         )
-
-
-def _hybrid_refusals(config: EngineConfig) -> list[str]:
-    """What a Gated DeltaNet (Qwen3.5 / Qwen3.6) stack does not run under tensor parallelism
-    yet; its heads, conv channels and states shard (gated_delta_net_weights.py)."""
-    refused = []
-    if config.speculative_config is not None:
-        refused.append("MTP speculative decoding (the MTP head is not sharded)")
-    # Prefix caching needs nothing here: rank 0's snapshot pool decides, the step carries its
-    # copies and the workers replay them on their state shards (state_snapshot_pool.py).
-    return refused
 
 
 def check_model_shards(config: EngineConfig) -> None:
@@ -80,6 +72,8 @@ def check_model_shards(config: EngineConfig) -> None:
                 mapping=config.mapping,
             )
         )
+        if config.speculative_config is not None:  # its head shards as the stack does
+            prepare_mtp(model, config.attn_backend)
         if config.quant_config is not None:  # block-FP8 shards must split whole blocks
             apply_fp8_block_config_(model, config.quant_config)
 

@@ -13,7 +13,8 @@ the forward (`state_snapshot_pool.py`).
 Commands besides a step: a new KV cache (its block count: block ids must mean the same
 memory on every rank), the KV sizing (each rank answers the blocks its own free memory fits,
 the ranks keep the minimum: `send_kv_budget`), the snapshot pool's entry count (the
-minimum too: `send_snapshot_pool`), and stop.
+minimum too: `send_snapshot_pool`), the parts of an MTP speculative step
+(`send_spec` / `share`, spec_decode/tp_spec.py), and stop.
 
 NOTE: only a tensor-parallel engine has a channel (`PyTorchModelEngine.step_channel` is None
 otherwise), so a single-GPU step does no work here.
@@ -46,6 +47,7 @@ CMD_KV_CACHE = 2
 CMD_STOP = 3
 CMD_KV_BUDGET = 4
 CMD_SNAPSHOT_POOL = 5
+CMD_SPEC = 6
 _HEADER = 14  # int64 entries of the fixed header
 
 
@@ -73,6 +75,15 @@ class SnapshotPoolCommand:
     most rank 0's `proposed_entries`), then build a pool of the agreed count."""
 
     proposed_entries: int
+
+
+@dataclass(frozen=True)
+class SpecCommand:
+    """A part of an MTP speculative step (spec_decode/tp_spec.py): rank 0's header values and
+    the int64 payload that followed them (a host tensor)."""
+
+    values: tuple[int, ...]
+    payload: torch.Tensor
 
 
 class StepChannel:
@@ -153,6 +164,19 @@ class StepChannel:
         self._broadcast_header([CMD_SNAPSHOT_POOL, proposed_entries])
         return self.agree_min(proposed_entries)
 
+    def send_spec(self, values: list[int], payload: torch.Tensor) -> None:
+        """A speculative step's part (`SpecCommand`): the header, then `payload` (int64)."""
+        self._broadcast_header([CMD_SPEC, payload.numel(), *values])
+        if payload.numel():
+            self._broadcast(payload.to(self.wire, torch.int64))
+
+    def share(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `tensor` on every rank (every rank calls it): rank 0 passes its own, a
+        worker one of the same shape and dtype, whose values it gets back replaced."""
+        wire = tensor.to(self.wire).contiguous()
+        self._broadcast(wire)
+        return wire.to(tensor.device)
+
     def agree_min(self, value: int) -> int:
         """The minimum of `value` over the tp group (every rank calls it)."""
         return min_over_ranks([value], self.mapping, self.device)[0]
@@ -181,9 +205,9 @@ class StepChannel:
     # ------------------------------------------------------------------ workers
     def receive(
         self,
-    ) -> InputBatch | KvCacheCommand | KvBudgetCommand | SnapshotPoolCommand | None:
+    ) -> InputBatch | KvCacheCommand | KvBudgetCommand | SnapshotPoolCommand | SpecCommand | None:
         """The next command: a step's batch (its snapshot copies in `snapshot_copies`), a
-        KV-cache, KV-sizing or snapshot-pool command, or None for stop."""
+        KV-cache, KV-sizing, snapshot-pool or speculative-step command, or None for stop."""
         header = torch.empty(_HEADER, dtype=torch.int64, device=self.wire)
         dist.broadcast(header, self.src, group=self.group)
         h = header.tolist()
@@ -195,9 +219,17 @@ class StepChannel:
             return KvBudgetCommand(h[1], h[2])
         if h[0] == CMD_SNAPSHOT_POOL:
             return SnapshotPoolCommand(h[1])
+        if h[0] == CMD_SPEC:
+            return self._receive_spec(h)
         if h[0] != CMD_STEP:
             raise RuntimeError(f"unknown step-channel command {h[0]} from rank {self.src}")
         return self._receive_step(h)
+
+    def _receive_spec(self, h: list[int]) -> SpecCommand:
+        payload = torch.empty(h[1], dtype=torch.int64, device=self.wire)
+        if h[1]:
+            dist.broadcast(payload, self.src, group=self.group)
+        return SpecCommand(tuple(h[2:]), payload.cpu())
 
     def _receive_step(self, h: list[int]) -> InputBatch:
         num_ctx, num_gen, num_ctx_tokens, num_tokens, tpb = h[1:6]

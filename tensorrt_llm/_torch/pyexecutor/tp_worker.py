@@ -13,6 +13,10 @@ Hybrid prefix caching: the worker's recurrent snapshot pool has the entry count 
 agreed (`SnapshotPoolCommand`, built before the KV sizing as on rank 0) and no bookkeeping
 of its own: it replays the copies each step carries, by rank 0's entry indices, on this
 rank's shard of the state, before the step's forward.
+
+MTP speculative decoding: rank 0 sends each forward of a speculative step (target, draft
+passes, replay) as a `SpecCommand` followed by its batch; `SpecWorker` runs them on this
+rank's shards (spec_decode/tp_spec.py).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from .kv_cache_creator import KVCacheSpec, blocks_that_fit, device_free_bytes
 from .model_build import build_model, engine_max_seq_len, model_config_of, presize_hybrid
 from .model_engine import PyTorchModelEngine
 from .spec_decode.setup import kv_spec_with_mtp
+from .spec_decode.tp_spec import SpecCommand, SpecWorker
 from .state_snapshot_pool import RecurrentSnapshotPool, snapshot_bytes
 from .tp_setup import check_tp_config
 from .tp_step_channel import KvBudgetCommand, KvCacheCommand, SnapshotPoolCommand, StepChannel
@@ -110,6 +115,7 @@ def run_tp_worker(config: EngineConfig) -> int:
     logger.info("tp worker rank %d/%d ready", mapping.rank, mapping.world_size)
     steps = 0
     snapshots: RecurrentSnapshotPool | None = None
+    speculative = SpecWorker(engine, channel) if config.speculative_config is not None else None
     while True:
         command = channel.receive()
         if command is None:
@@ -120,6 +126,12 @@ def run_tp_worker(config: EngineConfig) -> int:
             continue
         if isinstance(command, SnapshotPoolCommand):
             snapshots = worker_snapshot_pool(config, engine, channel, command.proposed_entries)
+            continue
+        if isinstance(command, SpecCommand):
+            if speculative is None:
+                raise RuntimeError("rank 0 sent a speculative step to a worker without MTP")
+            speculative.handle(command)
+            steps += 1
             continue
         if isinstance(command, KvCacheCommand):
             kv = None

@@ -1,5 +1,6 @@
 """What `create_py_executor` does for MTP speculation: the head before loading, its KV layers,
-the scheduler's draft room and the executor's `SpecDecoder` (small hooks in the creator)."""
+the scheduler's draft room and the executor's `SpecDecoder` (small hooks in the creator);
+under tensor parallelism the decoder's link to the worker ranks (tp_spec.py)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,10 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
         text_lm(engine.model), kv, engine.tokens_per_block, engine.vocab_size, engine.device
     )
     decoder = SpecDecoder(executor, drafter, k)
+    if engine.step_channel is not None:  # the workers run every forward of a step too
+        from .tp_spec import SpecLink  # tp_spec imports this module (text_lm)
+
+        decoder.link = SpecLink(engine.step_channel)
     executor.spec_decoder = decoder
     if config.use_cuda_graph:
         logger.warning(

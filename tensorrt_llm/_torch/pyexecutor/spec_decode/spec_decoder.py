@@ -14,6 +14,11 @@ The step, top to bottom:
 
 KV rollback needs nothing: a request's length advances by the emitted tokens only, and the
 next step's writes overwrite the rejected positions.
+
+Tensor parallelism (`link` set, rank 0): the target forward, the MTP passes and the replay
+are each sent to the worker ranks just before they run here, which run them too
+(tp_spec.py); the rollback's save and restore go with them, so every rank's recurrent state
+is rolled back alike. Everything else (sampling, acceptance) is rank 0's alone.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 
 from ...._utils import async_tensor_h2d
 from ..prompt_logprobs import attach, compute_prompt_logprobs
+from ..request_errors import RequestInputError
 from ..request_lifecycle import (
     advance_context_chunks,
     apply_new_tokens,
@@ -45,6 +51,7 @@ if TYPE_CHECKING:
     from ..llm_request import LlmRequest
     from ..py_executor import PyExecutor
     from ..scheduler import ScheduledRequests
+    from .tp_spec import SpecLink
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +109,8 @@ class SpecDecoder:
         self.draft_override: DraftOverride | None = None
         self.stats = SpecStats()
         self.rejection = RejectionSampler()
+        # Tensor parallelism, rank 0: sends each forward of a step to the workers (setup.py).
+        self.link: SpecLink | None = None
 
     def _drafts_for(self, req: LlmRequest) -> list[int]:
         if not takes_drafts(req):
@@ -119,15 +128,18 @@ class SpecDecoder:
         are queued, before the host waits for their results: the overlap executor delivers the
         previous step's streaming responses there, while the device runs this step."""
         engine = self.engine
+        ctx = list(scheduled.context_requests)
+        if self.link is not None:
+            _refuse_prompt_logprobs(ctx)
         guided = executor.guided_decoder
         if guided is not None:
             guided.prepare(scheduled)
-        ctx = list(scheduled.context_requests)
         verify = [
             _Verify(req, self._drafts_for(req), req.num_tokens - 1, req.output_token_ids[-1])
             for req in scheduled.generation_requests
         ]
-        snapshot = self.rollback.save([_slot(v.request) for v in verify if v.drafts])
+        save = [_slot(v.request) for v in verify if v.drafts]
+        snapshot = self.rollback.save(save)
         rows = [ChunkRow(v.request, [v.token, *v.drafts], v.start) for v in verify]
         # Before the chunks advance: (begin, size, ends the context) of each context request.
         chunks = [
@@ -135,7 +147,6 @@ class SpecDecoder:
         ]
         cb = build_chunk_batch(engine.batch_builder, ctx, rows)
         batch = cb.batch
-        hidden = engine.model.forward_hidden(batch)
         for v, off in zip(verify, cb.offsets[len(ctx) :], strict=True):
             v.offset = off
         sampled = [r for r, (_, _, last) in zip(ctx, chunks, strict=True) if last]
@@ -143,6 +154,9 @@ class SpecDecoder:
             v.offset + len(v.drafts) for v in verify
         ]
         sampled += [v.request for v in verify]
+        if self.link is not None:  # a worker's LM head gives its vocab columns of these rows
+            self.link.send_target(batch, save, last_rows + _check_rows(verify))
+        hidden = engine.model.forward_hidden(batch)
         step, packed = self._sample(executor, batch, hidden, sampled, last_rows, verify)
         if before_sync is not None:
             before_sync()
@@ -169,7 +183,7 @@ class SpecDecoder:
         what the draft-checking rows say (`_checks`, on the device)."""
         model = self.engine.model
         dev = hidden.device
-        check_rows = [v.offset + j for v in verify for j in range(len(v.drafts))]
+        check_rows = _check_rows(verify)
         plan = batch.prompt_logprobs
         prompt = None
         if plan is not None:
@@ -300,7 +314,15 @@ class SpecDecoder:
                 continue
             budget = draft_budget(v.request, self.max_draft_len)
             rows.append(DraftRow(v.request, v.offset, v.start, v.emitted, budget))
-        for row, drafts in zip(rows, self.drafter.draft(rows, hidden, position_ids), strict=True):
+        link = self.link
+        drafted = self.drafter.draft(
+            rows,
+            hidden,
+            position_ids,
+            send_plan=None if link is None else link.send_draft,
+            share=None if link is None else link.share_tokens,
+        )
+        for row, drafts in zip(rows, drafted, strict=True):
             # NOTE: the override also sees rows with no room for drafts, so a recorder
             # (trtllm-bench's oracle) sees every token but the last.
             if self.draft_override is not None:
@@ -323,14 +345,34 @@ class SpecDecoder:
         ]
         if not replay or snapshot is None:
             return
-        self.rollback.restore(snapshot, [_slot(v.request) for v in replay])
+        slots = [_slot(v.request) for v in replay]
+        self.rollback.restore(snapshot, slots)
         # Not finished: every accepted token was emitted, the bonus token last.
         rows = [
             ChunkRow(v.request, [v.token, *v.drafts[: len(v.emitted) - 1]], v.start) for v in replay
         ]
         batch = build_chunk_batch(self.engine.batch_builder, [], rows).batch
+        if self.link is not None:
+            self.link.send_replay(batch, slots)
         self.engine.model.forward_hidden(batch)
         self.stats.num_replays += len(replay)
+
+
+def _check_rows(verify: list[_Verify]) -> list[int]:
+    """The hidden-state rows whose logits check the drafts, in verify order."""
+    return [v.offset + j for v in verify for j in range(len(v.drafts))]
+
+
+def _refuse_prompt_logprobs(ctx: list[LlmRequest]) -> None:
+    """Tensor parallelism: a worker does not run the prompt-logprob LM heads of a speculative
+    step (their all-gathers), so such requests fail alone, before the step runs."""
+    asking = [r.request_id for r in ctx if r.sampling_params.prompt_logprobs is not None]
+    if asking:
+        raise RequestInputError(
+            asking,
+            "prompt_logprobs with speculative_config and tensor_parallel_size > 1 is not "
+            "supported yet",
+        )
 
 
 def _unpack_checks(host: list[int], verify: list[_Verify]) -> _Checks:

@@ -41,15 +41,12 @@ def test_tp2_hybrid_logits_equal_tp1(tmp_path: Path) -> None:
 
 
 def test_hybrid_settings_not_built_are_refused(tmp_path: Path) -> None:
-    """Before any rank starts: MTP and block-FP8 shards that split a block (prefix caching
-    runs: test_tp_hybrid_reuse.py)."""
+    """Before any rank starts: block-FP8 shards that split a block (prefix caching runs:
+    test_tp_hybrid_reuse.py; MTP speculation builds its head's shards: test_tp_mtp.py)."""
     ckpt = write_tiny_checkpoint("qwen3_5", tmp_path / "mtp", mtp_num_hidden_layers=1)
     tp2 = dict(model=str(ckpt), device="cpu", tensor_parallel_size=2, max_batch_size=2)
     mtp = {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
-    spec = dict(speculative_config=mtp, disable_overlap_scheduler=True)
-    config = LlmArgs(**tp2, **spec).to_engine_config()
-    with pytest.raises(ValueError, match="MTP speculative decoding"):
-        check_model_shards(config)
+    check_model_shards(LlmArgs(**tp2, speculative_config=mtp).to_engine_config())
     # Block-FP8: 16-dim DeltaNet heads give a rank 16-row q, k ranges, not whole 128-blocks.
     fp8 = write_tiny_checkpoint("qwen3_5", tmp_path / "fp8", quantization="fp8_block")
     config = LlmArgs(**{**tp2, "model": str(fp8)}).to_engine_config()

@@ -91,14 +91,28 @@ def test_hybrid_tp2_greedy_equals_tp1(tmp_path: Path) -> None:
     assert outputs == reference
 
 
-def test_unsupported_setting_is_refused_before_ranks_start(tmp_path: Path) -> None:
+def test_hybrid_mtp_tp2_greedy_equals_tp1(tmp_path: Path) -> None:
+    """MTP speculative decoding through `LLM(..., tensor_parallel_size=2)`: the MTP head is
+    sharded and rank 1 runs every forward of each speculative step; greedy output equals
+    the non-speculative TP=1 run's."""
     hybrid = write_tiny_checkpoint("qwen3_5", tmp_path / "qwen3_5", mtp_num_hidden_layers=1)
-    mtp = {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
-    with pytest.raises(ValueError, match="MTP speculative decoding"):
-        LLM(
-            str(hybrid),
-            tensor_parallel_size=2,
-            speculative_config=mtp,
-            disable_overlap_scheduler=True,
-            **KWARGS,
-        )
+    with LLM(str(hybrid), **KWARGS) as llm:
+        reference = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    mtp = {"decoding_type": "MTP", "num_nextn_predict_layers": 2}
+    with LLM(str(hybrid), tensor_parallel_size=2, speculative_config=mtp, **KWARGS) as llm:
+        outputs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        # Not built yet: such a request fails alone, before its step runs on any rank ...
+        asking = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1)
+        failed = llm.generate(PROMPTS[0], asking)
+        # ... and the ranks stay in step.
+        again = llm.generate(PROMPTS[1], GREEDY).outputs[0].token_ids
+    assert outputs == reference
+    assert "prompt_logprobs with speculative_config and tensor_parallel_size" in (
+        failed.error or ""
+    )
+    assert again == reference[1]
+
+
+def test_unsupported_setting_is_refused_before_ranks_start(ckpt: Path) -> None:
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2 does not support yet: quant"):
+        LLM(str(ckpt), tensor_parallel_size=2, quantization="fp8", **KWARGS)
