@@ -13,7 +13,7 @@ keys.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -235,9 +235,10 @@ class CompletionRequest(SamplingRequestFields):
         value = self.prompt
         if isinstance(value, str):
             return [value]
+        # NOTE: the casts only narrow for mypy (an `all(isinstance)` check does not).
         if all(isinstance(v, int) for v in value):
-            return [list(value)]  # one token-id prompt
-        return list(value)
+            return [list(cast("list[int]", value))]  # one token-id prompt
+        return list(cast("list[str | list[int]]", value))
 
     @property
     def sampled_prompt_logprobs(self) -> int | None:
