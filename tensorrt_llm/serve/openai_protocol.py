@@ -1,4 +1,7 @@
-"""Pydantic models of the OpenAI-compatible API: requests, responses, stream chunks, errors.
+"""Pydantic models of the OpenAI-compatible API's requests: chat and text completions and the
+decoding knobs they share. Responses and stream chunks are in `openai_responses.py`, a chat
+request's messages and tools in `openai_messages.py`, errors in `openai_errors.py` (all
+re-exported here, the handlers' one import).
 
 Requests are validated here (types and ranges); server limits are checked in `openai_server`.
 Nothing a request asks for is dropped silently: a top-level field this server does not know,
@@ -10,26 +13,30 @@ keys.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import (
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from .._torch.pyexecutor.llm_request import (
-    ERROR_INVALID_INPUT,
-    ERROR_PROMPT_TOO_LONG,
-    ERROR_SHUTTING_DOWN,
+from .openai_errors import (  # noqa: F401 (re-exported: the handlers' one import)
+    APIError,
+    ErrorInfo,
+    ErrorResponse,
+    result_error,
+    validation_error_message,
 )
 from .openai_logprobs import (  # noqa: F401 (re-exported: response models)
     ChatChoiceLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
     TopLogprob,
+)
+from .openai_messages import (  # noqa: F401 (re-exported: the content parts)
+    ChatMessage,
+    ChatTool,
+    ImageURLPart,
+    NamedToolChoice,
+    TextPart,
+    VideoURLPart,
 )
 from .openai_responses import (  # noqa: F401 (re-exported: the handlers' one import)
     ChatCompletionChoice,
@@ -46,7 +53,10 @@ from .openai_responses import (  # noqa: F401 (re-exported: the handlers' one im
     now_s,
     random_id,
 )
-from .protocol_base import OpenAIBaseModel, StrictRequestModel
+from .protocol_base import (  # noqa: F401 (re-exported: OpenAIBaseModel)
+    OpenAIBaseModel,
+    StrictRequestModel,
+)
 
 # OpenAI documents at most 4 stop sequences; a cap keeps the per-token stop check cheap.
 MAX_STOP_SEQUENCES = 4
@@ -54,74 +64,6 @@ MAX_N = 16
 # OpenAI's top_logprobs bound; also the largest completions `logprobs` (vLLM's max_logprobs).
 MAX_TOP_LOGPROBS = 20
 _MAX_SEED = 2**64 - 1
-
-
-# ---------------------------------------------------------------- errors
-
-
-class ErrorInfo(OpenAIBaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: int | str | None = None
-
-
-class ErrorResponse(OpenAIBaseModel):
-    error: ErrorInfo
-
-
-class APIError(Exception):
-    """Raised by handlers; the app turns it into an OpenAI-style error body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        code: str | None = None,
-        param: str | None = None,
-        type: str | None = None,  # noqa: A002 (OpenAI's field name)
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
-        self.type = type or ("invalid_request_error" if status < 500 else "internal_server_error")
-
-    def to_response(self) -> ErrorResponse:
-        info = ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
-        return ErrorResponse(error=info)
-
-
-# RequestOutput.error_code -> HTTP status: a prompt that can never fit, or input the engine
-# refused before running it, is the client's error; a shutdown is temporary; anything else is
-# the engine's.
-_RESULT_ERROR_STATUS = {
-    ERROR_PROMPT_TOO_LONG: 400,
-    ERROR_INVALID_INPUT: 400,
-    ERROR_SHUTTING_DOWN: 503,
-}
-
-
-def result_error(message: str, error_code: str | None) -> APIError:
-    """The APIError for a request that finished with an error inside the executor."""
-    status = _RESULT_ERROR_STATUS.get(error_code or "", 500)
-    return APIError(status, message, code=error_code)
-
-
-def validation_error_message(exc: ValidationError, max_errors: int = 3) -> tuple[str, str | None]:
-    """A readable one-line message and the `param` (dotted path) of the first error."""
-    parts = []
-    first_param = None
-    for err in exc.errors(include_url=False)[:max_errors]:
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        if first_param is None and loc:
-            first_param = loc
-        parts.append(f"{loc}: {err.get('msg', 'invalid value')}" if loc else err.get("msg", ""))
-    more = len(exc.errors()) - max_errors
-    if more > 0:
-        parts.append(f"... and {more} more error(s)")
-    return "invalid request: " + "; ".join(parts), first_param
 
 
 # ---------------------------------------------------------------- shared request knobs
@@ -226,104 +168,6 @@ class SamplingRequestFields(StrictRequestModel):
 # ---------------------------------------------------------------- chat completions
 
 
-class TextPart(StrictRequestModel):
-    type: Literal["text"]
-    text: str
-
-
-class ImageURL(StrictRequestModel):
-    url: str
-    detail: Literal["auto", "low", "high"] | None = None
-
-
-class ImageURLPart(StrictRequestModel):
-    type: Literal["image_url"]
-    image_url: ImageURL | str
-
-    @property
-    def url(self) -> str:
-        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
-
-
-class VideoURL(StrictRequestModel):
-    url: str
-    # Extension: the frame rate of the given frames, for sources that do not carry one.
-    fps: Annotated[float | None, Field(gt=0.0, le=240.0)] = None
-
-
-class VideoURLPart(StrictRequestModel):
-    type: Literal["video_url"]
-    video_url: VideoURL | str
-
-    @property
-    def url(self) -> str:
-        return self.video_url if isinstance(self.video_url, str) else self.video_url.url
-
-    @property
-    def fps(self) -> float | None:
-        return None if isinstance(self.video_url, str) else self.video_url.fps
-
-
-ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
-
-
-class FunctionCallIn(StrictRequestModel):
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it back
-
-
-class ToolCallIn(StrictRequestModel):
-    """A call an earlier assistant turn made (rendered by the chat template)."""
-
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: FunctionCallIn
-
-
-class ChatMessage(StrictRequestModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCallIn] | None = None  # assistant turns that called tools
-    tool_call_id: str | None = None  # tool turns: the call they answer
-
-    @model_validator(mode="after")
-    def _check_tool_fields(self) -> ChatMessage:
-        if self.tool_calls and self.role != "assistant":
-            raise ValueError(f"tool_calls belong to assistant messages, not {self.role!r} ones")
-        if self.tool_call_id is not None and self.role != "tool":
-            raise ValueError("tool_call_id belongs to role 'tool' messages")
-        return self
-
-    def parts(self) -> list[TextPart | ImageURLPart | VideoURLPart]:
-        if self.content is None:
-            return []
-        if isinstance(self.content, str):
-            return [TextPart(type="text", text=self.content)]
-        return list(self.content)
-
-
-class FunctionDefinition(StrictRequestModel):
-    name: Annotated[str, Field(min_length=1)]
-    description: str | None = None
-    parameters: dict[str, Any] | None = None  # JSON schema of the arguments
-    strict: bool | None = None
-
-
-class ChatTool(StrictRequestModel):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class NamedFunction(StrictRequestModel):
-    name: str
-
-
-class NamedToolChoice(StrictRequestModel):
-    type: Literal["function"]
-    function: NamedFunction
-
-
 class ChatCompletionRequest(SamplingRequestFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     # The newer OpenAI name of max_tokens; wins when both are given.
@@ -391,9 +235,10 @@ class CompletionRequest(SamplingRequestFields):
         value = self.prompt
         if isinstance(value, str):
             return [value]
+        # NOTE: the casts only narrow for mypy (an `all(isinstance)` check does not).
         if all(isinstance(v, int) for v in value):
-            return [list(value)]  # one token-id prompt
-        return list(value)
+            return [list(cast("list[int]", value))]  # one token-id prompt
+        return list(cast("list[str | list[int]]", value))
 
     @property
     def sampled_prompt_logprobs(self) -> int | None:

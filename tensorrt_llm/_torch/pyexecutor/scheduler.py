@@ -1,5 +1,7 @@
-"""Continuous-batching scheduler: which requests run this step, how many tokens each, and
-which running requests give their KV blocks back (preemption by recompute).
+"""Continuous-batching scheduler: which requests run this step and how many tokens each.
+The KV side (claims, admission, preemption by recompute, prefix reuse) is `KvAdmissionMixin`
+(kv_admission.py, whose docstring holds that part of the policy); the step's result is
+`ScheduledRequests` (scheduled_requests.py).
 
 Policy:
 - Importance: lower `priority` first (vLLM's convention, default 0), then arrival (the
@@ -7,22 +9,6 @@ Policy:
 - Generation requests go first, most important first; each costs one token of the
   `max_num_tokens` budget. Context chunks share what is left: first the prompts already
   admitted (part-way through chunked prefill or a recompute), then the waiting ones.
-- KV on demand: blocks are claimed as a sequence grows, never reserved ahead. A step claims
-  what it writes plus `KV_LOOKAHEAD_TOKENS` spare token: the overlap executor launches the next
-  step before this one's token is on the host (and once past a stop), and that write must
-  land in a block the request owns. Admitting a waiting request needs its first chunk's blocks
-  and must leave `watermark_blocks` free (unless nothing runs), so that running requests
-  rarely preempt right after an admission.
-- Preemption: when a running request cannot get the block it needs, the least important
-  running request not scheduled yet this step (latest arrival among the lowest priority; it
-  may be the request itself) is preempted: its KV blocks and seq slot (so the recurrent
-  state rows of hybrid models too) are freed and it waits again, at the front of the waiting
-  order, its generated tokens folded into the context to recompute (`LlmRequest.preempt`). A
-  request with a token still in flight (overlap executor) cannot be recomputed yet: the
-  scheduler then marks the step `preemption_deferred` and the executor syncs and schedules
-  again. A request that is the only one holding KV and still cannot get a block fails with
-  an error (submission normally rejects it first: `validate`). Waiting requests never preempt
-  running ones, whatever their priority; priority orders the waiting queue only.
 - Fair order of the waiting queue: waiting requests belong to scheduling groups
   (`LlmRequest.scheduling_group`, e.g. all prompts x n of one client call; default: a group
   per request). Groups take turns round-robin: a rotation keeps them oldest first, a group
@@ -34,14 +20,6 @@ Policy:
   behind it, and its group keeps its place at the head of the rotation. A step that had to
   preempt admits nothing new. The most important running request always gets its blocks
   (everything less important gives way), so every request finishes.
-- Prefix reuse (`reuse`, a `KvCacheReuse`; None: off): a waiting request is matched against
-  the cached blocks before its first chunk is sized, so the chunk and the admission check
-  count only what the hit leaves to compute; the hit blocks become its first blocks (a hit
-  that would not fit takes no reference). A resume after preemption is matched again.
-  Hybrid models (`HybridKvCacheReuse`) snapshot the recurrent state inside a chunk: once the
-  step is sized `reuse.plan_step` gives those requests a free seq slot as scratch (with none
-  free the chunk ends at the point); a chunk holding two points ends at the second
-  (`reuse.chunk_limit`); they hear of every release (`reuse.on_released`).
 - Reservation (`guaranteed_no_evict`, scheduler_config GUARANTEED_NO_EVICT): a waiting
   request is admitted only when the blocks of its whole prompt + max_tokens fit in the pool
   beside the same reservation of every request holding KV; nothing is ever preempted then
@@ -56,55 +34,20 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator
-from dataclasses import dataclass, field
 
-from .kv_cache_reuse import KvCacheReuse
-from .llm_request import ERROR_PROMPT_TOO_LONG, LlmRequest
-from .resource_manager import KVCacheManager, SeqSlotManager
-
-# Spare KV token beyond a step's last write (see the module policy: the overlap look-ahead).
-KV_LOOKAHEAD_TOKENS = 1
-# Share of the pool a new admission must leave free (at least one block), vLLM's 1%.
-WATERMARK_FRACTION = 0.01
-# The knobs that size the KV pool, for error messages.
-KV_POOL_KNOBS = (
-    "kv_cache_config.max_tokens (kv_cache_max_tokens) or kv_cache_free_gpu_memory_fraction"
+from .kv_admission import (
+    KV_POOL_KNOBS,
+    WATERMARK_FRACTION,
+    KvAdmissionMixin,
+    kv_tokens_for_chunk,
+    kv_tokens_for_generation,
 )
+from .kv_cache_reuse import KvCacheReuse
+from .llm_request import LlmRequest
+from .resource_manager import KVCacheManager, SeqSlotManager
+from .scheduled_requests import ScheduledRequests
 
-
-@dataclass
-class ScheduledRequests:
-    """One step's work. The engine packs context requests first, then generation requests."""
-
-    context_requests: list[LlmRequest] = field(default_factory=list)
-    generation_requests: list[LlmRequest] = field(default_factory=list)
-    # Sent back to waiting this step (their blocks are free already).
-    preempted: list[LlmRequest] = field(default_factory=list)
-    # Can never get their blocks (error set, resources freed): the executor finishes them.
-    failed: list[LlmRequest] = field(default_factory=list)
-    # A victim was needed but had a token in flight: sync the pending step, schedule again.
-    preemption_deferred: bool = False
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.context_requests) + len(self.generation_requests)
-
-    @property
-    def num_context_tokens(self) -> int:
-        return sum(req.context_chunk_size for req in self.context_requests)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_context_tokens + len(self.generation_requests)
-
-    @property
-    def is_empty(self) -> bool:
-        return self.batch_size == 0
-
-    @property
-    def all_requests(self) -> list[LlmRequest]:
-        """Requests in batch order (context first)."""
-        return self.context_requests + self.generation_requests
+__all__ = ["ScheduledRequests", "SimpleScheduler"]
 
 
 def _interleave(queues: list[list[LlmRequest]]) -> Iterator[LlmRequest]:
@@ -115,22 +58,7 @@ def _interleave(queues: list[list[LlmRequest]]) -> Iterator[LlmRequest]:
                 yield queue[rank]
 
 
-def kv_tokens_for_chunk(request: LlmRequest, chunk: int, spec_tokens: int = 0) -> int:
-    """KV tokens a context request owns once `chunk` more of its context is prefilled: the
-    look-ahead token (plus `spec_tokens`, the drafts' writes) only when the chunk ends the
-    context (the step then samples)."""
-    end = request.context_current_position + chunk
-    spare = KV_LOOKAHEAD_TOKENS + spec_tokens if end >= request.context_len else 0
-    return min(end + spare, request.max_num_tokens)
-
-
-def kv_tokens_for_generation(request: LlmRequest, spec_tokens: int = 0) -> int:
-    """KV tokens a generation step needs: its input token's write plus the look-ahead, plus
-    `spec_tokens` for speculative decoding (verified drafts and the next drafts' writes)."""
-    return min(request.num_tokens + KV_LOOKAHEAD_TOKENS + spec_tokens, request.max_num_tokens)
-
-
-class SimpleScheduler:
+class SimpleScheduler(KvAdmissionMixin):
     def __init__(
         self,
         max_batch_size: int,
@@ -204,7 +132,7 @@ class SimpleScheduler:
 
     def schedule(self, active_requests: Iterable[LlmRequest]) -> ScheduledRequests:
         """Pick this step's requests; sets `context_chunk_size`, claims KV blocks and seq slots,
-        and preempts when the pool runs out (module docstring)."""
+        and preempts when the pool runs out (kv_admission.py's docstring)."""
         requests = [req for req in active_requests if not req.is_finished]
         rank = {id(req): i for i, req in enumerate(requests)}
         # Holders of KV, most important first; victims come off the end.
@@ -313,100 +241,3 @@ class SimpleScheduler:
         if remaining <= budget:
             return remaining
         return budget if self.enable_chunked_prefill or req.num_preemptions else 0
-
-    def _match(self, req: LlmRequest) -> list[int]:
-        """A waiting request's cached prefix; its context provisionally starts after it, so
-        the chunk is sized on what is left (`_unmatch` undoes it when it is not admitted)."""
-        if self.reuse is None:
-            return []
-        hit = self.reuse.match(req)
-        req.context_current_position = req.kv_start_position = (
-            len(hit) * self.kv_cache_manager.tokens_per_block
-        )
-        return hit
-
-    @staticmethod
-    def _unmatch(req: LlmRequest) -> None:
-        if req.seq_slot is None:
-            req.context_current_position = req.kv_start_position = 0
-
-    def _admit(self, req: LlmRequest, need: int, hit: list[int]) -> bool:
-        """Give a waiting request a seq slot, its cached prefix `hit` and its first chunk's
-        blocks, leaving the watermark free unless nothing else holds KV."""
-        kv = self.kv_cache_manager
-        if self.seq_slot_manager.num_free == 0:
-            return False
-        extra = kv.blocks_for_tokens(need) - len(hit)
-        reserve = self.watermark_blocks if kv.num_used_blocks else 0
-        # Evictable hit blocks stop being free once taken: count what is left after that.
-        if extra + reserve > kv.free_blocks_after_hit(hit):
-            return False
-        if hit:
-            kv.add_cached_prefix(req.request_id, hit)
-        if not kv.ensure_capacity(req.request_id, need):
-            kv.free(req.request_id)
-            return False
-        req.seq_slot = self.seq_slot_manager.acquire(req.request_id)
-        if self.reuse is not None:
-            self.reuse.on_admitted(req, hit)
-        return True
-
-    def _grow(
-        self,
-        req: LlmRequest,
-        need: int,
-        running: list[LlmRequest],
-        scheduled: ScheduledRequests,
-        may_self: bool,
-    ) -> bool:
-        """Claim `need` tokens of KV for a running request, preempting less important running
-        requests not scheduled yet while the pool is short. `may_self`: the request may be its
-        own victim (generation); otherwise it just waits. False: not scheduled this step."""
-        kv = self.kv_cache_manager
-        taken: set[int] | None = None  # built on the first shortage only: O(batch) per call
-        while not kv.ensure_capacity(req.request_id, need):
-            if taken is None:
-                taken = {id(r) for r in scheduled.all_requests}
-            victims = [r for r in running if r.seq_slot is not None and id(r) not in taken]
-            victim = victims[-1] if victims else req
-            if victim is req and not may_self:
-                if len(victims) <= 1 and not taken:
-                    self._fail(req, need, scheduled)
-                return False
-            if victim.num_in_flight_tokens:
-                scheduled.preemption_deferred = True
-                return False
-            if victim is req and len(victims) <= 1 and not taken:
-                self._fail(req, need, scheduled)  # alone and still short: it never fits
-                return False
-            self._preempt(victim, scheduled)
-            if victim is req:
-                return False
-        return True
-
-    def _preempt(self, req: LlmRequest, scheduled: ScheduledRequests) -> None:
-        self.release_resources(req)
-        req.preempt()
-        self.num_preemptions += 1
-        scheduled.preempted.append(req)
-
-    def _fail(self, req: LlmRequest, need: int, scheduled: ScheduledRequests) -> None:
-        kv = self.kv_cache_manager
-        have = len(kv.get_block_ids(req.request_id))
-        req.set_error(
-            f"request needs {need} tokens of KV ({kv.blocks_for_tokens(need)} blocks of "
-            f"{kv.tokens_per_block}) but only {have + kv.num_free_blocks} of the cache's "
-            f"{kv.num_blocks} blocks can be given to it even running alone; lower max_tokens or "
-            f"raise {KV_POOL_KNOBS}",
-            ERROR_PROMPT_TOO_LONG,
-        )
-        self.release_resources(req)
-        scheduled.failed.append(req)
-
-    def release_resources(self, request: LlmRequest) -> None:
-        """Free a finished (cancelled, failed, preempted) request's KV blocks and seq slot."""
-        self.kv_cache_manager.free(request.request_id)
-        self.seq_slot_manager.release(request.request_id)
-        request.seq_slot = None
-        if self.reuse is not None:
-            self.reuse.on_released(request)

@@ -1,0 +1,111 @@
+"""Pydantic models of a chat request's messages and tools: the content parts (text, image_url,
+video_url), the tool calls of earlier assistant turns, the tool definitions and a named
+`tool_choice`. The request itself (`ChatCompletionRequest`) is in `openai_protocol.py`; nested
+objects reject unknown keys (`StrictRequestModel`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from .protocol_base import StrictRequestModel
+
+
+class TextPart(StrictRequestModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImageURL(StrictRequestModel):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageURLPart(StrictRequestModel):
+    type: Literal["image_url"]
+    image_url: ImageURL | str
+
+    @property
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+
+class VideoURL(StrictRequestModel):
+    url: str
+    # Extension: the frame rate of the given frames, for sources that do not carry one.
+    fps: Annotated[float | None, Field(gt=0.0, le=240.0)] = None
+
+
+class VideoURLPart(StrictRequestModel):
+    type: Literal["video_url"]
+    video_url: VideoURL | str
+
+    @property
+    def url(self) -> str:
+        return self.video_url if isinstance(self.video_url, str) else self.video_url.url
+
+    @property
+    def fps(self) -> float | None:
+        return None if isinstance(self.video_url, str) else self.video_url.fps
+
+
+ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
+
+
+class FunctionCallIn(StrictRequestModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it back
+
+
+class ToolCallIn(StrictRequestModel):
+    """A call an earlier assistant turn made (rendered by the chat template)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class ChatMessage(StrictRequestModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # tool turns: the call they answer
+
+    @model_validator(mode="after")
+    def _check_tool_fields(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"tool_calls belong to assistant messages, not {self.role!r} ones")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError("tool_call_id belongs to role 'tool' messages")
+        return self
+
+    def parts(self) -> list[TextPart | ImageURLPart | VideoURLPart]:
+        if self.content is None:
+            return []
+        if isinstance(self.content, str):
+            return [TextPart(type="text", text=self.content)]
+        return list(self.content)
+
+
+class FunctionDefinition(StrictRequestModel):
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON schema of the arguments
+    strict: bool | None = None
+
+
+class ChatTool(StrictRequestModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(StrictRequestModel):
+    name: str
+
+
+class NamedToolChoice(StrictRequestModel):
+    type: Literal["function"]
+    function: NamedFunction
