@@ -1,6 +1,6 @@
 """Fused MoE: expert-sorted padded block layout plus two Triton grouped GEMMs (SwiGLU experts).
 
-Layout of `modules/fused_moe/moe.py`: `gate_up_proj: [E, 2*I, H]` (gate rows first) and
+Layout of `modules/fused_moe/experts.py`: `gate_up_proj: [E, 2*I, H]` (gate rows first) and
 `down_proj: [E, H, I]`. Steps, all on the device with no host sync (CUDA-graph safe):
 1. Align: sort the T*k (token, slot) pairs by expert into a fixed-size buffer where each
    expert's run is padded to a multiple of BLOCK_M, so every M-block has one expert. The buffer

@@ -1,7 +1,7 @@
 """MoE routing in two launches: softmax + top-k per token, then the expert-sorted block layout.
 
 `moe_route`: one program per token row of the router logits `[T, E]` (or `[T, E + 1]` with a
-fused shared expert, see `modules/fused_moe/moe.py`): a float32 softmax over the E routed
+fused shared expert, see `modules/fused_moe/shared_fusion.py`): a float32 softmax over the E routed
 logits, top-k by k rounds of argmax over the register tile, optional renormalisation, and
 (with `shared_expert`) a last pair `(E, sigmoid(logit_E))`. Optionally each program also adds
 its k (+1) ids into a zeroed per-expert count buffer with atomics (`count_in_route`).
