@@ -136,10 +136,13 @@ class SamplingRequestFields(StrictRequestModel):
     prompt_logprobs: Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)] = None
 
     @model_validator(mode="after")
-    def _check_prompt_logprobs(self) -> SamplingRequestFields:
+    def _check_stream_fields(self) -> SamplingRequestFields:
         # As vLLM: whole responses only (a stream has no place for them).
         if self.prompt_logprobs is not None and self.stream:
             raise ValueError("prompt_logprobs are not available when stream is true")
+        # As OpenAI: options of a stream on a whole response would be dropped unread.
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
         return self
 
     @field_validator("stop")

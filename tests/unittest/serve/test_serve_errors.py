@@ -130,6 +130,12 @@ BAD_BODIES = [
         "top_logprobs needs logprobs set to true",
     ),
     (
+        "stream_options without stream",
+        lambda s: _body(s, user("hi"), stream_options={"include_usage": True}),
+        "invalid_request",
+        "stream_options is only allowed when stream is true",
+    ),
+    (
         "logit_bias key",
         lambda s: _body(s, user("hi"), logit_bias={"abc": 1.0}),
         "invalid_request",
