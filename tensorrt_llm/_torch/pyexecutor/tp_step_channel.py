@@ -10,6 +10,9 @@ Hybrid prefix caching: the packed tensor also carries the step's inner-snapshot 
 recurrent-snapshot copies rank 0's pool made since the previous step (restores at
 admission, saves after the previous forward), which the worker replays on its own pool before
 the forward (`state_snapshot_pool.py`).
+Prompt logprobs: the packed tensor also carries the plan's rows and targets, so the worker runs
+the same hidden-state forward and LM-head slices (`run_step`): the vocab-parallel LM head is a
+collective per slice, and each rank's vocabulary shard must be of the same rows.
 Commands besides a step: a new KV cache (its block count: block ids must mean the same
 memory on every rank), the KV sizing (each rank answers the blocks its own free memory fits,
 the ranks keep the minimum: `send_kv_budget`), the snapshot pool's entry count (the
@@ -34,6 +37,7 @@ from ..attention_backend.interface import AttentionMetadata
 from ..distributed import min_over_ranks, tp_group
 from ..distributed.ops import collective_error
 from ..input_batch import InputBatch
+from .prompt_logprobs import PromptLogprobLayout, PromptLogprobsPlan
 
 if TYPE_CHECKING:
     from .resource_manager import KVCacheManager
@@ -46,7 +50,7 @@ CMD_KV_CACHE = 2
 CMD_STOP = 3
 CMD_KV_BUDGET = 4
 CMD_SNAPSHOT_POOL = 5
-_HEADER = 14  # int64 entries of the fixed header
+_HEADER = 15  # int64 entries of the fixed header
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,6 @@ class StepChannel:
 
     # ------------------------------------------------------------------ rank 0
     def send_step(self, batch: InputBatch) -> None:
-        if batch.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs with tensor_parallel_size > 1 is not supported yet")
         md = batch.attn_metadata
         num_seqs, width = md.block_tables.shape
         pos_axes = batch.position_ids.shape[0] if batch.position_ids.dim() == 3 else 1
@@ -118,6 +120,7 @@ class StepChannel:
             0 if media is None else media.numel(),
             len(md.recurrent_snapshots),
             len(copies),
+            _prompt_rows(batch),
         ]
         self._broadcast_header(header)
         num_tokens = md.num_tokens
@@ -132,6 +135,8 @@ class StepChannel:
             batch.position_ids.reshape(pos_axes, -1)[:, :num_tokens].reshape(-1),
         ]
         parts.append(torch.tensor(inner + flat_copies, dtype=torch.int64))
+        if batch.prompt_logprobs is not None:
+            parts += [batch.prompt_logprobs.rows, batch.prompt_logprobs.targets]
         packed = torch.cat([p.to(self.wire, torch.int64) for p in parts])
         self._broadcast(packed)
         if media is not None:
@@ -202,7 +207,7 @@ class StepChannel:
     def _receive_step(self, h: list[int]) -> InputBatch:
         num_ctx, num_gen, num_ctx_tokens, num_tokens, tpb = h[1:6]
         num_seqs, width, padded, pos_axes, context_logits, media_bytes = h[6:12]
-        num_inner, num_copies = h[12:14]
+        num_inner, num_copies, num_prompt_rows = h[12:15]
         sizes = [
             num_seqs,
             num_seqs,
@@ -214,10 +219,11 @@ class StepChannel:
             pos_axes * num_tokens,
             3 * num_inner,
             3 * num_copies,
+            2 * num_prompt_rows,
         ]
         packed = torch.empty(sum(sizes), dtype=torch.int64, device=self.wire)
         dist.broadcast(packed, self.src, group=self.group)
-        lens, cached, slots, cu, tables, slot_mapping, ids, pos, inner, copies = packed.to(
+        lens, cached, slots, cu, tables, slot_mapping, ids, pos, inner, copies, prompt = packed.to(
             self.device
         ).split(sizes)
         # NOTE: read on the host only when there are any (a device tensor's tolist syncs).
@@ -254,7 +260,20 @@ class StepChannel:
             position_ids=positions if pos_axes == 3 else positions[0],
             multimodal_params=params,
             return_context_logits=bool(context_logits),
+            prompt_logprobs=_worker_prompt_plan(prompt) if num_prompt_rows else None,
         )
+
+
+def _prompt_rows(batch: InputBatch) -> int:
+    plan = batch.prompt_logprobs
+    return 0 if plan is None else int(plan.rows.shape[0])
+
+
+def _worker_prompt_plan(rows_and_targets: torch.Tensor) -> PromptLogprobsPlan:
+    """Rank 0's rows and targets with no requests: the worker runs the same LM-head slices
+    over the same rows (the vocab-parallel head's collectives), and drops the entries."""
+    rows, targets = rows_and_targets.chunk(2)
+    return PromptLogprobsPlan(PromptLogprobLayout((), (), (), 0), rows, targets)
 
 
 def _triples(flat: torch.Tensor) -> list[tuple[int, int, int]]:

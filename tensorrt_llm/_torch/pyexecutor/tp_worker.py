@@ -146,5 +146,7 @@ def run_tp_worker(config: EngineConfig) -> int:
                 if snapshots is None:
                     raise RuntimeError("rank 0 sent snapshot copies before a snapshot pool")
                 snapshots.apply_copies(channel.snapshot_copies)
-            engine.run(batch)
+            # run_step: a step with prompt logprobs runs the hidden-state forward and the
+            # LM-head slices rank 0 runs (`run` otherwise), so the collectives match.
+            engine.run_step(batch)
         steps += 1
