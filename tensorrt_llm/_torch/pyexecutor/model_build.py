@@ -18,6 +18,7 @@ from ..modules.fp8_block_model import (
     quantize_moe_experts_fp8_block_,
 )
 from ..modules.fused_moe import fuse_shared_experts_
+from ..modules.linear import quantize_model_fp8_
 from ..weight_loading import build_model_on_meta, load_model
 from .capacity import (
     BatchSizing,
@@ -73,7 +74,9 @@ def build_model(
     config: EngineConfig,
 ) -> torch.nn.Module:
     """The model with its weights (the checkpoint's, or random at real size for "dummy"),
-    its block-FP8 layers switched on meta first, eval mode."""
+    its block-FP8 layers switched on meta first, per-channel FP8 (`quantization="fp8"`)
+    converted last, eval mode. NOTE: under tensor parallelism the fp8 conversion is a
+    collective per row-parallel layer (`quantize_model_fp8_`): every rank builds here."""
     quant = config.quant_config
 
     def prepare(model: torch.nn.Module) -> None:  # on meta: no 16-bit copy of FP8 layers
@@ -96,6 +99,9 @@ def build_model(
     # After the experts' final precision: random weights, or experts converted to FP8 after
     # loading, fuse only now (a checkpoint's load_weights fused already where it could).
     fuse_shared_experts_(model)
+    if config.quantization == "fp8":
+        converted = quantize_model_fp8_(model)
+        logger.info("fp8: quantised %d linear layers of the text decoder", converted)
     return model.eval()
 
 

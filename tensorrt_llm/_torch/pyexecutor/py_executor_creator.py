@@ -18,7 +18,6 @@ import torch
 from ...inputs.multimodal import MultimodalParams
 from ..models.modeling_auto import get_model_class
 from ..models.vision_embedding_cache import VisionEmbeddingCache
-from ..modules.linear import quantize_model_fp8_
 from ..quantization import QuantConfig
 from .capacity import (
     BatchSizing,
@@ -197,9 +196,6 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     num_slots = model_config.max_num_seq_slots
     _check_quant_config(config)
     model = build_model(cls, model_config, device, config)
-    if config.quantization == "fp8":
-        converted = quantize_model_fp8_(model)
-        logger.info("fp8: quantised %d linear layers of the text decoder", converted)
     table_seq_len = engine_max_seq_len(config, spec)
     engine = PyTorchModelEngine(
         model,
