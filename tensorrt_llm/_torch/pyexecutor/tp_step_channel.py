@@ -16,7 +16,8 @@ collective per slice, and each rank's vocabulary shard must be of the same rows.
 Commands besides a step: a new KV cache (its block count: block ids must mean the same
 memory on every rank), the KV sizing (each rank answers the blocks its own free memory fits,
 the ranks keep the minimum: `send_kv_budget`), the snapshot pool's entry count (the
-minimum too: `send_snapshot_pool`), and stop.
+minimum too: `send_snapshot_pool`), the vision embedding cache (its capacity, sent where
+rank 0 builds its own: `send_vision_cache`), and stop.
 
 NOTE: only a tensor-parallel engine has a channel (`PyTorchModelEngine.step_channel` is None
 otherwise), so a single-GPU step does no work here.
@@ -50,6 +51,7 @@ CMD_KV_CACHE = 2
 CMD_STOP = 3
 CMD_KV_BUDGET = 4
 CMD_SNAPSHOT_POOL = 5
+CMD_VISION_CACHE = 6
 _HEADER = 15  # int64 entries of the fixed header
 
 
@@ -77,6 +79,14 @@ class SnapshotPoolCommand:
     most rank 0's `proposed_entries`), then build a pool of the agreed count."""
 
     proposed_entries: int
+
+
+@dataclass(frozen=True)
+class VisionCacheCommand:
+    """Build the worker's vision embedding cache now (rank 0 built its own at this point):
+    every rank's cache then sees the same lookups and puts, so the same hits and evictions."""
+
+    capacity_bytes: int
 
 
 class StepChannel:
@@ -158,6 +168,9 @@ class StepChannel:
         self._broadcast_header([CMD_SNAPSHOT_POOL, proposed_entries])
         return self.agree_min(proposed_entries)
 
+    def send_vision_cache(self, capacity_bytes: int) -> None:
+        self._broadcast_header([CMD_VISION_CACHE, capacity_bytes])
+
     def agree_min(self, value: int) -> int:
         """The minimum of `value` over the tp group (every rank calls it)."""
         return min_over_ranks([value], self.mapping, self.device)[0]
@@ -186,9 +199,16 @@ class StepChannel:
     # ------------------------------------------------------------------ workers
     def receive(
         self,
-    ) -> InputBatch | KvCacheCommand | KvBudgetCommand | SnapshotPoolCommand | None:
+    ) -> (
+        InputBatch
+        | KvCacheCommand
+        | KvBudgetCommand
+        | SnapshotPoolCommand
+        | VisionCacheCommand
+        | None
+    ):
         """The next command: a step's batch (its snapshot copies in `snapshot_copies`), a
-        KV-cache, KV-sizing or snapshot-pool command, or None for stop."""
+        KV-cache, KV-sizing, snapshot-pool or vision-cache command, or None for stop."""
         header = torch.empty(_HEADER, dtype=torch.int64, device=self.wire)
         dist.broadcast(header, self.src, group=self.group)
         h = header.tolist()
@@ -200,6 +220,8 @@ class StepChannel:
             return KvBudgetCommand(h[1], h[2])
         if h[0] == CMD_SNAPSHOT_POOL:
             return SnapshotPoolCommand(h[1])
+        if h[0] == CMD_VISION_CACHE:
+            return VisionCacheCommand(h[1])
         if h[0] != CMD_STEP:
             raise RuntimeError(f"unknown step-channel command {h[0]} from rank {self.src}")
         return self._receive_step(h)

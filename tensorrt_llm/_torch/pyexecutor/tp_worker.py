@@ -13,16 +13,24 @@ Hybrid prefix caching: the worker's recurrent snapshot pool has the entry count 
 agreed (`SnapshotPoolCommand`, built before the KV sizing as on rank 0) and no bookkeeping
 of its own: it replays the copies each step carries, by rank 0's entry indices, on this
 rank's shard of the state, before the step's forward.
+
+The vision embedding cache: built when rank 0 builds its own (`VisionCacheCommand`, after the
+capacity probe), of the same capacity. The tower is data-parallel, so every rank must skip the
+same cached items and split only the misses: each rank's cache sees the same lookups and puts
+(the same steps, media hashes and entry sizes, every rank holding every item's embeddings after
+the all-gather), so its hits and LRU evictions are rank 0's.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Any, cast
 
 import torch
 
 from ..models.modeling_auto import get_model_class
+from ..models.vision_embedding_cache import VisionEmbeddingCache
 from .engine_config import EngineConfig
 from .hybrid_kv_cache_reuse import recurrent_slot_state, snapshot_pool_bytes
 from .kv_cache_creator import KVCacheSpec, blocks_that_fit, device_free_bytes
@@ -31,7 +39,13 @@ from .model_engine import PyTorchModelEngine
 from .spec_decode.setup import kv_spec_with_mtp
 from .state_snapshot_pool import RecurrentSnapshotPool, snapshot_bytes
 from .tp_setup import check_tp_config
-from .tp_step_channel import KvBudgetCommand, KvCacheCommand, SnapshotPoolCommand, StepChannel
+from .tp_step_channel import (
+    KvBudgetCommand,
+    KvCacheCommand,
+    SnapshotPoolCommand,
+    StepChannel,
+    VisionCacheCommand,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +134,11 @@ def run_tp_worker(config: EngineConfig) -> int:
             continue
         if isinstance(command, SnapshotPoolCommand):
             snapshots = worker_snapshot_pool(config, engine, channel, command.proposed_entries)
+            continue
+        if isinstance(command, VisionCacheCommand):
+            cast(Any, engine.model).vision_embedding_cache = VisionEmbeddingCache(
+                command.capacity_bytes
+            )
             continue
         if isinstance(command, KvCacheCommand):
             kv = None

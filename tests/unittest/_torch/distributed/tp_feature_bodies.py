@@ -20,6 +20,12 @@ from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor_creator import create_py_executor
 from tensorrt_llm._torch.pyexecutor.tp_worker import run_tp_worker
 from tensorrt_llm._torch.weight_loading import load_model
+from tensorrt_llm.inputs.media_hash import (
+    MULTIMODAL_HASHES,
+    MULTIMODAL_SOURCES,
+    hash_multimodal_data,
+)
+from tensorrt_llm.inputs.multimodal import MultimodalParams
 from tensorrt_llm.inputs.registry import create_input_processor
 from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.sampling_params import SamplingParams
@@ -109,3 +115,88 @@ def fp8_schedule_logits(mapping: Mapping, checkpoint_dir: str) -> dict[str, Any]
         run_schedule(lm, _manager(lm, device), sequences, schedule) for lm in models
     )
     return {"plain": plain, "reference": reference, "sharded": sharded}
+
+
+# The vision embedding cache test: images by seed, sent one request at a time (each after the
+# previous one finished), so the second sight of an image finds it cached.
+VISION_REQUESTS = [[0, 1], [1, 0], [2, 0], [1]]
+
+
+def _watch_vision(encoded: list[int], caches: list[Any]) -> None:
+    """Record the items each tower call encodes once a cache exists (not the capacity
+    probe's), and every cache built in this process."""
+    from tensorrt_llm._torch.models import vision_embedding_cache as vec
+    from tensorrt_llm._torch.models.modeling_qwen_vl_base import QwenVLModelBase
+
+    whole = QwenVLModelBase._run_tower_whole
+    init = vec.VisionEmbeddingCache.__init__
+
+    def counting(self: Any, pixels: torch.Tensor, grid_thw: torch.Tensor) -> Any:
+        if self.vision_embedding_cache is not None:
+            encoded.append(int(grid_thw.reshape(-1, 3).shape[0]))
+        return whole(self, pixels, grid_thw)
+
+    def recording(self: Any, capacity_bytes: int) -> None:
+        init(self, capacity_bytes)
+        caches.append(self)
+
+    QwenVLModelBase._run_tower_whole = counting  # type: ignore[method-assign]
+    vec.VisionEmbeddingCache.__init__ = recording  # type: ignore[method-assign]
+
+
+def _cache_state(cache: Any) -> dict[str, Any]:
+    return {
+        "capacity": cache.capacity_bytes,
+        "hits": cache.hits,
+        "misses": cache.misses,
+        "evictions": cache.evictions,
+        "keys": [key.hex() for key in cache._entries],  # LRU order, oldest first
+    }
+
+
+def _vision_requests(config: EngineConfig) -> list[list[int]]:
+    from tp_engine_bodies import _image
+
+    proc = create_input_processor(config.checkpoint_dir)
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    executor = create_py_executor(config, proc)
+    tokens = []
+    try:
+        for i, seeds in enumerate(VISION_REQUESTS):
+            prompt = proc.default_multimodal_prompt("What is shown?", num_images=len(seeds))
+            media = {"image": [_image(s) for s in seeds]}
+            ids, extra = proc({"prompt": prompt, "multi_modal_data": media}, None)
+            data = extra["multimodal_data"]
+            # The content hashes the LLM API's input preparer adds (the cache's keys).
+            data[MULTIMODAL_HASHES] = hash_multimodal_data(
+                data, {}, extra.pop(MULTIMODAL_SOURCES, None)
+            )
+            params = MultimodalParams(data)
+            req = LlmRequest(i + 1, ids, greedy, multimodal_params=params)
+            executor.enqueue_request(req)
+            while not (resp := executor.responses.get(timeout=120)).finished:
+                if resp.error is not None:
+                    raise RuntimeError(f"request {resp.request_id}: {resp.error}")
+            tokens.append(list(req.output_token_ids))
+    finally:
+        executor.shutdown()
+    return tokens
+
+
+def vision_cache_tp1_and_tp(mapping: Mapping, checkpoint_dir: str, capacity: int) -> Any:
+    """`VISION_REQUESTS` with a `capacity`-byte vision embedding cache. Rank 0: TP=1 then
+    TP=N, each {tokens, items per tower call, its cache's state}; the others: {items per
+    tower call, their cache's state} of the TP=N run."""
+    encoded: list[int] = []
+    caches: list[Any] = []
+    _watch_vision(encoded, caches)
+    config = replace(engine_config(checkpoint_dir), vision_embedding_cache_bytes=capacity)
+    if mapping.rank != 0:
+        run_tp_worker(replace(config, mapping=mapping))
+        return {"tower": encoded, "cache": _cache_state(caches[-1]), "caches": len(caches)}
+    runs = []
+    for run_config in (config, replace(config, mapping=mapping)):
+        encoded.clear()
+        tokens = _vision_requests(run_config)
+        runs.append({"tokens": tokens, "tower": list(encoded), "cache": _cache_state(caches[-1])})
+    return runs
