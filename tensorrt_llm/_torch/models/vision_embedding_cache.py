@@ -16,7 +16,8 @@ NOTE (tensor parallelism): the tower is data-parallel, so every rank must skip t
 items. Each rank holds its own cache of rank 0's capacity, built at the same step
 (`tp_worker.py`), and the only gets / puts are the model's encode step, run on every rank with
 the same params, hashes and (all-gathered) entry sizes: hits, misses and evictions are the same
-everywhere. Nothing may touch one rank's cache alone.
+everywhere. Nothing may touch one rank's cache alone; `vision_data_parallel.check_same_items`
+fails every rank at once if their planned items ever differ.
 """
 
 from __future__ import annotations

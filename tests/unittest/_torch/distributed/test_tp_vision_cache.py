@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tp_feature_bodies import vision_cache_tp1_and_tp
+from tp_feature_bodies import items_check, vision_cache_tp1_and_tp
 from tp_harness import spawn_ranks
 
 from tensorrt_llm.inputs.registry import create_input_processor
@@ -58,3 +58,12 @@ def test_tp2_vision_cache_skips_the_tower_on_every_rank(tmp_path: Path) -> None:
     # Request 1 splits its two misses (one a rank); 3 and 4 have one item: whole on each.
     assert sharded["tower"] == worker["tower"] == [1, 1, 1]
     assert sharded["tokens"] == single["tokens"]
+
+
+def test_ranks_that_planned_different_items_fail_together() -> None:
+    # Same counts in another order, then one item more: each rank raises, none waits.
+    assert spawn_ranks(items_check, 2, [[6, 4], [6, 4]]) == ["", ""]
+    for plans in ([[6, 4], [4, 6]], [[6, 4], [6, 4, 1]]):
+        for message in spawn_ranks(items_check, 2, plans):
+            assert "planned different image items" in message
+            assert "vision embedding caches diverged" in message

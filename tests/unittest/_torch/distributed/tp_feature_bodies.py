@@ -200,3 +200,14 @@ def vision_cache_tp1_and_tp(mapping: Mapping, checkpoint_dir: str, capacity: int
         tokens = _vision_requests(run_config)
         runs.append({"tokens": tokens, "tower": list(encoded), "cache": _cache_state(caches[-1])})
     return runs
+
+
+def items_check(mapping: Mapping, tokens_per_rank: list[list[int]]) -> str:
+    """`check_same_items` with this rank's planned items; the error it raised, or ""."""
+    from tensorrt_llm._torch.models.vision_data_parallel import check_same_items
+
+    try:
+        check_same_items("image", tokens_per_rank[mapping.rank], mapping, torch.device("cpu"))
+    except RuntimeError as exc:
+        return str(exc)
+    return ""
