@@ -71,6 +71,15 @@ def test_tp2_fp8_weight_scales_are_the_tp1_scales(tmp_path: Path) -> None:
         assert _check_layers(result, rank) == (4, 4)  # qkv, gate_up / o, down x 2 layers
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_tp2_fp8_weight_scales_on_two_gpus(tmp_path: Path) -> None:
+    dense = write_tiny_checkpoint("qwen3", tmp_path / "qwen3")
+    per_rank = spawn_ranks(fp8_per_channel_layers, 2, str(dense), True, device_type="cuda")
+    for rank, result in enumerate(per_rank):
+        assert _check_layers(result, rank) == (4, 4)
+
+
 def test_tp2_fp8_moe_shared_expert_and_deltanet_scales(tmp_path: Path) -> None:
     # Qwen3.5-MoE: the shared expert's gate_up / down and DeltaNet's in / out projections
     # are column / row shards; the routed experts are no Linear (they stay 16-bit).

@@ -67,3 +67,26 @@ def test_ranks_that_planned_different_items_fail_together() -> None:
         for message in spawn_ranks(items_check, 2, plans):
             assert "planned different image items" in message
             assert "vision embedding caches diverged" in message
+
+
+def test_llm_tp2_image_sent_twice_equals_tp1(tmp_path: Path) -> None:
+    # Through `LLM` (the input preparer's content hashes, the real rank processes): the
+    # second request's images are the first's in the other order, served by the caches.
+    import numpy as np
+    from PIL import Image
+
+    from tensorrt_llm import LLM, SamplingParams
+
+    ckpt = write_tiny_checkpoint("qwen3_vl", tmp_path / "qwen3_vl")
+    proc = create_input_processor(str(ckpt))
+    rng = np.random.default_rng(0)
+    a, b = (Image.fromarray(rng.integers(0, 256, (56, 84, 3), dtype=np.uint8)) for _ in "ab")
+    prompt = proc.default_multimodal_prompt("What is shown?", num_images=2)
+    inputs = [{"prompt": prompt, "multi_modal_data": {"image": pair}} for pair in ([a, b], [b, a])]
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    kwargs = dict(device="cpu", max_batch_size=2, max_num_tokens=16)
+    outputs = []
+    for tp in (1, 2):
+        with LLM(str(ckpt), tensor_parallel_size=tp, **kwargs) as llm:
+            outputs.append([llm.generate(x, greedy).outputs[0].token_ids for x in inputs])
+    assert outputs[1] == outputs[0]

@@ -69,28 +69,32 @@ def prompt_logprobs_tp1_and_tp(mapping: Mapping, checkpoint_dir: str, slice_rows
     return _prompt_logprobs(config), _prompt_logprobs(replace(config, mapping=mapping))
 
 
-def _fp8_linears(cls: type, model_config: ModelConfig) -> dict[str, Any]:
+def _fp8_linears(cls: type, model_config: ModelConfig, device: torch.device) -> dict[str, Any]:
     """name -> (16-bit weight, e4m3 weight as float32, weight_scale) of every Linear that
-    `quantize_model_fp8_` converts, after loading `model_config`'s shard."""
-    model = load_model(cls, model_config, "cpu")
+    `quantize_model_fp8_` converts, after loading `model_config`'s shard (on the CPU)."""
+    model = load_model(cls, model_config, device)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, Linear)}
-    before = {n: m.weight.detach().clone() for n, m in linears.items()}
+    before = {n: m.weight.detach().cpu().clone() for n, m in linears.items()}
     quantize_model_fp8_(model)
     return {
-        n: (before[n], m.weight.float(), m.weight_scale.clone())
+        n: (before[n], m.weight.float().cpu(), m.weight_scale.cpu().clone())
         for n, m in linears.items()
         if m.per_channel_fp8
     }
 
 
-def fp8_per_channel_layers(mapping: Mapping, checkpoint_dir: str) -> dict[str, Any]:
-    """Every per-channel FP8 Linear of the checkpoint at TP=1 and at this rank's TP=N."""
+def fp8_per_channel_layers(
+    mapping: Mapping, checkpoint_dir: str, on_gpu: bool = False
+) -> dict[str, Any]:
+    """Every per-channel FP8 Linear of the checkpoint at TP=1 and at this rank's TP=N (with
+    `on_gpu`, built on this rank's GPU: the amax all-reduce runs over NCCL)."""
+    device = torch.device("cuda", mapping.local_rank) if on_gpu else torch.device("cpu")
     config = load_pretrained_config(checkpoint_dir)
     cls = get_model_class(config.tllm_architecture)
     base = ModelConfig(pretrained_config=config, checkpoint_dir=checkpoint_dir)
     return {
-        "single": _fp8_linears(cls, base),
-        "sharded": _fp8_linears(cls, replace(base, mapping=mapping)),
+        "single": _fp8_linears(cls, base, device),
+        "sharded": _fp8_linears(cls, replace(base, mapping=mapping), device),
     }
 
 
