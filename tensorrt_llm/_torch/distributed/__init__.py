@@ -6,7 +6,7 @@ modules only call them when they were built with `Mapping.has_tp`: the single-GP
 no extra work per step.
 """
 
-from .ops import all_gather, all_reduce, min_over_ranks
+from .ops import all_gather, all_reduce, all_reduce_max, min_over_ranks
 from .process_group import destroy_distributed, init_distributed, is_initialized, tp_group
 from .sharding import (
     AnyShard,
@@ -24,6 +24,7 @@ __all__ = [
     "TensorShard",
     "all_gather",
     "all_reduce",
+    "all_reduce_max",
     "column_shard",
     "destroy_distributed",
     "init_distributed",

@@ -26,6 +26,18 @@ def all_reduce(x: torch.Tensor, mapping: Mapping) -> torch.Tensor:
     return x
 
 
+def all_reduce_max(x: torch.Tensor, mapping: Mapping) -> torch.Tensor:
+    """Element-wise max of `x` over the tp group, in place (a row-parallel weight's per-row
+    amax, so every rank's FP8 row scale is the full row's: `quantize_model_fp8_`)."""
+    if mapping.tp_size == 1:
+        return x
+    try:
+        dist.all_reduce(x, op=dist.ReduceOp.MAX, group=tp_group(mapping))
+    except RuntimeError as exc:
+        raise collective_error("all_reduce(MAX)", exc) from exc
+    return x
+
+
 def all_gather(x: torch.Tensor, mapping: Mapping, dim: int = -1) -> torch.Tensor:
     """The ranks' `x` concatenated along `dim`, in rank order (vocab-parallel logits)."""
     if mapping.tp_size == 1:

@@ -9,6 +9,7 @@ the device.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
@@ -25,7 +26,7 @@ from .modeling_utils import ModelConfig
 from .piecewise_stack import not_registered, piecewise_stack_of
 from .qwen_vl_mrope import _prepare_qwen_vl_mrope_config, apply_generation_deltas
 from .qwen_vl_vision_inputs import MODALITIES, VisionTower, chunk_embeddings, split_vl_weights
-from .vision_data_parallel import run_tower_data_parallel
+from .vision_data_parallel import check_same_items, run_tower_data_parallel
 from .vision_embedding_cache import VisionEmbeddingCache
 from .vision_step_encoder import encode_modality
 
@@ -144,6 +145,8 @@ class QwenVLModelBase(nn.Module):
         for params in todo:
             params.cached_embeddings = {}
         merge = self.config.vision_config.spatial_merge_size
+        mapping = self.model_config.mapping
+        device = self.mrope_position_deltas_cache.device
         for kind, pix_key, grid_key in MODALITIES:
             owners = [p for p in todo if p.get(f"{kind}.{pix_key}") is not None]
             if not owners:
@@ -155,6 +158,9 @@ class QwenVLModelBase(nn.Module):
                     f"it cannot take {kind} inputs",
                 )
             dtype = next(self.visual.parameters()).dtype
+            check = None
+            if mapping.has_tp:  # the ranks must agree on the items they encode
+                check = partial(check_same_items, kind, mapping=mapping, device=device)
             encode_modality(
                 self._run_tower,
                 owners,
@@ -164,6 +170,7 @@ class QwenVLModelBase(nn.Module):
                 merge,
                 dtype,
                 self.vision_embedding_cache,
+                check,
             )
 
     def _merge_vision(

@@ -41,6 +41,27 @@ def split_items(tokens: list[int], parts: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
+def check_same_items(kind: str, tokens: list[int], mapping: Mapping, device: torch.device) -> None:
+    """Raise on every rank unless every rank is about to encode the same `kind` items (their
+    vision token counts, in order): the ranks skip cached items by their own caches
+    (vision_embedding_cache.py), and a rank that planned other items would pair its tower's
+    all-gather with another rank's, or wait in it forever. One small all-gather per media
+    step."""
+    if mapping.tp_size == 1:
+        return
+    # gloo gathers host tensors, NCCL device ones; a media step reads its grids on the host.
+    wire = device if device.type == "cuda" else torch.device("cpu")
+    digest = [len(tokens), sum(tokens), sum(i * n for i, n in enumerate(tokens, 1))]
+    gathered = all_gather(torch.tensor(digest, dtype=torch.int64, device=wire), mapping, dim=0)
+    seen = gathered.reshape(mapping.tp_size, -1).tolist()
+    if any(row != seen[0] for row in seen):
+        raise RuntimeError(
+            f"the tensor-parallel ranks planned different {kind} items to encode "
+            f"(items, tokens, checksum per rank: {seen}): their vision embedding caches "
+            f"diverged"
+        )
+
+
 def run_tower_data_parallel(
     run_tower: TowerFn,
     pixels: torch.Tensor,

@@ -11,6 +11,13 @@ user and models must not import the executor; the executor creates it and hands 
 NOTE: the tower packs every item of a step into one output and the model splits it; a split is
 a view that keeps the whole packed tensor alive. `put` copies such views, so the byte count is
 what the cache really holds.
+
+NOTE (tensor parallelism): the tower is data-parallel, so every rank must skip the same cached
+items. Each rank holds its own cache of rank 0's capacity, built at the same step
+(`tp_worker.py`), and the only gets / puts are the model's encode step, run on every rank with
+the same params, hashes and (all-gathered) entry sizes: hits, misses and evictions are the same
+everywhere. Nothing may touch one rank's cache alone; `vision_data_parallel.check_same_items`
+fails every rank at once if their planned items ever differ.
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ from ...inputs.multimodal import MultimodalParams
 from .vision_embedding_cache import VisionEmbeddingCache
 
 TowerFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, list[torch.Tensor]]]
+# Tensor parallelism: raises unless every rank plans the same items (their token counts).
+CheckItems = Callable[[list[int]], None]
 
 
 @dataclass
@@ -96,11 +98,17 @@ def encode_modality(
     merge: int,
     dtype: torch.dtype,
     cache: VisionEmbeddingCache | None,
+    check_items: CheckItems | None = None,
 ) -> None:
-    """Set `cached_embeddings[kind]` of every owner (their dicts exist already)."""
+    """Set `cached_embeddings[kind]` of every owner (their dicts exist already).
+    `check_items` (tensor parallelism) sees the token counts of the items to encode, before
+    the tower runs (every media step, so a rank that planned alone fails here, not in the
+    tower's all-gather)."""
     grids = [params.get(f"{kind}.{grid_key}").cpu().reshape(-1, 3) for params in owners]
     hits = any(p.runtime is not None and p.runtime.num_prefix_hit_tokens for p in owners)
     if cache is None and not hits:
+        if check_items is not None:
+            check_items([int(n) // merge**2 for g in grids for n in g.prod(dim=-1).tolist()])
         _encode_all(run_tower, owners, kind, pix_key, grids, merge, dtype)
         return
     plans = [
@@ -108,6 +116,8 @@ def encode_modality(
         for p, grid in zip(owners, grids, strict=True)
     ]
     todo = [item for plan in plans for item in plan.todo]
+    if check_items is not None:
+        check_items([int(g.prod()) // merge**2 for _, g, _ in todo])
     outputs: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
     if todo:
         pixels = torch.cat([rows for rows, _, _ in todo]).to(dtype)

@@ -5,6 +5,14 @@ Used by `quantization="fp8"`: after the weights are loaded, `linear.quantize_mod
 converts the text decoder's `Linear` layers in place. The vision tower and the LM head stay
 in 16 bits.
 
+Tensor parallelism: a weight scale is its full output row's, on every rank. A column-parallel
+shard holds whole rows; a row-parallel one (input features split) holds a column slice of each
+row, so its per-row amax is all-reduced (MAX) over the ranks first and every rank's scales,
+and e4m3 values, are the TP=1 layer's slices bit for bit. The per-token activation scales stay
+each rank's own: a row-parallel layer's input is a column slice too, and making its scales the
+full row's would take a collective per layer per step, more than the few-ulp difference it
+removes (the partial products differ from one GPU's by rounding, within tolerance, not bits).
+
 At decode row counts (up to `_TENSORWISE_MAX_ROWS`) the GEMM runs with unit scalar scales,
 which selects cuBLASLt's tensor-wise kernels (about twice the bandwidth of its row-wise ones
 there), and `scale_outer_` applies the row and channel scales afterwards. Larger row counts
@@ -40,9 +48,19 @@ def _unit_scale(device: torch.device) -> torch.Tensor:
     return one
 
 
-def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantise each row of `x: [M, K]` to e4m3 with its own scale; returns (xq, scale [M, 1])."""
-    amax = x.abs().amax(dim=-1, keepdim=True).float()
+def row_amax(x: torch.Tensor) -> torch.Tensor:
+    """fp32 `[M, 1]`: the largest magnitude of each row of `x: [M, K]`."""
+    return x.abs().amax(dim=-1, keepdim=True).float()
+
+
+def quantize_fp8_rows(
+    x: torch.Tensor, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise each row of `x: [M, K]` to e4m3 with its own scale; returns (xq, scale [M, 1]).
+    `amax` `[M, 1]`: the rows' amax when `x` is a column slice of longer rows (a row-parallel
+    weight shard), so the scale is the whole row's; `row_amax(x)` otherwise."""
+    if amax is None:
+        amax = row_amax(x)
     scale = (amax / FP8_MAX).clamp_(min=_MIN_SCALE)
     xq = (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return xq, scale
@@ -163,11 +181,12 @@ def fp8_linear(
 
 
 @torch.no_grad()
-def quantize_linear_fp8_(linear: nn.Module) -> None:
-    """Replace `linear.weight` by its e4m3 form plus a per-output-channel `weight_scale`."""
+def quantize_linear_fp8_(linear: nn.Module, amax: torch.Tensor | None = None) -> None:
+    """Replace `linear.weight` by its e4m3 form plus a per-output-channel `weight_scale`
+    (from `amax` `[N, 1]` when given: see `quantize_fp8_rows`)."""
     weight = linear.weight.data
     if weight.dtype == FP8_DTYPE:
         return
-    wq, scale = quantize_fp8_rows(weight)
+    wq, scale = quantize_fp8_rows(weight, amax)
     linear.weight = nn.Parameter(wq, requires_grad=False)
     linear.register_buffer("weight_scale", scale.view(-1).contiguous(), persistent=False)

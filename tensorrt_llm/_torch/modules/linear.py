@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...mapping import Mapping
-from ..distributed import AnyShard, all_reduce
+from ..distributed import AnyShard, all_reduce, all_reduce_max
 from .fp8_block_linear import fp8_block_forward, load_fp8_block, scale_rows, shard_block_scales
 from .fp8_linear import (
     FP8_DTYPE,
@@ -22,6 +22,7 @@ from .fp8_linear import (
     fp8_gemm_unscaled,
     fp8_linear,
     quantize_linear_fp8_,
+    row_amax,
     uses_tensorwise_gemm,
 )
 from .tensor_parallel import ParamShards, TensorParallelMode, shard_linear
@@ -262,6 +263,12 @@ def quantize_model_fp8_(model: nn.Module, skip: tuple[str, ...] = ("visual",)) -
     All of them, narrowing projections (o, down) included: with the tensor-wise GEMM they are
     faster than bf16 at decode sizes too (Qwen3-VL-8B on the H200 at 32 rows: down 22.1 vs
     31.1 us, o 10.2 vs 11.0 us; benchmarks/results/fp8_gemm_h200.md).
+
+    Tensor parallelism: a row-parallel layer's scales come from its rows' amax all-reduced
+    (MAX) over the ranks, so they equal the TP=1 layer's (fp8_linear.py). NOTE: a collective
+    per such layer; every rank converts the same layers in the same (module) order.
+    MoE experts (`MoEExperts`, not a `Linear`) stay 16-bit at any tp size; a shared expert's
+    Linears are column / row shards like the MLP's, the router is replicated (whole rows).
     """
     count = 0
     for name, module in model.named_modules():
@@ -269,6 +276,16 @@ def quantize_model_fp8_(model: nn.Module, skip: tuple[str, ...] = ("visual",)) -
             continue
         if module.fp8_block is not None:
             raise ValueError(f"{name} is block-FP8 already; per-channel fp8 needs 16-bit weights")
-        quantize_linear_fp8_(module)
+        quantize_linear_fp8_(module, _full_row_amax(name, module))
         count += 1
     return count
+
+
+def _full_row_amax(name: str, linear: Linear) -> torch.Tensor | None:
+    """The amax of each whole output row for a row-parallel shard (None: its rows are whole)."""
+    split_inputs = linear.in_features != linear.full_in_features
+    if split_inputs and not linear.reduce_output:
+        raise ValueError(f"{name}: its input features are split but its output is not reduced")
+    if not linear.reduce_output or linear.weight.dtype == FP8_DTYPE:
+        return None
+    return all_reduce_max(row_amax(linear.weight.data), linear.mapping)

@@ -19,6 +19,7 @@ from ..modules.fp8_block_model import (
 )
 from ..modules.fused_moe import fuse_shared_experts_
 from ..modules.gated_delta_net import fuse_gdn_in_projections_
+from ..modules.linear import quantize_model_fp8_
 from ..weight_loading import build_model_on_meta, load_model
 from .capacity import (
     BatchSizing,
@@ -74,7 +75,9 @@ def build_model(
     config: EngineConfig,
 ) -> torch.nn.Module:
     """The model with its weights (the checkpoint's, or random at real size for "dummy"),
-    its block-FP8 layers switched on meta first, eval mode."""
+    its block-FP8 layers switched on meta first, per-channel FP8 (`quantization="fp8"`)
+    converted last, eval mode. NOTE: under tensor parallelism the fp8 conversion is a
+    collective per row-parallel layer (`quantize_model_fp8_`): every rank builds here."""
     quant = config.quant_config
 
     def prepare(model: torch.nn.Module) -> None:  # on meta: no 16-bit copy of FP8 layers
@@ -97,6 +100,9 @@ def build_model(
     # After the experts' final precision: random weights, or experts converted to FP8 after
     # loading, fuse only now (a checkpoint's load_weights fused already where it could).
     fuse_shared_experts_(model)
+    if config.quantization == "fp8":
+        converted = quantize_model_fp8_(model)
+        logger.info("fp8: quantised %d linear layers of the text decoder", converted)
     # Last, with every weight final (loaded, quantized): each DeltaNet layer's two input
     # projections become one GEMM; the forward only reads the joined weight.
     fuse_gdn_in_projections_(model)

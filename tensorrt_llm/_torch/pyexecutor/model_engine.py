@@ -117,7 +117,7 @@ class PyTorchModelEngine:
         if plan is None or batch.return_context_logits:
             return self.run(batch), None
         if self.step_channel is not None:
-            self.step_channel.send_step(batch)  # raises: not supported yet
+            self.step_channel.send_step(batch)  # with the plan's rows: the workers run them too
         piecewise = self.piecewise_graph_runner
         if piecewise is not None and piecewise.can_run(batch):
             hidden = piecewise.run_hidden(batch)

@@ -18,7 +18,6 @@ import torch
 from ...inputs.multimodal import MultimodalParams
 from ..models.modeling_auto import get_model_class
 from ..models.vision_embedding_cache import VisionEmbeddingCache
-from ..modules.linear import quantize_model_fp8_
 from ..quantization import QuantConfig
 from .capacity import (
     BatchSizing,
@@ -197,9 +196,6 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     num_slots = model_config.max_num_seq_slots
     _check_quant_config(config)
     model = build_model(cls, model_config, device, config)
-    if config.quantization == "fp8":
-        converted = quantize_model_fp8_(model)
-        logger.info("fp8: quantised %d linear layers of the text decoder", converted)
     table_seq_len = engine_max_seq_len(config, spec)
     engine = PyTorchModelEngine(
         model,
@@ -220,13 +216,13 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     activation = max(0, peak - torch.cuda.memory_allocated(device)) if peak else 0
     reuse_on = config.enable_block_reuse
     embed_cache_bytes = config.vision_embedding_cache_bytes if reuse_on and has_vision else 0
-    if embed_cache_bytes and config.mapping.has_tp:
-        # Rank 0 alone would skip cached items the data-parallel tower still splits.
-        logger.info("vision embedding cache: off with tensor_parallel_size > 1 (not built yet)")
-        embed_cache_bytes = 0
     if embed_cache_bytes:
         # Its tensors grow as images arrive: reserved like the probe's peak, before KV sizing.
         cast(Any, engine.model).vision_embedding_cache = VisionEmbeddingCache(embed_cache_bytes)
+        if engine.step_channel is not None:
+            # Each rank mirrors it from this step on: the data-parallel tower needs every rank
+            # to skip the same cached items (tp_worker.py).
+            engine.step_channel.send_vision_cache(embed_cache_bytes)
     # Allocated now, so the KV cache is sized from what it leaves (hybrid_kv_cache_reuse.py).
     snapshots = make_snapshot_pool(config, engine) if reuse_on else None
     # MTP speculation also keeps a full batch's recurrent-state snapshot (spec_decode/).

@@ -37,11 +37,10 @@ def check_tp_config(config: EngineConfig) -> None:
     refused = []
     if config.use_cuda_graph:
         refused.append("CUDA graphs (pass cuda_graph_config=None)")
-    # Block-FP8 shards whole 128-blocks with their scales (fp8_block_linear.shard_block_scales);
-    # per-channel fp8 quantized after loading would scale a row shard by its own columns
-    # only: not what one GPU computes, so it waits for its own sharding.
-    if config.quantization not in (None, "fp8_block"):
-        refused.append(f"quantization={config.quantization!r} (fp8_block is supported)")
+    # Quantization needs nothing here: block-FP8 shards whole 128-blocks with their scales
+    # (fp8_block_linear.shard_block_scales); per-channel fp8 all-reduces a row-parallel
+    # layer's row amax before quantizing (linear.quantize_model_fp8_), so every rank's
+    # scales are one GPU's.
     # NOTE: nothing is refused for the Gated DeltaNet (Qwen3.5 / Qwen3.6) stacks: their heads,
     # conv channels and states shard (gated_delta_net_weights.py); prefix caching replays rank
     # 0's snapshot copies on each rank (state_snapshot_pool.py); MTP speculation shards the

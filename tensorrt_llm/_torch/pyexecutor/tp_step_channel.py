@@ -10,11 +10,15 @@ Hybrid prefix caching: the packed tensor also carries the step's inner-snapshot 
 recurrent-snapshot copies rank 0's pool made since the previous step (restores at
 admission, saves after the previous forward), which the worker replays on its own pool before
 the forward (`state_snapshot_pool.py`).
+Prompt logprobs: the packed tensor also carries the plan's rows and targets, so the worker runs
+the same hidden-state forward and LM-head slices (`run_step`): the vocab-parallel LM head is a
+collective per slice, and each rank's vocabulary shard must be of the same rows.
 Commands besides a step: a new KV cache (its block count: block ids must mean the same
 memory on every rank), the KV sizing (each rank answers the blocks its own free memory fits,
 the ranks keep the minimum: `send_kv_budget`), the snapshot pool's entry count (the
 minimum too: `send_snapshot_pool`), the parts of an MTP speculative step
-(`send_spec` / `share`, spec_decode/tp_spec.py), and stop.
+(`send_spec` / `share`, spec_decode/tp_spec.py), the vision embedding cache (its
+capacity, sent where rank 0 builds its own: `send_vision_cache`), and stop.
 
 NOTE: only a tensor-parallel engine has a channel (`PyTorchModelEngine.step_channel` is None
 otherwise), so a single-GPU step does no work here.
@@ -35,6 +39,7 @@ from ..attention_backend.interface import AttentionMetadata
 from ..distributed import min_over_ranks, tp_group
 from ..distributed.ops import collective_error
 from ..input_batch import InputBatch
+from .prompt_logprobs import PromptLogprobLayout, PromptLogprobsPlan
 
 if TYPE_CHECKING:
     from .resource_manager import KVCacheManager
@@ -48,7 +53,8 @@ CMD_STOP = 3
 CMD_KV_BUDGET = 4
 CMD_SNAPSHOT_POOL = 5
 CMD_SPEC = 6
-_HEADER = 14  # int64 entries of the fixed header
+CMD_VISION_CACHE = 7
+_HEADER = 15  # int64 entries of the fixed header
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,14 @@ class SpecCommand:
     payload: torch.Tensor
 
 
+@dataclass(frozen=True)
+class VisionCacheCommand:
+    """Build the worker's vision embedding cache now (rank 0 built its own at this point):
+    every rank's cache then sees the same lookups and puts, so the same hits and evictions."""
+
+    capacity_bytes: int
+
+
 class StepChannel:
     """Broadcasts from the tp group's first rank; `receive()` on the others."""
 
@@ -105,8 +119,6 @@ class StepChannel:
 
     # ------------------------------------------------------------------ rank 0
     def send_step(self, batch: InputBatch) -> None:
-        if batch.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs with tensor_parallel_size > 1 is not supported yet")
         md = batch.attn_metadata
         num_seqs, width = md.block_tables.shape
         pos_axes = batch.position_ids.shape[0] if batch.position_ids.dim() == 3 else 1
@@ -129,6 +141,7 @@ class StepChannel:
             0 if media is None else media.numel(),
             len(md.recurrent_snapshots),
             len(copies),
+            _prompt_rows(batch),
         ]
         self._broadcast_header(header)
         num_tokens = md.num_tokens
@@ -143,6 +156,8 @@ class StepChannel:
             batch.position_ids.reshape(pos_axes, -1)[:, :num_tokens].reshape(-1),
         ]
         parts.append(torch.tensor(inner + flat_copies, dtype=torch.int64))
+        if batch.prompt_logprobs is not None:
+            parts += [batch.prompt_logprobs.rows, batch.prompt_logprobs.targets]
         packed = torch.cat([p.to(self.wire, torch.int64) for p in parts])
         self._broadcast(packed)
         if media is not None:
@@ -177,6 +192,9 @@ class StepChannel:
         self._broadcast(wire)
         return wire.to(tensor.device)
 
+    def send_vision_cache(self, capacity_bytes: int) -> None:
+        self._broadcast_header([CMD_VISION_CACHE, capacity_bytes])
+
     def agree_min(self, value: int) -> int:
         """The minimum of `value` over the tp group (every rank calls it)."""
         return min_over_ranks([value], self.mapping, self.device)[0]
@@ -205,9 +223,18 @@ class StepChannel:
     # ------------------------------------------------------------------ workers
     def receive(
         self,
-    ) -> InputBatch | KvCacheCommand | KvBudgetCommand | SnapshotPoolCommand | SpecCommand | None:
+    ) -> (
+        InputBatch
+        | KvCacheCommand
+        | KvBudgetCommand
+        | SnapshotPoolCommand
+        | SpecCommand
+        | VisionCacheCommand
+        | None
+    ):
         """The next command: a step's batch (its snapshot copies in `snapshot_copies`), a
-        KV-cache, KV-sizing, snapshot-pool or speculative-step command, or None for stop."""
+        KV-cache, KV-sizing, snapshot-pool, speculative-step or vision-cache command, or None
+        for stop."""
         header = torch.empty(_HEADER, dtype=torch.int64, device=self.wire)
         dist.broadcast(header, self.src, group=self.group)
         h = header.tolist()
@@ -221,6 +248,8 @@ class StepChannel:
             return SnapshotPoolCommand(h[1])
         if h[0] == CMD_SPEC:
             return self._receive_spec(h)
+        if h[0] == CMD_VISION_CACHE:
+            return VisionCacheCommand(h[1])
         if h[0] != CMD_STEP:
             raise RuntimeError(f"unknown step-channel command {h[0]} from rank {self.src}")
         return self._receive_step(h)
@@ -234,7 +263,7 @@ class StepChannel:
     def _receive_step(self, h: list[int]) -> InputBatch:
         num_ctx, num_gen, num_ctx_tokens, num_tokens, tpb = h[1:6]
         num_seqs, width, padded, pos_axes, context_logits, media_bytes = h[6:12]
-        num_inner, num_copies = h[12:14]
+        num_inner, num_copies, num_prompt_rows = h[12:15]
         sizes = [
             num_seqs,
             num_seqs,
@@ -246,10 +275,11 @@ class StepChannel:
             pos_axes * num_tokens,
             3 * num_inner,
             3 * num_copies,
+            2 * num_prompt_rows,
         ]
         packed = torch.empty(sum(sizes), dtype=torch.int64, device=self.wire)
         dist.broadcast(packed, self.src, group=self.group)
-        lens, cached, slots, cu, tables, slot_mapping, ids, pos, inner, copies = packed.to(
+        lens, cached, slots, cu, tables, slot_mapping, ids, pos, inner, copies, prompt = packed.to(
             self.device
         ).split(sizes)
         # NOTE: read on the host only when there are any (a device tensor's tolist syncs).
@@ -286,7 +316,20 @@ class StepChannel:
             position_ids=positions if pos_axes == 3 else positions[0],
             multimodal_params=params,
             return_context_logits=bool(context_logits),
+            prompt_logprobs=_worker_prompt_plan(prompt) if num_prompt_rows else None,
         )
+
+
+def _prompt_rows(batch: InputBatch) -> int:
+    plan = batch.prompt_logprobs
+    return 0 if plan is None else int(plan.rows.shape[0])
+
+
+def _worker_prompt_plan(rows_and_targets: torch.Tensor) -> PromptLogprobsPlan:
+    """Rank 0's rows and targets with no requests: the worker runs the same LM-head slices
+    over the same rows (the vocab-parallel head's collectives), and drops the entries."""
+    rows, targets = rows_and_targets.chunk(2)
+    return PromptLogprobsPlan(PromptLogprobLayout((), (), (), 0), rows, targets)
 
 
 def _triples(flat: torch.Tensor) -> list[tuple[int, int, int]]:

@@ -17,16 +17,24 @@ rank's shard of the state, before the step's forward.
 MTP speculative decoding: rank 0 sends each forward of a speculative step (target, draft
 passes, replay) as a `SpecCommand` followed by its batch; `SpecWorker` runs them on this
 rank's shards (spec_decode/tp_spec.py).
+
+The vision embedding cache: built when rank 0 builds its own (`VisionCacheCommand`, after the
+capacity probe), of the same capacity. The tower is data-parallel, so every rank must skip the
+same cached items and split only the misses: each rank's cache sees the same lookups and puts
+(the same steps, media hashes and entry sizes, every rank holding every item's embeddings after
+the all-gather), so its hits and LRU evictions are rank 0's.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Any, cast
 
 import torch
 
 from ..models.modeling_auto import get_model_class
+from ..models.vision_embedding_cache import VisionEmbeddingCache
 from .engine_config import EngineConfig
 from .hybrid_kv_cache_reuse import recurrent_slot_state, snapshot_pool_bytes
 from .kv_cache_creator import KVCacheSpec, blocks_that_fit, device_free_bytes
@@ -36,7 +44,13 @@ from .spec_decode.setup import kv_spec_with_mtp
 from .spec_decode.tp_spec import SpecCommand, SpecWorker
 from .state_snapshot_pool import RecurrentSnapshotPool, snapshot_bytes
 from .tp_setup import check_tp_config
-from .tp_step_channel import KvBudgetCommand, KvCacheCommand, SnapshotPoolCommand, StepChannel
+from .tp_step_channel import (
+    KvBudgetCommand,
+    KvCacheCommand,
+    SnapshotPoolCommand,
+    StepChannel,
+    VisionCacheCommand,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +147,11 @@ def run_tp_worker(config: EngineConfig) -> int:
             speculative.handle(command)
             steps += 1
             continue
+        if isinstance(command, VisionCacheCommand):
+            cast(Any, engine.model).vision_embedding_cache = VisionEmbeddingCache(
+                command.capacity_bytes
+            )
+            continue
         if isinstance(command, KvCacheCommand):
             kv = None
             if command.num_blocks:
@@ -158,5 +177,7 @@ def run_tp_worker(config: EngineConfig) -> int:
                 if snapshots is None:
                     raise RuntimeError("rank 0 sent snapshot copies before a snapshot pool")
                 snapshots.apply_copies(channel.snapshot_copies)
-            engine.run(batch)
+            # run_step: a step with prompt logprobs runs the hidden-state forward and the
+            # LM-head slices rank 0 runs (`run` otherwise), so the collectives match.
+            engine.run_step(batch)
         steps += 1

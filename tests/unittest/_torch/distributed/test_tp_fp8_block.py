@@ -92,15 +92,6 @@ def test_a_shard_that_splits_a_block_is_refused(tmp_path: Path) -> None:
         check_model_shards(config)
 
 
-def test_per_channel_fp8_stays_refused(tmp_path: Path) -> None:
-    ckpt = write_tiny_checkpoint("qwen3", tmp_path / "bf16")
-    config = LlmArgs(
-        model=str(ckpt), device="cpu", tensor_parallel_size=2, quantization="fp8"
-    ).to_engine_config()
-    with pytest.raises(ValueError, match="quantization='fp8'"):
-        check_model_shards(config)
-
-
 # Qwen3-VL-MoE with 128-dim heads: attention shards whole blocks, the 4 experts split 2 a rank
 # (expert parallelism: whole experts with their scales), the vision tower stays 16-bit.
 MOE_ALIGNED = dict(
