@@ -70,3 +70,18 @@ def test_the_step_refuses_a_compile_trace(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(RuntimeError, match="post-load step"):
         fuse_in_projections_(gdn)
     assert gdn.in_proj_fused is None
+
+
+def test_fp8_quantization_comes_before_the_join(ckpt: Path) -> None:
+    # quantization="fp8" replaces the in-projections by e4m3 ones: joined before that, the
+    # forward would run the stale 16-bit copy (and keep it in memory beside the fp8 weights).
+    config = LlmArgs(
+        model=str(ckpt), device="cpu", max_batch_size=2, quantization="fp8"
+    ).to_engine_config()
+    cls: Any = get_model_class(config.architecture)
+    built = build_model(cls, model_config_of(config), torch.device("cpu"), config)
+    gdns = _gdns(built)
+    assert gdns
+    for g in gdns:
+        assert g.in_proj_qkvz.weight.dtype == torch.float8_e4m3fn
+        assert g.in_proj_fused is None or g.in_proj_fused.dtype == torch.float8_e4m3fn
