@@ -322,6 +322,7 @@ class LlmArgs:
                 speculative,
                 text_config,
                 max_num_tokens=self.max_num_tokens,
+                enable_block_reuse=self.resolve_block_reuse(config),
             )
         return EngineConfig(
             checkpoint_dir=self.model,

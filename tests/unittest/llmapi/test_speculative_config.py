@@ -84,6 +84,18 @@ def test_step_budget_must_hold_a_verify_row(ckpts: dict[str, str]) -> None:
         args.to_engine_config()
 
 
+def test_block_reuse_is_refused_before_the_model_loads(ckpts: dict[str, str]) -> None:
+    spec = {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
+    args = LlmArgs(model=ckpts["mtp"], speculative_config=spec, enable_block_reuse=True)
+    with pytest.raises(ValueError, match="speculative_config with KV block reuse"):
+        args.to_engine_config()  # no model is built here: the error comes first
+    # Hybrid checkpoints leave reuse off unless asked: MTP alone passes.
+    assert (
+        LlmArgs(model=ckpts["mtp"], speculative_config=spec).to_engine_config().enable_block_reuse
+        is False
+    )
+
+
 def test_serve_flag_takes_json_or_a_file(tmp_path: Path) -> None:
     spec = {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
     args = parse_args(["--demo", "--speculative_config", json.dumps(spec)])

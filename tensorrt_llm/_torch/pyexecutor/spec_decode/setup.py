@@ -71,8 +71,8 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
     if kv is None:
         raise RuntimeError("the engine has no KV cache manager yet")
     if getattr(executor.scheduler, "reuse", None) is not None:
-        # NOTE: hybrid models take block reuse only when asked (enable_block_reuse=True); the
-        # MTP layer's KV of a cached block and the snapshot points are not checked with drafts.
+        # LlmArgs refuses this first (check_speculative_support); an EngineConfig built by
+        # hand still gets the error here, before any step.
         raise ValueError(
             "speculative_config with KV block reuse is not supported yet; pass "
             "enable_block_reuse=False"
