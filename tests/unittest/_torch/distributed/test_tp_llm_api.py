@@ -117,3 +117,20 @@ def test_unsplittable_model_is_refused_before_ranks_start(ckpt: Path) -> None:
     # 4 attention heads over 3 ranks: rank 0's meta build refuses it, no rank is started.
     with pytest.raises(ValueError, match=r"num_attention_heads=4 is not divisible by tensor"):
         LLM(str(ckpt), tensor_parallel_size=3, **KWARGS)
+
+
+def test_hybrid_mtp_tp2_seeded_sampling_equals_tp1(tmp_path: Path) -> None:
+    """Rejection sampling runs on rank 0 alone (the workers get its draft tokens and its
+    accepted counts): seeded speculative sampling at TP=2 gives TP=1's tokens."""
+    hybrid = write_tiny_checkpoint("qwen3_5", tmp_path / "qwen3_5", mtp_num_hidden_layers=1)
+    spec = {"decoding_type": "MTP", "num_nextn_predict_layers": 2}
+    seeded = [
+        SamplingParams(max_tokens=8, temperature=0.8, top_k=20, seed=11 + i, ignore_eos=True)
+        for i in range(len(PROMPTS))
+    ]
+    with LLM(str(hybrid), speculative_config=spec, **KWARGS) as llm:
+        reference = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, seeded)]
+    with LLM(str(hybrid), tensor_parallel_size=2, speculative_config=spec, **KWARGS) as llm:
+        outputs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, seeded)]
+    assert outputs == reference
+    assert len({tuple(o) for o in outputs}) > 1  # sampled, not one greedy run repeated
