@@ -118,16 +118,23 @@ class PyTorchModelEngine:
             return self.run(batch), None
         if self.step_channel is not None:
             self.step_channel.send_step(batch)  # with the plan's rows: the workers run them too
-        piecewise = self.piecewise_graph_runner
-        if piecewise is not None and piecewise.can_run(batch):
-            hidden = piecewise.run_hidden(batch)
-        else:
-            hidden = self.model.forward_hidden(batch)
+        hidden = self.run_hidden(batch)
         md = batch.attn_metadata
         last = md.cu_seqlens_q[1 : md.num_seqs + 1] - 1
         logits = self.model.lm_logits(hidden.index_select(0, last.to(hidden.device)))
         payload = compute_prompt_logprobs(hidden, plan, self.model.lm_logits, self.vocab_size)
         return logits, payload
+
+    @torch.inference_mode()
+    def run_hidden(self, batch: InputBatch) -> torch.Tensor:
+        """The stack's final-normed hidden states of every token, no LM head and nothing
+        sent to tensor-parallel workers (the caller sends what they run): the piecewise
+        graphs where the step fits a bucket, else eagerly. NOTE: from the graphs it is graph
+        memory, valid until their next replay."""
+        piecewise = self.piecewise_graph_runner
+        if piecewise is not None and piecewise.can_run(batch):
+            return piecewise.run_hidden(batch)
+        return self.model.forward_hidden(batch)
 
     def forward(
         self, scheduled: ScheduledRequests, return_context_logits: bool = False

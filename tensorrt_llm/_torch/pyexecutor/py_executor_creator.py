@@ -277,13 +277,14 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         guaranteed_no_evict=config.guaranteed_no_evict,
     )
     sampler = TorchSampler(engine.vocab_size, device)
-    # Verify steps are chunks, never a decode graph's shape: nothing to capture for them.
+    # Verify steps are chunks, never a decode graph's shape: no decode graph for them, but
+    # they (and prefill, and rollback replays) run in the piecewise graphs where they fit.
     if config.use_cuda_graph and config.speculative_config is None:
         engine.cuda_graph_runner = CUDAGraphRunner(
             engine, _decode_graph_sizes(config, sizing), config.cuda_graph_padding_enabled
         )
         engine.cuda_graph_runner.capture_all()
-        engine.piecewise_graph_runner = piecewise
+    engine.piecewise_graph_runner = piecewise
     if warmed:  # after graph capture: each warm-up step takes its served path
         run_warmup(engine, input_processor, kv, max_batch_size, max_seq_len, tuning)
     if device.type == "cuda":

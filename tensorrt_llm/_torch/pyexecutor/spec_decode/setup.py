@@ -88,9 +88,11 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
         decoder.link = SpecLink(engine.step_channel)
     executor.spec_decoder = decoder
     if config.use_cuda_graph:
+        graphs = "the piecewise graphs" if engine.piecewise_graph_runner is not None else "eager"
         logger.warning(
-            "cuda_graph_config is not applied with speculative_config yet: verify steps run "
-            "eagerly and no decode CUDA graph is captured"
+            "speculative_config captures no decode CUDA graph yet: prefill, verify and "
+            "rollback steps run in %s (the MTP head's draft passes run eagerly)",
+            graphs,
         )
     logger.info(
         "speculative decoding: MTP, %d draft tokens per step (greedy and temperature-only "

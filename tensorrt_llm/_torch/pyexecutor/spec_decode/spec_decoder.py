@@ -156,7 +156,9 @@ class SpecDecoder:
         sampled += [v.request for v in verify]
         if self.link is not None:  # a worker's LM head gives its vocab columns of these rows
             self.link.send_target(batch, save, last_rows + _check_rows(verify))
-        hidden = engine.model.forward_hidden(batch)
+        # Piecewise graphs where the step fits: `hidden` is consumed (sampling, drafts) before
+        # the replay below runs them again.
+        hidden = engine.run_hidden(batch)
         step, packed = self._sample(executor, batch, hidden, sampled, last_rows, verify)
         if before_sync is not None:
             before_sync()
@@ -354,7 +356,7 @@ class SpecDecoder:
         batch = build_chunk_batch(self.engine.batch_builder, [], rows).batch
         if self.link is not None:
             self.link.send_replay(batch, slots)
-        self.engine.model.forward_hidden(batch)
+        self.engine.run_hidden(batch)
         self.stats.num_replays += len(replay)
 
 
