@@ -57,19 +57,24 @@ def _requests(proc: Any, with_images: bool) -> list[LlmRequest]:
     return out
 
 
+def run_to_completion(executor: Any, requests: list[LlmRequest]) -> None:
+    """Enqueue `requests` and wait for each to finish; a request's error raises here."""
+    for req in requests:
+        executor.enqueue_request(req)
+    finished = 0
+    while finished < len(requests):
+        resp = executor.responses.get(timeout=120)
+        if resp.error is not None:
+            raise RuntimeError(f"request {resp.request_id}: {resp.error}")
+        finished += int(resp.finished)
+
+
 def generate(config: EngineConfig, with_images: bool) -> list[list[int]]:
     proc = create_input_processor(config.checkpoint_dir)
     executor = create_py_executor(config, proc)
     try:
         requests = _requests(proc, with_images)
-        for req in requests:
-            executor.enqueue_request(req)
-        finished = 0
-        while finished < len(requests):
-            resp = executor.responses.get(timeout=120)
-            if resp.error is not None:
-                raise RuntimeError(f"request {resp.request_id}: {resp.error}")
-            finished += int(resp.finished)
+        run_to_completion(executor, requests)
         return [list(r.output_token_ids) for r in requests]
     finally:
         executor.shutdown()

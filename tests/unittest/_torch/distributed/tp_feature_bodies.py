@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from tp_bodies import NUM_DECODE, PROMPTS, _manager, chunked_schedule, run_schedule, text_lm
-from tp_engine_bodies import engine_config
+from tp_engine_bodies import engine_config, run_to_completion
 
 from tensorrt_llm._torch.config_utils import load_pretrained_config
 from tensorrt_llm._torch.models.modeling_auto import get_model_class
@@ -36,14 +36,7 @@ PROMPT_LOGPROB_PROMPTS = ["the quick brown fox jumps over the lazy dog, again", 
 def _run_requests(config: EngineConfig, requests: list[LlmRequest]) -> None:
     executor = create_py_executor(config, create_input_processor(config.checkpoint_dir))
     try:
-        for req in requests:
-            executor.enqueue_request(req)
-        finished = 0
-        while finished < len(requests):
-            resp = executor.responses.get(timeout=120)
-            if resp.error is not None:
-                raise RuntimeError(f"request {resp.request_id}: {resp.error}")
-            finished += int(resp.finished)
+        run_to_completion(executor, requests)
     finally:
         executor.shutdown()
 

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
+from tp_engine_bodies import run_to_completion
+
 from tensorrt_llm._torch.pyexecutor.engine_config import EngineConfig
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor_creator import create_py_executor
@@ -56,14 +58,7 @@ def generate(config: EngineConfig, override: Override | None = None) -> tuple[An
             params = MultimodalParams(extra.get("multimodal_data", {})) if extra else None
             greedy = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
             requests.append(LlmRequest(i + 1, ids, greedy, multimodal_params=params))
-        for req in requests:
-            executor.enqueue_request(req)
-        finished = 0
-        while finished < len(requests):
-            resp = executor.responses.get(timeout=120)
-            if resp.error is not None:
-                raise RuntimeError(f"request {resp.request_id}: {resp.error}")
-            finished += int(resp.finished)
+        run_to_completion(executor, requests)
         stats = None if decoder is None else asdict(decoder.stats)
         return [list(r.output_token_ids) for r in requests], stats
     finally:
