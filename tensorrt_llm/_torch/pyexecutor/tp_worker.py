@@ -40,7 +40,7 @@ from .hybrid_kv_cache_reuse import recurrent_slot_state, snapshot_pool_bytes
 from .kv_cache_creator import KVCacheSpec, blocks_that_fit, device_free_bytes
 from .model_build import build_model, engine_max_seq_len, model_config_of, presize_hybrid
 from .model_engine import PyTorchModelEngine
-from .spec_decode.setup import kv_spec_with_mtp
+from .spec_decode.setup import kv_spec_with_mtp, text_lm
 from .spec_decode.tp_spec import SpecCommand, SpecWorker
 from .state_snapshot_pool import RecurrentSnapshotPool, snapshot_bytes
 from .tp_setup import check_tp_config
@@ -129,7 +129,11 @@ def run_tp_worker(config: EngineConfig) -> int:
     logger.info("tp worker rank %d/%d ready", mapping.rank, mapping.world_size)
     steps = 0
     snapshots: RecurrentSnapshotPool | None = None
-    speculative = SpecWorker(engine, channel) if config.speculative_config is not None else None
+    speculative = (
+        SpecWorker(engine, channel, text_lm(engine.model))
+        if config.speculative_config is not None
+        else None
+    )
     while True:
         command = channel.receive()
         if command is None:

@@ -23,8 +23,9 @@ EXPECTED_ROUTE = {
     "qwen_image_bench": "QwenImageBenchForConditionalGeneration",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
 }
-HYBRID = {"qwen3_5", "qwen3_5_moe", "qwen_image_bench"}
+HYBRID = {"qwen3_5", "qwen3_5_moe", "qwen_image_bench", "qwen3_next"}
 
 
 def _write_config(folder: Path, cfg: dict[str, Any]) -> Path:

@@ -38,7 +38,9 @@ def _engine_pid(server_pid: int) -> int:
 
 
 def test_engine_process_death_fails_requests_and_exits_nonzero() -> None:
-    proc, base, model = spawn_server(["--executor_mode", "process", "--max_seq_len", "512"])
+    # 4000 tokens: seconds of demo decode, so the request is still running at the kill (480
+    # once were done within the 1 s wait on a quiet machine).
+    proc, base, model = spawn_server(["--executor_mode", "process", "--max_seq_len", "4096"])
     try:
         out: dict[str, Any] = {}
 
@@ -46,7 +48,7 @@ def test_engine_process_death_fails_requests_and_exits_nonzero() -> None:
             body = {
                 "model": model,
                 "messages": [{"role": "user", "content": "tell me a long story"}],
-                "max_tokens": 480,
+                "max_tokens": 4000,
                 "ignore_eos": True,
             }
             try:

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from tensorrt_llm.tools import tiny_checkpoint as tc
 
 DEMO_PNG = Path(tc.__file__).resolve().parent.parent / "assets" / "demo.png"
-VL_FAMILIES = tuple(f for f in tc.TINY_FAMILIES if f not in ("qwen2", "qwen3"))
+VL_FAMILIES = tuple(f for f in tc.TINY_FAMILIES if f not in ("qwen2", "qwen3", "qwen3_next"))
 
 
 def _keys_and_shapes(path: Path) -> dict[str, tuple[int, ...]]:

@@ -15,6 +15,7 @@ from ...models.modeling_qwen3_next import Qwen3_5TextForCausalLM
 from .mtp_drafter import MTPDrafter
 from .rollback import RECURRENT_PREFIX
 from .spec_decoder import SpecDecoder
+from .tp_spec import SpecLink
 
 if TYPE_CHECKING:
     from ..engine_config import EngineConfig
@@ -83,8 +84,6 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
     )
     decoder = SpecDecoder(executor, drafter, k)
     if engine.step_channel is not None:  # the workers run every forward of a step too
-        from .tp_spec import SpecLink  # tp_spec imports this module (text_lm)
-
         decoder.link = SpecLink(engine.step_channel)
     executor.spec_decoder = decoder
     if config.use_cuda_graph:

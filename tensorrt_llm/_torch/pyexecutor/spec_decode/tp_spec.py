@@ -35,9 +35,9 @@ from ...input_batch import InputBatch
 from ..tp_step_channel import SpecCommand
 from .mtp_drafter import DraftPlan, MTPDrafter
 from .rollback import RecurrentRollback, StateSnapshot
-from .setup import text_lm
 
 if TYPE_CHECKING:
+    from ...models.modeling_qwen3_next import Qwen3_5TextForCausalLM
     from ..model_engine import PyTorchModelEngine
     from ..tp_step_channel import StepChannel
 
@@ -79,10 +79,12 @@ class SpecLink:
 class SpecWorker:
     """A worker rank's side: runs each part rank 0 sends on this rank's shards."""
 
-    def __init__(self, engine: PyTorchModelEngine, channel: StepChannel) -> None:
+    def __init__(
+        self, engine: PyTorchModelEngine, channel: StepChannel, lm: Qwen3_5TextForCausalLM
+    ) -> None:
         self.engine = engine
         self.channel = channel
-        self.lm = text_lm(engine.model)
+        self.lm = lm  # the engine model's text LM with its MTP head (setup.text_lm)
         self.rollback = RecurrentRollback(engine.model)
         self.drafter: MTPDrafter | None = None
         # Between the parts of one step: the target's hidden states and positions (the
