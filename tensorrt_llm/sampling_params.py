@@ -299,16 +299,21 @@ class SamplingParams:
         """Why the token ids this request names (logit_bias keys, bad word tokens) do not fit
         a vocabulary of `vocab_size`, or None. Run where the vocabulary is known: the LLM
         front end (a ValueError for the caller) and the executor (that request fails)."""
+        problem = self.vocab_problem(vocab_size)
+        return None if problem is None else problem[1]
+
+    def vocab_problem(self, vocab_size: int) -> tuple[str, str] | None:
+        """(the field, why) for `why_not_in_vocab`; the field names the error's `param`."""
         bias = [t for t in (self.logit_bias or {}) if t >= vocab_size]
         if bias:
-            return (
+            return "logit_bias", (
                 f"logit_bias names token ids {sorted(bias)[:8]} outside the vocab [0, {vocab_size})"
             )
         if self.bad_words and self.bad_words_token_ids is None:
-            return "bad_words were never tokenized (SamplingParams.with_tokenizer)"
+            return "bad_words", "bad_words were never tokenized (SamplingParams.with_tokenizer)"
         bad = {t for seq in self.bad_words_token_ids or () for t in seq if t >= vocab_size}
         if bad:
-            return (
+            return "bad_words", (
                 f"bad_words tokenize to ids {sorted(bad)[:8]} outside the vocab [0, {vocab_size})"
             )
         return None

@@ -142,6 +142,12 @@ BAD_BODIES = [
         "logit_bias keys must be token ids",
     ),
     (
+        "logit_bias past the vocab",
+        lambda s: _body(s, user("hi"), logit_bias={"99999999": 1.0}),
+        "invalid_sampling_params",
+        "logit_bias names token ids [99999999] outside the vocab",
+    ),
+    (
         "invalid json schema",
         lambda s: _body(s, user("hi"), guided_json="{not json"),
         "invalid_request",
