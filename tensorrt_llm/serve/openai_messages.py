@@ -52,6 +52,13 @@ class VideoURLPart(StrictRequestModel):
 
 
 ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
+PART_TYPES = ("text", "image_url", "video_url")
+# OpenAI part types a client may well send, each with why it is refused.
+_REFUSED_PART_TYPES = {
+    "input_audio": "audio input is not supported by these models",
+    "file": "file inputs are not supported; send images as image_url parts",
+    "refusal": "send an earlier assistant refusal as a text part",
+}
 
 
 class FunctionCallIn(StrictRequestModel):
@@ -73,6 +80,22 @@ class ChatMessage(StrictRequestModel):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool turns: the call they answer
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_part_types(cls, data: Any) -> Any:
+        # NOTE: checked before the union is tried, whose error for an unknown type lists every
+        # union member's complaint instead of saying which types exist.
+        content = data.get("content") if isinstance(data, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind not in PART_TYPES:
+                why = _REFUSED_PART_TYPES.get(kind, "not an OpenAI chat content part")
+                raise ValueError(
+                    f"content part type {kind[:32]!r} is not supported ({why}); this server "
+                    f"takes {', '.join(PART_TYPES)} parts"
+                )
+        return data
 
     @model_validator(mode="after")
     def _check_tool_fields(self) -> ChatMessage:

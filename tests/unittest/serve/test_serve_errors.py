@@ -47,7 +47,15 @@ BAD_BODIES = [
         "unknown part type",
         lambda s: _body(s, [{"role": "user", "content": [{"type": "audio"}]}]),
         "invalid_request",
-        "does not match any of the expected tags",
+        "content part type 'audio' is not supported",
+    ),
+    (
+        "input_audio part",
+        lambda s: _body(
+            s, [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]
+        ),
+        "invalid_request",
+        "audio input is not supported by these models); this server takes text, image_url",
     ),
     (
         "not an image",

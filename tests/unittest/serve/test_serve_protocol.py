@@ -33,6 +33,30 @@ def test_validation_message_names_the_field() -> None:
 
 
 @pytest.mark.parametrize(
+    "content,param,fragment",
+    [
+        ([{"type": "text"}], "messages.0.content.0.text", "Field required"),
+        ([{"type": "text", "text": "a", "x": 1}], "messages.0.content.0.x", "Extra inputs"),
+        (
+            [{"type": "image_url", "image_url": {"url": 1}}],
+            "messages.0.content.0.image_url.url",
+            "valid string",
+        ),
+        ([{"type": "input_audio"}], "messages.0", "content part type 'input_audio'"),
+    ],
+)
+def test_validation_message_of_a_bad_part_names_its_path(
+    content: list, param: str, fragment: str
+) -> None:
+    # Not the union's members ("content.str", "list[tagged-union[...]]") nor the tag.
+    with pytest.raises(ValidationError) as info:
+        _chat(messages=[{"role": "user", "content": content}])
+    message, got = validation_error_message(info.value)
+    assert got == param and fragment in message
+    assert "union" not in message and "content.str" not in message and "Value error" not in message
+
+
+@pytest.mark.parametrize(
     "bad",
     [
         {"messages": []},
