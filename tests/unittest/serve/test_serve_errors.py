@@ -214,6 +214,19 @@ def test_unknown_route_is_openai_style_404(served: ServeHandle) -> None:
     response = httpx.get(served.base_url + "/v1/nope")
     assert response.status_code == 404
     assert "message" in response.json()["error"]
+    # vLLM routes a client may try: the 404 says what this server does serve.
+    error = httpx.post(served.base_url + "/v1/embeddings", json={}).json()["error"]
+    assert error["message"].startswith("no route POST /v1/embeddings; this server serves ")
+    assert "POST /v1/chat/completions" in error["message"] and error["code"] == "not_found"
+    assert "GET /v1/models/{model_id}" in error["message"]
+
+
+def test_wrong_method_is_405_naming_the_allowed_one(served: ServeHandle) -> None:
+    response = httpx.get(served.base_url + "/v1/chat/completions")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    error = response.json()["error"]
+    assert error["code"] == "method_not_allowed"
+    assert error["message"] == "method GET is not allowed on /v1/chat/completions; use POST"
 
 
 def _wait_cancelled(served: ServeHandle, before: float) -> dict[str, float]:
