@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from .guided_decoding_params import GuidedDecodingParams
+from .sampling_params_upstream import check_upstream_kwargs
 
 _MAX_SEED = 2**64 - 1
 # The fields a checkpoint's generation_config.json may default (llmapi/generation_defaults.py)
@@ -128,6 +129,12 @@ class SamplingParams:
     _unset_fields: frozenset[str] | None = field(default=None, repr=False, compare=False)
     # Structured output (JSON schema, regex, choice, EBNF): guided_decoding_params.py.
     guided_decoding: GuidedDecodingParams | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
+        # NOTE: runs before the generated __init__, whose TypeError for an unknown keyword
+        # would not say what to use instead of an upstream argument.
+        check_upstream_kwargs(kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         self._resolve_unset()

@@ -8,6 +8,7 @@ raises a ValueError naming the field, as the inline checks there do.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -118,9 +119,8 @@ def note_unused_device_knobs(args: LlmArgs, device_type: str, attn_backend: str)
     """Log the knobs given that this device does not use, so none is a silent no-op: the CPU
     KV cache holds a full batch at max_seq_len (not a share of free memory), and decode CUDA
     graphs need CUDA with a capturable attention backend."""
-    from .llm_args import LlmArgs  # the field defaults
-
-    default_fraction = LlmArgs.__dataclass_fields__["kv_cache_free_gpu_memory_fraction"].default
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    default_fraction = defaults["kv_cache_free_gpu_memory_fraction"]
     fraction = args.kv_cache_free_gpu_memory_fraction
     if device_type != "cuda" and fraction != default_fraction:
         logger.warning(
