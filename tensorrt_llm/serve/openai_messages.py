@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .protocol_base import StrictRequestModel
 
@@ -20,7 +20,22 @@ class TextPart(StrictRequestModel):
 
 class ImageURL(StrictRequestModel):
     url: str
+    # Images always go through the processor at its full resolution (its max_pixels), which is
+    # OpenAI's "high"; "low" (a fixed low-resolution pass) would be dropped unread, so it is a
+    # 400 instead.
     detail: Literal["auto", "low", "high"] | None = None
+
+    @field_validator("detail")
+    @classmethod
+    def _check_detail(cls, value: str | None) -> str | None:
+        if value == "low":
+            raise ValueError(
+                "detail 'low' is not supported: images are processed at the processor's full "
+                "resolution ('high'); omit detail (or send 'auto' / 'high'), or downscale the "
+                "image, or start the server with mm_processor_kwargs max_pixels "
+                "(--extra_llm_api_options)"
+            )
+        return value
 
 
 class ImageURLPart(StrictRequestModel):

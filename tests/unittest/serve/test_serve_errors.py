@@ -50,6 +50,14 @@ BAD_BODIES = [
         "content part type 'audio' is not supported",
     ),
     (
+        "image detail low",
+        lambda s: _body(
+            s, user({"type": "image_url", "image_url": {"url": GOOD_IMAGE, "detail": "low"}})
+        ),
+        "invalid_request",
+        "detail 'low' is not supported: images are processed at the processor's full",
+    ),
+    (
         "input_audio part",
         lambda s: _body(
             s, [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]

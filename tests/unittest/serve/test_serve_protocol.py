@@ -227,3 +227,13 @@ def test_cli_parsing(tmp_path: object) -> None:
     for bad in ([], ["ckpt", "--demo"], ["--demo", "--allowed_local_media_path", "/no/such"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+@pytest.mark.parametrize("detail", [None, "auto", "high"])
+def test_image_detail_the_server_honours_is_accepted(detail: str | None) -> None:
+    # Full resolution is "high"; only "low" (which it cannot honour) is refused.
+    part = {"type": "image_url", "image_url": {"url": "data:x", "detail": detail}}
+    assert _chat(messages=[{"role": "user", "content": [part]}]).messages[0].parts()
+    part["image_url"]["detail"] = "low"  # type: ignore[index]
+    with pytest.raises(ValidationError, match="detail 'low' is not supported"):
+        _chat(messages=[{"role": "user", "content": [part]}])
