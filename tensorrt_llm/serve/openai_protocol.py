@@ -135,6 +135,23 @@ class SamplingRequestFields(StrictRequestModel):
     # vLLM's: logprobs of the prompt tokens (+ the top k) in the response (not streamed).
     prompt_logprobs: Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)] = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        # OpenAI's fields are nullable (`n`, `stream`, `echo`: "integer or null"), null meaning
+        # "not given": a client library that sends it gets the default, not a 400.
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            k: v
+            for k, v in data.items()
+            if v is not None
+            or k not in fields
+            or fields[k].is_required()
+            or fields[k].default is None
+        }
+
     @model_validator(mode="after")
     def _check_stream_fields(self) -> SamplingRequestFields:
         # As vLLM: whole responses only (a stream has no place for them).

@@ -237,3 +237,15 @@ def test_image_detail_the_server_honours_is_accepted(detail: str | None) -> None
     part["image_url"]["detail"] = "low"  # type: ignore[index]
     with pytest.raises(ValidationError, match="detail 'low' is not supported"):
         _chat(messages=[{"role": "user", "content": [part]}])
+
+
+def test_null_fields_take_their_defaults() -> None:
+    # OpenAI's spec: n, stream, echo are nullable; clients (not the python one) send null.
+    chat = _chat(n=None, stream=None, skip_special_tokens=None, priority=None)
+    assert (chat.n, chat.stream, chat.skip_special_tokens, chat.priority) == (1, False, True, 0)
+    completion = CompletionRequest.model_validate(
+        {"model": "m", "prompt": "x", "n": None, "echo": None, "stream": None}
+    )
+    assert (completion.n, completion.echo, completion.stream) == (1, False, False)
+    with pytest.raises(ValidationError, match="model"):
+        CompletionRequest.model_validate({"model": None, "prompt": "x"})
