@@ -303,9 +303,10 @@ class SamplingParams:
         return None if self._bad_words_ids is None else self._bad_words_ids[1]
 
     def why_not_in_vocab(self, vocab_size: int) -> str | None:
-        """Why the token ids this request names (logit_bias keys, bad word tokens) do not fit
-        a vocabulary of `vocab_size`, or None. Run where the vocabulary is known: the LLM
-        front end (a ValueError for the caller) and the executor (that request fails)."""
+        """Why the token ids this request names (logit_bias keys, stop_token_ids, bad word
+        tokens) do not fit a vocabulary of `vocab_size`, or None. Run where the vocabulary is
+        known: the LLM front end (a ValueError for the caller) and the executor (that request
+        fails)."""
         problem = self.vocab_problem(vocab_size)
         return None if problem is None else problem[1]
 
@@ -315,6 +316,13 @@ class SamplingParams:
         if bias:
             return "logit_bias", (
                 f"logit_bias names token ids {sorted(bias)[:8]} outside the vocab [0, {vocab_size})"
+            )
+        # A stop id the model can never sample would silently never stop the request.
+        stops = [t for t in self.stop_token_ids or () if t >= vocab_size]
+        if stops:
+            return "stop_token_ids", (
+                f"stop_token_ids names token ids {sorted(stops)[:8]} outside the vocab "
+                f"[0, {vocab_size})"
             )
         if self.bad_words and self.bad_words_token_ids is None:
             return "bad_words", "bad_words were never tokenized (SamplingParams.with_tokenizer)"

@@ -164,6 +164,12 @@ BAD_BODIES = [
         "logit_bias names token ids [99999999] outside the vocab",
     ),
     (
+        "stop_token_ids past the vocab",
+        lambda s: _body(s, user("hi"), stop_token_ids=[99999999]),
+        "invalid_sampling_params",
+        "stop_token_ids names token ids [99999999] outside the vocab",
+    ),
+    (
         "invalid json schema",
         lambda s: _body(s, user("hi"), guided_json="{not json"),
         "invalid_request",
