@@ -88,14 +88,30 @@ def render_chat_pieces(
     rendered = render_chat(tokenizer, masked, template_kwargs)
     pieces: list[_Piece] = []
     start = 0
+    shown: set[int] = set()
     for match in re.finditer(rf"\[\[{nonce}:(\d+)\]\]", rendered):
         if match.start() > start:
             pieces.append(_Piece(rendered[start : match.start()], from_request=False))
+        shown.add(int(match.group(1)))
         pieces.append(_Piece(texts[int(match.group(1))], from_request=True))
         start = match.end()
     if start < len(rendered):
         pieces.append(_Piece(rendered[start:], from_request=False))
+    _check_names_rendered(masked, nonce, shown)
     return pieces
+
+
+def _check_names_rendered(masked: list[dict[str, Any]], nonce: str, shown: set[int]) -> None:
+    """A ValueError for a message `name` the chat template leaves out of the prompt (the Qwen
+    templates never print one): the speaker it names would be dropped unread."""
+    for i, message in enumerate(masked):
+        name = message.get("name")
+        found = re.fullmatch(rf"\[\[{nonce}:(\d+)\]\]", name) if isinstance(name, str) else None
+        if found is not None and int(found.group(1)) not in shown:
+            raise ValueError(
+                f"messages[{i}].name: this model's chat template does not use message names, "
+                "so it would be dropped; leave name out (or write the speaker into the content)"
+            )
 
 
 def special_token_ids(tokenizer: Any) -> frozenset[int]:

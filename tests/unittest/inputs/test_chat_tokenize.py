@@ -156,3 +156,18 @@ def test_tokenize_chat_never_flips_the_shared_tokenizer(tokenizer: Any) -> None:
             "<|im_start|>"
         ]
     )
+
+
+def test_a_message_name_the_template_drops_is_an_error(tokenizer: Any) -> None:
+    # The Qwen templates never print `name`: the speaker it names would vanish unread.
+    assert "name" not in render_chat(tokenizer, [{"role": "user", "content": "hi", "name": "n"}])
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi", "name": "al"}]
+    with pytest.raises(ValueError, match=r"messages\[1\]\.name: this model's chat template does"):
+        tokenize_chat(tokenizer, messages)
+
+
+def test_a_message_name_the_template_prints_is_kept(tokenizer: Any) -> None:
+    template = "{% for m in messages %}{{ m.name ~ ': ' if m.name }}{{ m.content }}\n{% endfor %}"
+    messages = [{"role": "user", "content": "hi", "name": "alice"}]
+    ids = tokenize_chat(tokenizer, messages, {"chat_template": template})
+    assert tokenizer.decode(ids) == "alice: hi\n"

@@ -50,6 +50,12 @@ BAD_BODIES = [
         "content part type 'audio' is not supported",
     ),
     (
+        "message name the template drops",
+        lambda s: _body(s, [{"role": "user", "content": "hi", "name": "alice"}]),
+        "invalid_prompt",
+        "messages[0].name: this model's chat template does not use message names",
+    ),
+    (
         "image detail low",
         lambda s: _body(
             s, user({"type": "image_url", "image_url": {"url": GOOD_IMAGE, "detail": "low"}})
