@@ -91,7 +91,7 @@ def served_routes(app: FastAPI) -> list[str]:
         f"{method} {route.path_format}"
         for route in app.routes
         if isinstance(route, APIRoute)
-        for method in sorted(route.methods)
+        for method in sorted(route.methods or ())
     ]
 
 

@@ -68,7 +68,14 @@ def result_error(message: str, error_code: str | None) -> APIError:
 # Errors saying a value is not of one union member's type: noise when another member's error
 # goes deeper into the value (a content list with a bad part is "not a string" too).
 _BRANCH_MISMATCH = frozenset(
-    {"string_type", "list_type", "dict_type", "model_type", "model_attributes_type", "none_required"}
+    {
+        "string_type",
+        "list_type",
+        "dict_type",
+        "model_type",
+        "model_attributes_type",
+        "none_required",
+    }
 )
 
 
