@@ -20,12 +20,16 @@ request text is used as given; Qwen templates print user text verbatim.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import secrets
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import jinja2
+import jinja2.meta
 
 from .validation import check_chat_messages
 
@@ -46,9 +50,40 @@ def render_chat(
     become template variables (`chat_template_kwargs`, e.g. enable_thinking)."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("prompt is a list of chat messages but the tokenizer has no chat template")
+    _check_template_reads(tokenizer.chat_template, template_kwargs)
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
     )
+
+
+@functools.lru_cache(maxsize=8)
+def template_variables(template: str) -> frozenset[str]:
+    """The variables a Jinja chat template reads (besides what it assigns itself)."""
+    return frozenset(jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template)))
+
+
+def _check_template_reads(template: Any, template_kwargs: dict[str, Any] | None) -> None:
+    """A ValueError for a template variable the chat template never reads: a typo
+    (`enable_thinkng`) or `tools` on a template without tool support would otherwise change
+    nothing, silently. NOTE: a dict of named templates (transformers picks one per call) is
+    not checked."""
+    if not template_kwargs or not isinstance(template, str):
+        return
+    reads = template_variables(template)
+    unread = sorted(k for k in template_kwargs if k not in reads)
+    if "tools" in unread:
+        raise ValueError(
+            "this model's chat template does not render tools, so the model would never see "
+            "them; force a call with tool_choice 'required' or a named function (enforced by "
+            "structured output), or describe the tools in a message, or serve a checkpoint "
+            "whose template has tools"
+        )
+    if unread:
+        known = sorted(reads - {"messages", "add_generation_prompt"})
+        raise ValueError(
+            f"chat_template_kwargs {unread}: this model's chat template does not read them "
+            f"(it reads {known}); check the spelling, or leave them out"
+        )
 
 
 def _masked_messages(

@@ -6,6 +6,7 @@ Checked with the tiny checkpoints' locally built tokenizer and with transformers
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -168,6 +169,7 @@ def test_a_message_name_the_template_drops_is_an_error(tokenizer: Any) -> None:
 
 def test_a_message_name_the_template_prints_is_kept(tokenizer: Any) -> None:
     template = "{% for m in messages %}{{ m.name ~ ': ' if m.name }}{{ m.content }}\n{% endfor %}"
-    messages = [{"role": "user", "content": "hi", "name": "alice"}]
-    ids = tokenize_chat(tokenizer, messages, {"chat_template": template})
+    custom = copy.copy(tokenizer)  # shares the vocab; only this copy's template differs
+    custom.chat_template = template
+    ids = tokenize_chat(custom, [{"role": "user", "content": "hi", "name": "alice"}])
     assert tokenizer.decode(ids) == "alice: hi\n"

@@ -56,6 +56,18 @@ BAD_BODIES = [
         "messages[0].name: this model's chat template does not use message names",
     ),
     (
+        "tools the template cannot render",
+        lambda s: _body(s, user("hi"), tools=[{"type": "function", "function": {"name": "f"}}]),
+        "invalid_prompt",
+        "this model's chat template does not render tools, so the model would never see them",
+    ),
+    (
+        "chat_template_kwargs the template never reads",
+        lambda s: _body(s, user("hi"), chat_template_kwargs={"enable_thinkng": False}),
+        "invalid_prompt",
+        "chat_template_kwargs ['enable_thinkng']: this model's chat template does not read",
+    ),
+    (
         "image detail low",
         lambda s: _body(
             s, user({"type": "image_url", "image_url": {"url": GOOD_IMAGE, "detail": "low"}})
