@@ -75,6 +75,12 @@ _BRANCH_MISMATCH = frozenset(
         "model_type",
         "model_attributes_type",
         "none_required",
+        "int_type",
+        "int_parsing",
+        "float_type",
+        "float_parsing",
+        "bool_type",
+        "bool_parsing",
     }
 )
 

@@ -249,3 +249,24 @@ def test_null_fields_take_their_defaults() -> None:
     assert (completion.n, completion.echo, completion.stream) == (1, False, False)
     with pytest.raises(ValidationError, match="model"):
         CompletionRequest.model_validate({"model": None, "prompt": "x"})
+
+
+@pytest.mark.parametrize("prompt", [["a", [1, 2]], [1, "a"], {"x": 1}, 5, None, [True]])
+def test_a_prompt_of_no_form_says_which_forms_exist(prompt: object) -> None:
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+    message, param = validation_error_message(info.value)
+    assert param == "prompt"
+    assert message == (
+        "invalid request: prompt: expected a string, a list of strings, a list of token ids, "
+        "or a list of token-id lists (one form for the whole list)"
+    )
+
+
+def test_a_negative_token_id_is_named_without_the_union_noise() -> None:
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({"model": "m", "prompt": [[1, -2]]})
+    assert validation_error_message(info.value) == (
+        "invalid request: prompt.0.1: Input should be greater than or equal to 0",
+        "prompt.0.1",
+    )
