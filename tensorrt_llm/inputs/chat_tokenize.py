@@ -118,6 +118,7 @@ def render_chat_pieces(
 ) -> list[_Piece]:
     """The rendered prompt as template pieces and request-text pieces, in order."""
     check_chat_messages(messages)
+    _check_tool_calls_rendered(tokenizer, messages)
     nonce = secrets.token_hex(8)
     masked, texts = _masked_messages(list(messages), nonce)
     rendered = render_chat(tokenizer, masked, template_kwargs)
@@ -134,6 +135,23 @@ def render_chat_pieces(
         pieces.append(_Piece(rendered[start:], from_request=False))
     _check_names_rendered(masked, nonce, shown)
     return pieces
+
+
+def _check_tool_calls_rendered(tokenizer: Any, messages: list[dict[str, Any]]) -> None:
+    """A ValueError for earlier assistant `tool_calls` on a template that never mentions them
+    (the tiny checkpoints', Qwen2-VL's): the calls would vanish from the conversation while
+    their tool results stay. NOTE: the template's text is read, not rendered: a call is a
+    structure, not one request string the sentinel masking could follow."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or "tool_calls" in template:
+        return
+    for i, message in enumerate(messages):
+        if message.get("tool_calls"):
+            raise ValueError(
+                f"messages[{i}].tool_calls: this model's chat template does not render "
+                "earlier tool calls, so they would be dropped; write the call into the "
+                "assistant message's content instead"
+            )
 
 
 def _check_names_rendered(masked: list[dict[str, Any]], nonce: str, shown: set[int]) -> None:

@@ -173,3 +173,20 @@ def test_a_message_name_the_template_prints_is_kept(tokenizer: Any) -> None:
     custom.chat_template = template
     ids = tokenize_chat(custom, [{"role": "user", "content": "hi", "name": "alice"}])
     assert tokenizer.decode(ids) == "alice: hi\n"
+
+
+def test_tool_calls_the_template_drops_are_an_error(tokenizer: Any) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "42", "tool_call_id": "c1"},
+    ]
+    with pytest.raises(ValueError, match=r"messages\[1\]\.tool_calls: this model's chat"):
+        tokenize_chat(tokenizer, messages)
+    custom = copy.copy(tokenizer)  # a template that renders them keeps them
+    custom.chat_template = (
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}call {{ c.function.name }}"
+        "{% endfor %}{{ m.content }}\n{% endfor %}"
+    )
+    assert tokenizer.decode(tokenize_chat(custom, messages)) == "hi\ncall f\n42\n"

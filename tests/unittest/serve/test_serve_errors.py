@@ -68,6 +68,22 @@ BAD_BODIES = [
         "chat_template_kwargs ['enable_thinkng']: this model's chat template does not read",
     ),
     (
+        "tool call history the template drops",
+        lambda s: _body(
+            s,
+            [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            ],
+        ),
+        "invalid_prompt",
+        "messages[1].tool_calls: this model's chat template does not render earlier tool calls",
+    ),
+    (
         "image detail low",
         lambda s: _body(
             s, user({"type": "image_url", "image_url": {"url": GOOD_IMAGE, "detail": "low"}})
