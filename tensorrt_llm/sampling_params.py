@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from .guided_decoding_params import GuidedDecodingParams
+from .sampling_params_upstream import check_upstream_kwargs
 
 _MAX_SEED = 2**64 - 1
 # The fields a checkpoint's generation_config.json may default (llmapi/generation_defaults.py)
@@ -128,6 +129,12 @@ class SamplingParams:
     _unset_fields: frozenset[str] | None = field(default=None, repr=False, compare=False)
     # Structured output (JSON schema, regex, choice, EBNF): guided_decoding_params.py.
     guided_decoding: GuidedDecodingParams | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
+        # NOTE: runs before the generated __init__, whose TypeError for an unknown keyword
+        # would not say what to use instead of an upstream argument.
+        check_upstream_kwargs(kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         self._resolve_unset()
@@ -296,19 +303,32 @@ class SamplingParams:
         return None if self._bad_words_ids is None else self._bad_words_ids[1]
 
     def why_not_in_vocab(self, vocab_size: int) -> str | None:
-        """Why the token ids this request names (logit_bias keys, bad word tokens) do not fit
-        a vocabulary of `vocab_size`, or None. Run where the vocabulary is known: the LLM
-        front end (a ValueError for the caller) and the executor (that request fails)."""
+        """Why the token ids this request names (logit_bias keys, stop_token_ids, bad word
+        tokens) do not fit a vocabulary of `vocab_size`, or None. Run where the vocabulary is
+        known: the LLM front end (a ValueError for the caller) and the executor (that request
+        fails)."""
+        problem = self.vocab_problem(vocab_size)
+        return None if problem is None else problem[1]
+
+    def vocab_problem(self, vocab_size: int) -> tuple[str, str] | None:
+        """(the field, why) for `why_not_in_vocab`; the field names the error's `param`."""
         bias = [t for t in (self.logit_bias or {}) if t >= vocab_size]
         if bias:
-            return (
+            return "logit_bias", (
                 f"logit_bias names token ids {sorted(bias)[:8]} outside the vocab [0, {vocab_size})"
             )
+        # A stop id the model can never sample would silently never stop the request.
+        stops = [t for t in self.stop_token_ids or () if t >= vocab_size]
+        if stops:
+            return "stop_token_ids", (
+                f"stop_token_ids names token ids {sorted(stops)[:8]} outside the vocab "
+                f"[0, {vocab_size})"
+            )
         if self.bad_words and self.bad_words_token_ids is None:
-            return "bad_words were never tokenized (SamplingParams.with_tokenizer)"
+            return "bad_words", "bad_words were never tokenized (SamplingParams.with_tokenizer)"
         bad = {t for seq in self.bad_words_token_ids or () for t in seq if t >= vocab_size}
         if bad:
-            return (
+            return "bad_words", (
                 f"bad_words tokenize to ids {sorted(bad)[:8]} outside the vocab [0, {vocab_size})"
             )
         return None

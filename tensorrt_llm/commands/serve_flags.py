@@ -58,10 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model_dir", nargs="?", help="local HF checkpoint folder (omit with --demo)")
     p.add_argument("--demo", action="store_true", help="serve the tiny random demo checkpoint")
-    p.add_argument("--host", default="localhost")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="localhost", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--served_model_name", default=None, help="model id (default: folder name)")
-    p.add_argument("--max_batch_size", type=int, default=None)
+    p.add_argument(
+        "--max_batch_size",
+        type=int,
+        default=None,
+        help="most sequences in flight (default: sized at startup; 8 on the CPU)",
+    )
     p.add_argument(
         "--max_num_tokens", type=int, default=None, help="token budget of one step (decodes first)"
     )
@@ -79,8 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
         "hybrid models, where it also keeps recurrent-state snapshots; --no-enable_block_reuse: "
         "off); also kv_cache_config.enable_block_reuse",
     )
-    p.add_argument("--max_seq_len", type=int, default=None)
-    p.add_argument("--kv_cache_free_gpu_memory_fraction", type=float, default=None)
+    p.add_argument(
+        "--max_seq_len",
+        type=int,
+        default=None,
+        help="prompt + output tokens of one sequence (default: the checkpoint's "
+        "max_position_embeddings, capped by the KV cache on CUDA and at 8192 on the CPU)",
+    )
+    p.add_argument(
+        "--kv_cache_free_gpu_memory_fraction",
+        type=float,
+        default=None,
+        help="share of the GPU memory left after the weights that the KV cache takes "
+        "(default: 0.9); CUDA only: the CPU cache holds max_batch_size x max_seq_len tokens",
+    )
     p.add_argument(
         "--limit_mm_per_prompt",
         type=parse_mm_limits,
@@ -93,11 +110,31 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="folder whose files requests may reference (file:// URLs); off by default",
     )
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default=None,
+        help="auto (default): CUDA when present, else the CPU",
+    )
     # Validated by LLM(...), whose error message lists the accepted values.
-    p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--attn_backend", default=None, help="auto | vanilla | triton | flash_attn")
-    p.add_argument("--quantization", default=None, help="fp8: FP8 weights+activations")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="auto | float32 | bfloat16 | float16 (auto: the checkpoint's on CUDA, float32 on "
+        "the CPU)",
+    )
+    p.add_argument(
+        "--attn_backend",
+        default=None,
+        help="auto | vanilla | triton | flash_attn (auto: triton on CUDA, vanilla on the CPU; "
+        "triton and flash_attn need CUDA)",
+    )
+    p.add_argument(
+        "--quantization",
+        default=None,
+        help="fp8 (per-channel FP8 weights, per-token activations) | fp8_block (128x128 "
+        "block-scaled FP8 weights); default: the checkpoint as it is",
+    )
     p.add_argument("--kv_cache_dtype", default=None, help="auto | fp8 (e4m3 KV cache)")
     p.add_argument(
         "--load_format",
@@ -226,7 +263,12 @@ def _add_media_flags(p: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds for a whole fetch: lookup, redirects and body",
     )
-    g.add_argument("--max_media_bytes", type=int, default=32 * 1024 * 1024)
+    g.add_argument(
+        "--max_media_bytes",
+        type=int,
+        default=32 * 1024 * 1024,
+        help="bytes one image or video may have (a data URL, a local file or a fetch)",
+    )
     g.add_argument(
         "--max_media_pixels",
         type=int,

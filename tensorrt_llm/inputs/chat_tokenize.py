@@ -20,12 +20,16 @@ request text is used as given; Qwen templates print user text verbatim.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import secrets
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import jinja2
+import jinja2.meta
 
 from .validation import check_chat_messages
 
@@ -46,9 +50,40 @@ def render_chat(
     become template variables (`chat_template_kwargs`, e.g. enable_thinking)."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("prompt is a list of chat messages but the tokenizer has no chat template")
+    _check_template_reads(tokenizer.chat_template, template_kwargs)
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
     )
+
+
+@functools.lru_cache(maxsize=8)
+def template_variables(template: str) -> frozenset[str]:
+    """The variables a Jinja chat template reads (besides what it assigns itself)."""
+    return frozenset(jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template)))
+
+
+def _check_template_reads(template: Any, template_kwargs: dict[str, Any] | None) -> None:
+    """A ValueError for a template variable the chat template never reads: a typo
+    (`enable_thinkng`) or `tools` on a template without tool support would otherwise change
+    nothing, silently. NOTE: a dict of named templates (transformers picks one per call) is
+    not checked."""
+    if not template_kwargs or not isinstance(template, str):
+        return
+    reads = template_variables(template)
+    unread = sorted(k for k in template_kwargs if k not in reads)
+    if "tools" in unread:
+        raise ValueError(
+            "this model's chat template does not render tools, so the model would never see "
+            "them; force a call with tool_choice 'required' or a named function (enforced by "
+            "structured output), or describe the tools in a message, or serve a checkpoint "
+            "whose template has tools"
+        )
+    if unread:
+        known = sorted(reads - {"messages", "add_generation_prompt"})
+        raise ValueError(
+            f"chat_template_kwargs {unread}: this model's chat template does not read them "
+            f"(it reads {known}); check the spelling, or leave them out"
+        )
 
 
 def _masked_messages(
@@ -83,19 +118,53 @@ def render_chat_pieces(
 ) -> list[_Piece]:
     """The rendered prompt as template pieces and request-text pieces, in order."""
     check_chat_messages(messages)
+    _check_tool_calls_rendered(tokenizer, messages)
     nonce = secrets.token_hex(8)
     masked, texts = _masked_messages(list(messages), nonce)
     rendered = render_chat(tokenizer, masked, template_kwargs)
     pieces: list[_Piece] = []
     start = 0
+    shown: set[int] = set()
     for match in re.finditer(rf"\[\[{nonce}:(\d+)\]\]", rendered):
         if match.start() > start:
             pieces.append(_Piece(rendered[start : match.start()], from_request=False))
+        shown.add(int(match.group(1)))
         pieces.append(_Piece(texts[int(match.group(1))], from_request=True))
         start = match.end()
     if start < len(rendered):
         pieces.append(_Piece(rendered[start:], from_request=False))
+    _check_names_rendered(masked, nonce, shown)
     return pieces
+
+
+def _check_tool_calls_rendered(tokenizer: Any, messages: list[dict[str, Any]]) -> None:
+    """A ValueError for earlier assistant `tool_calls` on a template that never mentions them
+    (the tiny checkpoints', Qwen2-VL's): the calls would vanish from the conversation while
+    their tool results stay. NOTE: the template's text is read, not rendered: a call is a
+    structure, not one request string the sentinel masking could follow."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or "tool_calls" in template:
+        return
+    for i, message in enumerate(messages):
+        if message.get("tool_calls"):
+            raise ValueError(
+                f"messages[{i}].tool_calls: this model's chat template does not render "
+                "earlier tool calls, so they would be dropped; write the call into the "
+                "assistant message's content instead"
+            )
+
+
+def _check_names_rendered(masked: list[dict[str, Any]], nonce: str, shown: set[int]) -> None:
+    """A ValueError for a message `name` the chat template leaves out of the prompt (the Qwen
+    templates never print one): the speaker it names would be dropped unread."""
+    for i, message in enumerate(masked):
+        name = message.get("name")
+        found = re.fullmatch(rf"\[\[{nonce}:(\d+)\]\]", name) if isinstance(name, str) else None
+        if found is not None and int(found.group(1)) not in shown:
+            raise ValueError(
+                f"messages[{i}].name: this model's chat template does not use message names, "
+                "so it would be dropped; leave name out (or write the speaker into the content)"
+            )
 
 
 def special_token_ids(tokenizer: Any) -> frozenset[int]:

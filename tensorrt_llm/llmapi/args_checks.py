@@ -8,6 +8,8 @@ raises a ValueError naming the field, as the inline checks there do.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,6 +19,8 @@ from .._torch.pyexecutor.engine_config import CudaGraphConfig, check_int
 
 if TYPE_CHECKING:
     from .llm_args import LlmArgs
+
+logger = logging.getLogger(__name__)
 
 MODALITIES = ("image", "video")
 
@@ -99,3 +103,39 @@ def normalize_cuda_graph_config(args: LlmArgs) -> None:
             f"cuda_graph_config captures batch size {config.largest(args.max_batch_size)}, "
             f"more than max_batch_size {args.max_batch_size}"
         )
+
+
+def check_triton_device(device_type: str) -> None:
+    """attn_backend 'triton' off CUDA: the kernels have no CPU driver (only Triton's
+    interpreter, TRITON_INTERPRET=1, runs them there, as the tests do)."""
+    if device_type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(
+            f"attn_backend 'triton' runs on CUDA only, not on {device_type} (or under "
+            "TRITON_INTERPRET=1); use attn_backend 'auto' or 'vanilla' there"
+        )
+
+
+def note_unused_device_knobs(args: LlmArgs, device_type: str, attn_backend: str) -> None:
+    """Log the knobs given that this device does not use, so none is a silent no-op: the CPU
+    KV cache holds a full batch at max_seq_len (not a share of free memory), and decode CUDA
+    graphs need CUDA with a capturable attention backend."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    default_fraction = defaults["kv_cache_free_gpu_memory_fraction"]
+    fraction = args.kv_cache_free_gpu_memory_fraction
+    if device_type != "cuda" and fraction != default_fraction:
+        logger.warning(
+            "kv_cache_free_gpu_memory_fraction=%s has no effect on %s: the KV cache holds "
+            "max_batch_size x max_seq_len tokens there; cap it with kv_cache_max_tokens "
+            "(kv_cache_config.max_tokens) instead",
+            fraction,
+            device_type,
+        )
+    graphs = args.cuda_graph_config
+    if graphs is not None and graphs != CudaGraphConfig():
+        if device_type != "cuda" or attn_backend == "vanilla":
+            logger.warning(
+                "cuda_graph_config is not used: CUDA graphs need CUDA and the triton or "
+                "flash_attn attention backend (here: %s, %s)",
+                device_type,
+                attn_backend,
+            )

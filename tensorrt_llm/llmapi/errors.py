@@ -9,3 +9,12 @@ class PromptTooLongError(ValueError):
 
     A `ValueError`, so code that catches bad input in general still catches it.
     """
+
+
+class InvalidSamplingParamError(ValueError):
+    """A SamplingParams field that does not fit this engine (e.g. a logit_bias token id past
+    the vocabulary); `param` names the field, for the OpenAI error's `param`."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param

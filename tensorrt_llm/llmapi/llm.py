@@ -27,7 +27,7 @@ from tqdm import tqdm
 from .._torch.pyexecutor.llm_request import LlmRequest
 from ..inputs.registry import create_input_processor, load_tokenizer
 from ..sampling_params import SamplingParams
-from .errors import PromptTooLongError
+from .errors import InvalidSamplingParamError, PromptTooLongError
 from .generation_defaults import GenerationDefaults
 from .input_preparer import InputPreparer, PreparedRequest
 from .llm_args import LlmArgs
@@ -290,9 +290,9 @@ class LLM:
             raise ValueError(
                 f"prompt token ids must lie in [0, {vocab}), got {min(ids)}..{max(ids)}"
             )
-        invalid = sp.why_not_in_vocab(vocab) if vocab else None
+        invalid = sp.vocab_problem(vocab) if vocab else None
         if invalid is not None:
-            raise ValueError(invalid)
+            raise InvalidSamplingParamError(invalid[1], param=invalid[0])
         error = executor.why_never_fits(LlmRequest(-1, ids, sp))
         if error is not None:
             raise PromptTooLongError(error)

@@ -36,7 +36,9 @@ from ..inputs.validation import check_mm_processor_kwargs
 from .args_checks import (
     MODALITIES,  # noqa: F401 (re-exported: it moved to args_checks.py)
     check_choice,
+    check_triton_device,
     normalize_cuda_graph_config,
+    note_unused_device_knobs,
     validate_flash_attn,
     validate_mm_limits,
     validate_paths,
@@ -274,6 +276,8 @@ class LlmArgs:
         """'auto' is the Triton backend on CUDA and the torch reference on the CPU."""
         if self.attn_backend == "flash_attn" and device.type != "cuda":
             raise ValueError(f"attn_backend 'flash_attn' runs on CUDA only, not on {device}")
+        if self.attn_backend == "triton":
+            check_triton_device(device.type)
         if self.attn_backend != "auto":
             return self.attn_backend
         if device.type == "cuda" and "triton" in ATTENTION_BACKENDS:
@@ -298,6 +302,7 @@ class LlmArgs:
             getattr(config, "dtype", None) or getattr(text_config, "dtype", None)
         )
         attn_backend = self.resolve_attn_backend(device)
+        note_unused_device_knobs(self, device.type, attn_backend)
         cap = batch_size_cap(self.max_batch_size, device)
         # NOTE: the vanilla backend syncs (boolean masks), so it cannot be captured.
         graphs = self.cuda_graph_config

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..inputs.chat_tokenize import template_variables
 from .choice_parsers import ChoiceParsing
 from .forced_tools import forced_function
 from .openai_protocol import APIError, ChatCompletionRequest
@@ -63,11 +64,20 @@ def tool_dicts(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     return [tool.model_dump(exclude_none=True) for tool in body.tools]
 
 
-def template_kwargs(body: ChatCompletionRequest) -> dict[str, Any] | None:
+def template_kwargs(
+    body: ChatCompletionRequest, forced: bool = False, template_renders_tools: bool = True
+) -> dict[str, Any] | None:
     """`chat_template_kwargs` plus the tools (omitted with tool_choice "none", so the model is
-    not told about tools it may not call)."""
+    not told about tools it may not call).
+
+    forced: the call is enforced by structured output (tool_choice "required" or named); then
+    a template without tool support gets no tools (the schema still makes the call). Under
+    "auto" they are passed anyway, and a template that cannot render them is a 400
+    (chat_tokenize): the model would never know it may call them."""
     kwargs = dict(body.chat_template_kwargs or {})
     tools = tool_dicts(body)
+    if forced and not template_renders_tools:
+        tools = None
     if tools and body.tool_choice != "none":
         if "tools" in kwargs:
             raise APIError(
@@ -76,6 +86,13 @@ def template_kwargs(body: ChatCompletionRequest) -> dict[str, Any] | None:
             )  # fmt: skip
         kwargs["tools"] = tools
     return kwargs or None
+
+
+def template_renders_tools(tokenizer: Any) -> bool:
+    """Whether the chat template reads `tools` (True when there is no single template to
+    look at: the render then decides)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return not isinstance(template, str) or "tools" in template_variables(template)
 
 
 def _model_type(llm: Any) -> str | None:

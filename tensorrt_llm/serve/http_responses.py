@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .metrics import ServerMetrics
@@ -69,8 +70,9 @@ class JSONBody(JSONResponse):
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
-def error_response(exc: APIError) -> JSONBody:
-    return JSONBody(exc.to_response().model_dump(), status_code=exc.status)
+def error_response(exc: APIError, headers: Mapping[str, str] | None = None) -> JSONBody:
+    """headers: kept from a router error (a 405's Allow)."""
+    return JSONBody(exc.to_response().model_dump(), status_code=exc.status, headers=headers)
 
 
 def log_error_reason(request: Request, exc: APIError) -> None:
@@ -83,6 +85,34 @@ def log_error_reason(request: Request, exc: APIError) -> None:
     logger.log(level, "%s %s %d: %s", request.method, request.url.path, exc.status, message)
 
 
+def served_routes(app: FastAPI) -> list[str]:
+    """'METHOD /path' of each API route (FastAPI's own docs pages left out)."""
+    return [
+        f"{method} {route.path_format}"
+        for route in app.routes
+        if isinstance(route, APIRoute)
+        for method in sorted(route.methods or ())
+    ]
+
+
+def routing_error(request: Request, exc: StarletteHTTPException, routes: list[str]) -> APIError:
+    """The router's 404 / 405 saying what this server does serve (vLLM routes such as
+    /v1/embeddings or /tokenize are not here); any other HTTPException as it is."""
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        return APIError(
+            404, f"no route {where}; this server serves {', '.join(routes)}", code="not_found"
+        )
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        return APIError(
+            405,
+            f"method {request.method} is not allowed on {request.url.path}; use {allowed}",
+            code="method_not_allowed",
+        )
+    return APIError(exc.status_code, str(exc.detail), code=exc.status_code)  # type: ignore[arg-type]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONBody:
@@ -91,9 +121,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONBody:
-        error = APIError(exc.status_code, str(exc.detail), code=exc.status_code)
+        error = routing_error(request, exc, served_routes(app))
         log_error_reason(request, error)
-        return error_response(error)
+        return error_response(error, exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONBody:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..llmapi.engine_client import EngineClient
-from ..llmapi.errors import PromptTooLongError
+from ..llmapi.errors import InvalidSamplingParamError, PromptTooLongError
 from .media_config import MediaError
 from .openai_protocol import APIError
 
@@ -91,6 +91,8 @@ class LLMClient:
             )
         except MediaError as exc:  # decoded in a preprocess worker
             raise APIError(400, str(exc), code=exc.code, param=exc.param) from None
+        except InvalidSamplingParamError as exc:
+            raise APIError(400, str(exc), code="invalid_sampling_params", param=exc.param) from None
         except (ValueError, TypeError) as exc:
             message = str(exc) or type(exc).__name__
             code = "prompt_too_long" if isinstance(exc, PromptTooLongError) else "invalid_prompt"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .protocol_base import StrictRequestModel
 
@@ -20,7 +20,22 @@ class TextPart(StrictRequestModel):
 
 class ImageURL(StrictRequestModel):
     url: str
+    # Images always go through the processor at its full resolution (its max_pixels), which is
+    # OpenAI's "high"; "low" (a fixed low-resolution pass) would be dropped unread, so it is a
+    # 400 instead.
     detail: Literal["auto", "low", "high"] | None = None
+
+    @field_validator("detail")
+    @classmethod
+    def _check_detail(cls, value: str | None) -> str | None:
+        if value == "low":
+            raise ValueError(
+                "detail 'low' is not supported: images are processed at the processor's full "
+                "resolution ('high'); omit detail (or send 'auto' / 'high'), or downscale the "
+                "image, or start the server with mm_processor_kwargs max_pixels "
+                "(--extra_llm_api_options)"
+            )
+        return value
 
 
 class ImageURLPart(StrictRequestModel):
@@ -52,6 +67,13 @@ class VideoURLPart(StrictRequestModel):
 
 
 ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
+PART_TYPES = ("text", "image_url", "video_url")
+# OpenAI part types a client may well send, each with why it is refused.
+_REFUSED_PART_TYPES = {
+    "input_audio": "audio input is not supported by these models",
+    "file": "file inputs are not supported; send images as image_url parts",
+    "refusal": "send an earlier assistant refusal as a text part",
+}
 
 
 class FunctionCallIn(StrictRequestModel):
@@ -73,6 +95,22 @@ class ChatMessage(StrictRequestModel):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool turns: the call they answer
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_part_types(cls, data: Any) -> Any:
+        # NOTE: checked before the union is tried, whose error for an unknown type lists every
+        # union member's complaint instead of saying which types exist.
+        content = data.get("content") if isinstance(data, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind not in PART_TYPES:
+                why = _REFUSED_PART_TYPES.get(kind, "not an OpenAI chat content part")
+                raise ValueError(
+                    f"content part type {kind[:32]!r} is not supported ({why}); this server "
+                    f"takes {', '.join(PART_TYPES)} parts"
+                )
+        return data
 
     @model_validator(mode="after")
     def _check_tool_fields(self) -> ChatMessage:

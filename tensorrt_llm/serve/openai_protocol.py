@@ -135,6 +135,23 @@ class SamplingRequestFields(StrictRequestModel):
     # vLLM's: logprobs of the prompt tokens (+ the top k) in the response (not streamed).
     prompt_logprobs: Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)] = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        # OpenAI's fields are nullable (`n`, `stream`, `echo`: "integer or null"), null meaning
+        # "not given": a client library that sends it gets the default, not a 400.
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            k: v
+            for k, v in data.items()
+            if v is not None
+            or k not in fields
+            or fields[k].is_required()
+            or fields[k].default is None
+        }
+
     @model_validator(mode="after")
     def _check_stream_fields(self) -> SamplingRequestFields:
         # As vLLM: whole responses only (a stream has no place for them).
@@ -207,6 +224,17 @@ PromptField = (
 )
 
 
+def _prompt_item_kind(item: Any) -> str | None:
+    """The form one element of a list prompt has: a string, a token id, a token-id list."""
+    if isinstance(item, str):
+        return "text"
+    if isinstance(item, int) and not isinstance(item, bool):
+        return "id"
+    if isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+        return "ids"
+    return None
+
+
 class CompletionRequest(SamplingRequestFields):
     prompt: PromptField
     echo: bool = False
@@ -214,6 +242,21 @@ class CompletionRequest(SamplingRequestFields):
     best_of: Annotated[int | None, Field(ge=1)] = None
     # The top alternatives per token (the sampled token's logprob always comes with them).
     logprobs: Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)] = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _check_prompt_form(cls, value: Any) -> Any:
+        # NOTE: before the union is tried, whose errors list each form's complaint about a
+        # mixed list ("a valid string"; "a valid integer"; ...) instead of naming the forms.
+        if isinstance(value, str) or value == []:
+            return value
+        kinds = {_prompt_item_kind(v) for v in value} if isinstance(value, list) else {None}
+        if len(kinds) != 1 or None in kinds:
+            raise ValueError(
+                "expected a string, a list of strings, a list of token ids, or a list of "
+                "token-id lists (one form for the whole list)"
+            )
+        return value
 
     @field_validator("prompt")
     @classmethod

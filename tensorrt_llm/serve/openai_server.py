@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ..llmapi.engine_client import EngineClient
-from .chat_options import ChatParsers, template_kwargs
+from .chat_options import ChatParsers, template_kwargs, template_renders_tools
 from .chat_utils import check_mm_limits, resolve_messages, to_sampling_params
 from .choice_parsers import ChoiceParsing
 from .http_responses import (
@@ -95,6 +95,7 @@ class OpenAIServer:
         )
         self._token_texts = TokenTexts(tokenizer)
         self._tokenizer = tokenizer
+        self._renders_tools = template_renders_tools(tokenizer)
         self.mm_limits = getattr(args, "limit_mm_per_prompt", None)
         if self.mm_limits is None:
             self.mm_limits = self.client.limit_mm_per_prompt or dict(DEFAULT_MM_LIMITS)
@@ -174,7 +175,7 @@ class OpenAIServer:
         messages = await resolve_messages(body.messages, self.media_config, self.http, decode)
         self.metrics.on_stage("media", time.perf_counter() - parsed)
         prompt: dict[str, Any] = {"prompt": messages}
-        kwargs = template_kwargs(body)
+        kwargs = template_kwargs(body, parsing.forced, self._renders_tools)
         if kwargs:
             prompt["chat_template_kwargs"] = kwargs
         if body.cache_salt is not None:

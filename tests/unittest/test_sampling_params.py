@@ -89,3 +89,35 @@ def test_with_tokenizer_fills_only_missing_ids() -> None:
     base = SamplingParams()
     base.with_tokenizer(tok)
     assert base.end_id is None  # the original is untouched
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "hint"),
+    [
+        ("beam_width", 4, "there is no beam search; sample n independent sequences with n"),
+        ("use_beam_search", True, "no beam search"),
+        ("best_of", 2, "no beam search"),
+        ("length_penalty", 1.2, "no beam search"),
+        ("return_context_logits", True, "ask for logprobs / prompt_logprobs"),
+        ("return_generation_logits", True, "ask for logprobs / prompt_logprobs"),
+        ("exclude_input_from_output", False, "outputs never include the prompt"),
+        ("bad", ["x"], "use bad_words"),
+        ("add_special_tokens", False, "give prompt_token_ids"),
+        ("truncate_prompt_tokens", 8, "prompts are never truncated"),
+    ],
+)
+def test_upstream_only_arguments_say_what_to_use(name: str, value: object, hint: str) -> None:
+    with pytest.raises(ValueError, match=rf"SamplingParams\({name}=\.\.\.\) is not supported") as e:
+        SamplingParams(**{name: value})
+    assert hint in str(e.value)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'temprature'"):
+        SamplingParams(temprature=0.5)  # type: ignore[call-arg]
+
+
+def test_sampling_params_still_copy_and_pickle() -> None:
+    import copy
+    import pickle
+
+    params = SamplingParams(max_tokens=3, temperature=0.5, stop=["x"])
+    assert pickle.loads(pickle.dumps(params)) == params == copy.deepcopy(params)
+    assert dataclasses.replace(params, max_tokens=4).max_tokens == 4

@@ -6,6 +6,7 @@ Checked with the tiny checkpoints' locally built tokenizer and with transformers
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -156,3 +157,36 @@ def test_tokenize_chat_never_flips_the_shared_tokenizer(tokenizer: Any) -> None:
             "<|im_start|>"
         ]
     )
+
+
+def test_a_message_name_the_template_drops_is_an_error(tokenizer: Any) -> None:
+    # The Qwen templates never print `name`: the speaker it names would vanish unread.
+    assert "name" not in render_chat(tokenizer, [{"role": "user", "content": "hi", "name": "n"}])
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi", "name": "al"}]
+    with pytest.raises(ValueError, match=r"messages\[1\]\.name: this model's chat template does"):
+        tokenize_chat(tokenizer, messages)
+
+
+def test_a_message_name_the_template_prints_is_kept(tokenizer: Any) -> None:
+    template = "{% for m in messages %}{{ m.name ~ ': ' if m.name }}{{ m.content }}\n{% endfor %}"
+    custom = copy.copy(tokenizer)  # shares the vocab; only this copy's template differs
+    custom.chat_template = template
+    ids = tokenize_chat(custom, [{"role": "user", "content": "hi", "name": "alice"}])
+    assert tokenizer.decode(ids) == "alice: hi\n"
+
+
+def test_tool_calls_the_template_drops_are_an_error(tokenizer: Any) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "42", "tool_call_id": "c1"},
+    ]
+    with pytest.raises(ValueError, match=r"messages\[1\]\.tool_calls: this model's chat"):
+        tokenize_chat(tokenizer, messages)
+    custom = copy.copy(tokenizer)  # a template that renders them keeps them
+    custom.chat_template = (
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}call {{ c.function.name }}"
+        "{% endfor %}{{ m.content }}\n{% endfor %}"
+    )
+    assert tokenizer.decode(tokenize_chat(custom, messages)) == "hi\ncall f\n42\n"

@@ -3,6 +3,7 @@ and are refused where no template would see them."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,21 @@ def test_kwargs_without_chat_messages_are_refused() -> None:
     with pytest.raises(TypeError, match="must be a dict"):
         as_prompt_dict({"prompt": MESSAGES, "chat_template_kwargs": ["enable_thinking"]})
     assert as_prompt_dict({"prompt": MESSAGES, "chat_template_kwargs": {}})["prompt"] == MESSAGES
+
+
+def test_kwargs_the_template_never_reads_are_refused(ckpt: Path) -> None:
+    # A typo would otherwise leave thinking on, silently; tools on a template without tool
+    # support would never reach the model.
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    with pytest.raises(ValueError, match=r"\['enable_thinkng'\]: this model's chat template") as e:
+        tokenize_chat(tok, MESSAGES, {"enable_thinkng": False})
+    assert "it reads ['enable_thinking']" in str(e.value)
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    with pytest.raises(ValueError, match="does not render tools, so the model would never see"):
+        tokenize_chat(tok, MESSAGES, {"tools": tools})
+    tool_template = THINKING_TEMPLATE + "{%- if tools %}{{ tools | length }} tools{% endif -%}"
+    custom = copy.copy(tok)
+    custom.chat_template = tool_template
+    assert tok.decode(tokenize_chat(custom, MESSAGES, {"tools": tools})).endswith("1 tools")

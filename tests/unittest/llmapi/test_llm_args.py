@@ -133,3 +133,36 @@ def test_llm_rejects_bad_kwargs_before_loading(model_dir: str) -> None:
         LLM(model_dir, kv_cache_fraction=0.5)
     with pytest.raises(ValueError, match="max_num_tokens must be >= 1"):
         LLM(model_dir, max_num_tokens=0)
+
+
+def test_triton_backend_off_cuda_is_a_clear_error(
+    model_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Not Triton's "0 active drivers" from the first kernel launch of the capacity probe.
+    args = LlmArgs(model=model_dir, attn_backend="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="attn_backend 'triton' runs on CUDA only, not on cpu"):
+        args.resolve_attn_backend(torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the tests' interpreter runs the kernels
+    assert args.resolve_attn_backend(torch.device("cpu")) == "triton"
+
+
+def test_knobs_the_cpu_does_not_use_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    from tensorrt_llm.llmapi import CudaGraphConfig
+    from tensorrt_llm.tools.tiny_checkpoint import get_or_build_demo_checkpoint
+
+    ckpt = str(get_or_build_demo_checkpoint())
+    with caplog.at_level("WARNING", logger="tensorrt_llm.llmapi.args_checks"):
+        LlmArgs(model=ckpt, device="cpu").to_engine_config()
+    assert not caplog.records  # the defaults say nothing
+    given = LlmArgs(
+        model=ckpt,
+        device="cpu",
+        kv_cache_config={"free_gpu_memory_fraction": 0.5},
+        cuda_graph_config=CudaGraphConfig(batch_sizes=[1, 2]),
+    )
+    with caplog.at_level("WARNING", logger="tensorrt_llm.llmapi.args_checks"):
+        given.to_engine_config()
+    assert "kv_cache_free_gpu_memory_fraction=0.5 has no effect on cpu" in caplog.text
+    assert "cap it with kv_cache_max_tokens" in caplog.text
+    assert "cuda_graph_config is not used" in caplog.text

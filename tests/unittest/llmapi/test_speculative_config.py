@@ -39,6 +39,8 @@ def test_dict_becomes_the_config(tmp_path: Path) -> None:
     ("value", "match"),
     [
         ({"decoding_type": "Eagle", "num_nextn_predict_layers": 1}, "must be one of \\['MTP'\\]"),
+        # An upstream Eagle config: the method is named, not its first field MTP lacks.
+        ({"decoding_type": "Eagle", "max_draft_len": 3}, "decoding_type must be one of"),
         ({"num_nextn_predict_layers": 2}, "needs decoding_type"),
         ({"decoding_type": "MTP", "max_draft_len": 2}, r"unknown speculative_config .*max_draft"),
         ({"decoding_type": "MTP", "num_nextn_predict_layers": 0}, "int in \\[1, 8\\], got 0"),

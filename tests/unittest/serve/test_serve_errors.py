@@ -47,7 +47,57 @@ BAD_BODIES = [
         "unknown part type",
         lambda s: _body(s, [{"role": "user", "content": [{"type": "audio"}]}]),
         "invalid_request",
-        "does not match any of the expected tags",
+        "content part type 'audio' is not supported",
+    ),
+    (
+        "message name the template drops",
+        lambda s: _body(s, [{"role": "user", "content": "hi", "name": "alice"}]),
+        "invalid_prompt",
+        "messages[0].name: this model's chat template does not use message names",
+    ),
+    (
+        "tools the template cannot render",
+        lambda s: _body(s, user("hi"), tools=[{"type": "function", "function": {"name": "f"}}]),
+        "invalid_prompt",
+        "this model's chat template does not render tools, so the model would never see them",
+    ),
+    (
+        "chat_template_kwargs the template never reads",
+        lambda s: _body(s, user("hi"), chat_template_kwargs={"enable_thinkng": False}),
+        "invalid_prompt",
+        "chat_template_kwargs ['enable_thinkng']: this model's chat template does not read",
+    ),
+    (
+        "tool call history the template drops",
+        lambda s: _body(
+            s,
+            [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            ],
+        ),
+        "invalid_prompt",
+        "messages[1].tool_calls: this model's chat template does not render earlier tool calls",
+    ),
+    (
+        "image detail low",
+        lambda s: _body(
+            s, user({"type": "image_url", "image_url": {"url": GOOD_IMAGE, "detail": "low"}})
+        ),
+        "invalid_request",
+        "detail 'low' is not supported: images are processed at the processor's full",
+    ),
+    (
+        "input_audio part",
+        lambda s: _body(
+            s, [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]
+        ),
+        "invalid_request",
+        "audio input is not supported by these models); this server takes text, image_url",
     ),
     (
         "not an image",
@@ -142,6 +192,18 @@ BAD_BODIES = [
         "logit_bias keys must be token ids",
     ),
     (
+        "logit_bias past the vocab",
+        lambda s: _body(s, user("hi"), logit_bias={"99999999": 1.0}),
+        "invalid_sampling_params",
+        "logit_bias names token ids [99999999] outside the vocab",
+    ),
+    (
+        "stop_token_ids past the vocab",
+        lambda s: _body(s, user("hi"), stop_token_ids=[99999999]),
+        "invalid_sampling_params",
+        "stop_token_ids names token ids [99999999] outside the vocab",
+    ),
+    (
         "invalid json schema",
         lambda s: _body(s, user("hi"), guided_json="{not json"),
         "invalid_request",
@@ -200,6 +262,19 @@ def test_unknown_route_is_openai_style_404(served: ServeHandle) -> None:
     response = httpx.get(served.base_url + "/v1/nope")
     assert response.status_code == 404
     assert "message" in response.json()["error"]
+    # vLLM routes a client may try: the 404 says what this server does serve.
+    error = httpx.post(served.base_url + "/v1/embeddings", json={}).json()["error"]
+    assert error["message"].startswith("no route POST /v1/embeddings; this server serves ")
+    assert "POST /v1/chat/completions" in error["message"] and error["code"] == "not_found"
+    assert "GET /v1/models/{model_id}" in error["message"]
+
+
+def test_wrong_method_is_405_naming_the_allowed_one(served: ServeHandle) -> None:
+    response = httpx.get(served.base_url + "/v1/chat/completions")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    error = response.json()["error"]
+    assert error["code"] == "method_not_allowed"
+    assert error["message"] == "method GET is not allowed on /v1/chat/completions; use POST"
 
 
 def _wait_cancelled(served: ServeHandle, before: float) -> dict[str, float]:

@@ -33,6 +33,30 @@ def test_validation_message_names_the_field() -> None:
 
 
 @pytest.mark.parametrize(
+    "content,param,fragment",
+    [
+        ([{"type": "text"}], "messages.0.content.0.text", "Field required"),
+        ([{"type": "text", "text": "a", "x": 1}], "messages.0.content.0.x", "Extra inputs"),
+        (
+            [{"type": "image_url", "image_url": {"url": 1}}],
+            "messages.0.content.0.image_url.url",
+            "valid string",
+        ),
+        ([{"type": "input_audio"}], "messages.0", "content part type 'input_audio'"),
+    ],
+)
+def test_validation_message_of_a_bad_part_names_its_path(
+    content: list, param: str, fragment: str
+) -> None:
+    # Not the union's members ("content.str", "list[tagged-union[...]]") nor the tag.
+    with pytest.raises(ValidationError) as info:
+        _chat(messages=[{"role": "user", "content": content}])
+    message, got = validation_error_message(info.value)
+    assert got == param and fragment in message
+    assert "union" not in message and "content.str" not in message and "Value error" not in message
+
+
+@pytest.mark.parametrize(
     "bad",
     [
         {"messages": []},
@@ -203,3 +227,46 @@ def test_cli_parsing(tmp_path: object) -> None:
     for bad in ([], ["ckpt", "--demo"], ["--demo", "--allowed_local_media_path", "/no/such"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+@pytest.mark.parametrize("detail", [None, "auto", "high"])
+def test_image_detail_the_server_honours_is_accepted(detail: str | None) -> None:
+    # Full resolution is "high"; only "low" (which it cannot honour) is refused.
+    part = {"type": "image_url", "image_url": {"url": "data:x", "detail": detail}}
+    assert _chat(messages=[{"role": "user", "content": [part]}]).messages[0].parts()
+    part["image_url"]["detail"] = "low"  # type: ignore[index]
+    with pytest.raises(ValidationError, match="detail 'low' is not supported"):
+        _chat(messages=[{"role": "user", "content": [part]}])
+
+
+def test_null_fields_take_their_defaults() -> None:
+    # OpenAI's spec: n, stream, echo are nullable; clients (not the python one) send null.
+    chat = _chat(n=None, stream=None, skip_special_tokens=None, priority=None)
+    assert (chat.n, chat.stream, chat.skip_special_tokens, chat.priority) == (1, False, True, 0)
+    completion = CompletionRequest.model_validate(
+        {"model": "m", "prompt": "x", "n": None, "echo": None, "stream": None}
+    )
+    assert (completion.n, completion.echo, completion.stream) == (1, False, False)
+    with pytest.raises(ValidationError, match="model"):
+        CompletionRequest.model_validate({"model": None, "prompt": "x"})
+
+
+@pytest.mark.parametrize("prompt", [["a", [1, 2]], [1, "a"], {"x": 1}, 5, None, [True]])
+def test_a_prompt_of_no_form_says_which_forms_exist(prompt: object) -> None:
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+    message, param = validation_error_message(info.value)
+    assert param == "prompt"
+    assert message == (
+        "invalid request: prompt: expected a string, a list of strings, a list of token ids, "
+        "or a list of token-id lists (one form for the whole list)"
+    )
+
+
+def test_a_negative_token_id_is_named_without_the_union_noise() -> None:
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({"model": "m", "prompt": [[1, -2]]})
+    assert validation_error_message(info.value) == (
+        "invalid request: prompt.0.1: Input should be greater than or equal to 0",
+        "prompt.0.1",
+    )

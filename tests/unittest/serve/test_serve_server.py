@@ -233,12 +233,19 @@ def test_default_max_tokens_fits_context(served: ServeHandle) -> None:
 
 
 def test_chat_template_kwargs_reach_the_engine(served: ServeHandle) -> None:
-    # The demo template has no variables, so the prompt is the same; the field is accepted
-    # and travels with the prompt (a plain-text completions prompt has no such field).
+    # The demo template reads no variables: one it would never read is a 400 naming it, not a
+    # request that runs as if the variable were not there (a typo of enable_thinking).
     messages = user("Hello")
-    plain = _chat(served, messages, max_tokens=2)
-    kw = _chat(served, messages, max_tokens=2, extra_body={"chat_template_kwargs": {"x": 1}})
-    assert kw.usage.prompt_tokens == plain.usage.prompt_tokens
+    unread = httpx.post(
+        served.base_url + "/v1/chat/completions",
+        json={"model": served.model, "messages": messages, "chat_template_kwargs": {"x": 1}},
+        timeout=30,
+    )
+    assert unread.status_code == 400
+    assert (
+        "chat_template_kwargs ['x']: this model's chat template does not read them"
+        in (unread.json()["error"]["message"])
+    )
     bad = httpx.post(
         served.base_url + "/v1/chat/completions",
         json={"model": served.model, "messages": messages, "chat_template_kwargs": {"tokenize": 1}},

@@ -286,3 +286,20 @@ def test_parallel_tool_calls_false_returns_the_first_call_only() -> None:
     assert json.loads(only.function.arguments) == {"city": "Paris"}
     streamed = _joined(_call(two, flags, tools=TOOLS, parallel_tool_calls=False, stream=True)[0])
     assert list(streamed["calls"]) == [0] and streamed["reasons"] == ["tool_calls"]
+
+
+def test_forced_tools_skip_a_template_that_cannot_render_them() -> None:
+    from tensorrt_llm.serve.chat_options import template_kwargs, template_renders_tools
+    from tensorrt_llm.serve.openai_protocol import ChatCompletionRequest
+
+    body = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS}
+    )
+    # "auto": passed on, so a template that cannot render them fails loudly (chat_tokenize).
+    assert template_kwargs(body, forced=False, template_renders_tools=False) == {"tools": TOOLS}
+    # Forced: the schema makes the call; a template without tools gets none.
+    assert template_kwargs(body, forced=True, template_renders_tools=False) is None
+    assert template_kwargs(body, forced=True, template_renders_tools=True) == {"tools": TOOLS}
+    plain = type("Tok", (), {"chat_template": "{{ messages }}"})()
+    assert not template_renders_tools(plain)
+    assert template_renders_tools(type("Tok", (), {"chat_template": "{{ tools }}"})())

@@ -143,3 +143,20 @@ def test_extra_llm_api_options_bad_value(tmp_path: Path, text: str, message: str
     args = parse_args(["serve", "ckpt", "--extra_llm_api_options", _yaml(tmp_path, text)])
     with pytest.raises(ValueError, match=message):
         LlmArgs.from_kwargs(model=str(tmp_path), **llm_kwargs(args))
+
+
+def test_every_flag_has_help_listing_its_values() -> None:
+    from tensorrt_llm._torch.quantization import QUANTIZATION_MODES
+    from tensorrt_llm.commands.serve_flags import build_parser
+    from tensorrt_llm.llmapi.llm_args import ATTN_BACKENDS, DTYPES, KV_CACHE_DTYPES
+
+    actions = {a.dest: a for a in build_parser()._actions if a.dest != "help"}
+    assert [dest for dest, a in actions.items() if not a.help] == []
+    for dest, values in (
+        ("dtype", DTYPES),
+        ("attn_backend", ATTN_BACKENDS),
+        ("quantization", [m for m in QUANTIZATION_MODES if m]),
+        ("kv_cache_dtype", KV_CACHE_DTYPES),
+    ):
+        text = actions[dest].help or ""
+        assert [v for v in values if v not in text] == [], dest

@@ -62,6 +62,14 @@ def parse_speculative_config(value: Any) -> MTPDecodingConfig | None:
         raise ValueError(
             f"speculative_config must be an MTPDecodingConfig, a dict or None, got {value!r}"
         )
+    # NOTE: the decoding type first: an upstream Eagle / NGram config has fields MTP lacks,
+    # and "unknown field max_draft_len" would hide that the method itself is missing.
+    kind = value.get("decoding_type")
+    if kind is not None and kind not in DECODING_TYPES:
+        raise ValueError(
+            f"speculative_config.decoding_type must be one of {list(DECODING_TYPES)}, got "
+            f"{kind!r} (no other speculative decoding method exists here)"
+        )
     known = {f.name for f in dataclasses.fields(MTPDecodingConfig)}
     unknown = sorted(set(value) - known)
     if unknown:

@@ -334,6 +334,12 @@ def test_ids_outside_the_vocab_are_named() -> None:
     assert _params(logit_bias={5: 1.0}).why_not_in_vocab(V) is None
     assert "logit_bias" in (_params(logit_bias={V: 1.0}).why_not_in_vocab(V) or "")
     assert "bad_words" in (_params(bad_words=["cde"]).why_not_in_vocab(5) or "")
+    # A stop id past the vocab can never be sampled: the request would silently never stop.
+    assert _params(stop_token_ids=[V - 1]).why_not_in_vocab(V) is None
+    assert _params(stop_token_ids=[V + 3]).vocab_problem(V) == (
+        "stop_token_ids",
+        f"stop_token_ids names token ids [{V + 3}] outside the vocab [0, {V})",
+    )
     untokenized = SamplingParams(bad_words=["ab"])
     assert "never tokenized" in (untokenized.why_not_in_vocab(V) or "")
     assert TorchSampler(V, "cpu").why_invalid(LlmRequest(0, [1], untokenized)) is not None
