@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import re
 import secrets
 import threading
@@ -41,6 +42,10 @@ _STRUCTURE_KEYS = frozenset({"role", "type"})
 class _Piece:
     text: str
     from_request: bool  # True: request text (tokenized with special tokens split if tainted)
+
+
+logger = logging.getLogger(__name__)
+_names_warned = False  # `_warn_names_dropped` logs once per process
 
 
 def render_chat(
@@ -133,7 +138,7 @@ def render_chat_pieces(
         start = match.end()
     if start < len(rendered):
         pieces.append(_Piece(rendered[start:], from_request=False))
-    _check_names_rendered(masked, nonce, shown)
+    _warn_names_dropped(masked, nonce, shown)
     return pieces
 
 
@@ -154,17 +159,27 @@ def _check_tool_calls_rendered(tokenizer: Any, messages: list[dict[str, Any]]) -
             )
 
 
-def _check_names_rendered(masked: list[dict[str, Any]], nonce: str, shown: set[int]) -> None:
-    """A ValueError for a message `name` the chat template leaves out of the prompt (the Qwen
-    templates never print one): the speaker it names would be dropped unread."""
+def _warn_names_dropped(masked: list[dict[str, Any]], nonce: str, shown: set[int]) -> None:
+    """Log (once per process) a message `name` the chat template leaves out of the prompt.
+
+    NOTE: not an error: the name is passed to the template, whose choice it is to print it
+    (the Qwen templates print none), and multi-agent clients (AutoGen, ...) send one on every
+    message; a 400 would make them unusable against every Qwen checkpoint."""
+    global _names_warned
+    if _names_warned:
+        return
     for i, message in enumerate(masked):
         name = message.get("name")
         found = re.fullmatch(rf"\[\[{nonce}:(\d+)\]\]", name) if isinstance(name, str) else None
         if found is not None and int(found.group(1)) not in shown:
-            raise ValueError(
-                f"messages[{i}].name: this model's chat template does not use message names, "
-                "so it would be dropped; leave name out (or write the speaker into the content)"
+            _names_warned = True
+            logger.warning(
+                "messages[%d].name: this model's chat template does not print message names; "
+                "requests run without them (write the speaker into the content to keep it; "
+                "logged once)",
+                i,
             )
+            return
 
 
 def special_token_ids(tokenizer: Any) -> frozenset[int]:

@@ -159,12 +159,22 @@ def test_tokenize_chat_never_flips_the_shared_tokenizer(tokenizer: Any) -> None:
     )
 
 
-def test_a_message_name_the_template_drops_is_an_error(tokenizer: Any) -> None:
-    # The Qwen templates never print `name`: the speaker it names would vanish unread.
+def test_a_message_name_the_template_drops_is_logged_once(
+    tokenizer: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Qwen templates never print `name`; multi-agent clients send one on every message.
+    from tensorrt_llm.inputs import chat_tokenize
+
+    monkeypatch.setattr(chat_tokenize, "_names_warned", False)
     assert "name" not in render_chat(tokenizer, [{"role": "user", "content": "hi", "name": "n"}])
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi", "name": "al"}]
-    with pytest.raises(ValueError, match=r"messages\[1\]\.name: this model's chat template does"):
+    with caplog.at_level("WARNING", logger="tensorrt_llm.inputs.chat_tokenize"):
+        ids = tokenize_chat(tokenizer, messages)
         tokenize_chat(tokenizer, messages)
+    # The request runs, with the prompt the template makes of it (no name in it).
+    assert ids == tokenize_chat(tokenizer, [messages[0], {"role": "user", "content": "hi"}])
+    warned = [r for r in caplog.records if "messages[1].name" in r.getMessage()]
+    assert len(warned) == 1
 
 
 def test_a_message_name_the_template_prints_is_kept(tokenizer: Any) -> None:

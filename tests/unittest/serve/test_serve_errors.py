@@ -50,12 +50,6 @@ BAD_BODIES = [
         "content part type 'audio' is not supported",
     ),
     (
-        "message name the template drops",
-        lambda s: _body(s, [{"role": "user", "content": "hi", "name": "alice"}]),
-        "invalid_prompt",
-        "messages[0].name: this model's chat template does not use message names",
-    ),
-    (
         "tools the template cannot render",
         lambda s: _body(s, user("hi"), tools=[{"type": "function", "function": {"name": "f"}}]),
         "invalid_prompt",
