@@ -132,6 +132,12 @@ class InputPreparer:
         if salt is not None and (not isinstance(salt, str) or not salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
         if "prompt_token_ids" in prompt:
+            if isinstance(text, list):
+                # A text `prompt` beside ids is only their display text; chat messages would
+                # be a second prompt, dropped unread.
+                raise ValueError(
+                    "give chat messages as `prompt` or token ids as `prompt_token_ids`, not both"
+                )
             prompt["prompt_token_ids"] = check_prompt_token_ids(prompt["prompt_token_ids"])
         elif isinstance(text, list):
             check_chat_messages(text, field="prompt")

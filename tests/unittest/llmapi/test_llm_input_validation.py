@@ -108,6 +108,8 @@ CASES: list[tuple[str, Any, type[Exception], str]] = [
      TypeError, "text"),
     ("part_type", _chat({"role": "user", "content": [{"type": "audio"}]}), ValueError, "type"),
     ("prompt_int", {"prompt": 42}, TypeError, "prompt"),
+    ("chat_and_ids", {"prompt": _chat({"role": "user", "content": "hi"}), "prompt_token_ids": [1]},
+     ValueError, "not both"),
     ("typo_key", {"prompt": "hi", "multimodal_data": {}}, ValueError, "multimodal_data"),
     ("video_3d", _video_prompt(torch.rand(3, 56, 56)), ValueError, "video"),
     ("fps_negative", _video_prompt(_video(), fps=-1), ValueError, "fps"),
