@@ -81,6 +81,11 @@ def parse_speculative_config(value: Any) -> MTPDecodingConfig | None:
     return MTPDecodingConfig(**value)
 
 
+SPEC_WITH_REUSE_ERROR = (
+    "speculative_config with KV block reuse is not supported yet; pass enable_block_reuse=False"
+)
+
+
 def check_speculative_support(
     config: MTPDecodingConfig,
     text_config: Any,
@@ -106,7 +111,4 @@ def check_speculative_support(
     if enable_block_reuse:
         # NOTE: the MTP layer's KV of a cached block and the snapshot points are not checked
         # with drafts yet (hybrid models take block reuse only when asked).
-        raise ValueError(
-            "speculative_config with KV block reuse is not supported yet; pass "
-            "enable_block_reuse=False"
-        )
+        raise ValueError(SPEC_WITH_REUSE_ERROR)

@@ -12,6 +12,7 @@ from torch import nn
 
 from ...models.modeling_qwen3_5_mtp import num_mtp_layers, with_mtp
 from ...models.modeling_qwen3_next import Qwen3_5TextForCausalLM
+from .config import SPEC_WITH_REUSE_ERROR
 from .mtp_drafter import MTPDrafter
 from .rollback import RECURRENT_PREFIX
 from .spec_decoder import SpecDecoder
@@ -74,10 +75,7 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
     if getattr(executor.scheduler, "reuse", None) is not None:
         # LlmArgs refuses this first (check_speculative_support); an EngineConfig built by
         # hand still gets the error here, before any step.
-        raise ValueError(
-            "speculative_config with KV block reuse is not supported yet; pass "
-            "enable_block_reuse=False"
-        )
+        raise ValueError(SPEC_WITH_REUSE_ERROR)
     executor.scheduler.set_draft_len(k)
     drafter = MTPDrafter(
         text_lm(engine.model), kv, engine.tokens_per_block, engine.vocab_size, engine.device
