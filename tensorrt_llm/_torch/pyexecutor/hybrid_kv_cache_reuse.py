@@ -18,13 +18,16 @@ state, in `register_step`, on the one stream):
   when the hit had to stop at least `MIN_DIVERGENCE_GAIN_BLOCKS` short of it for want of a
   snapshot (requests sharing a prefix longer than any snapshot, e.g. one system prompt: the
   next of them hits it all). A point inside a step's chunk does not end the chunk
-  (`plan_step`): the request's `inner_snapshot` names it and a free seq slot as scratch, the
+  (`plan_step`): the request's `inner_snapshot` names it and a scratch seq slot, the
   DeltaNet layers write the state at the point into the scratch slot's rows while they run
   the chunk (gated_delta_net_snapshot.py), and `register_step` copies that slot into the pool
-  and frees it. One point per request and step: a chunk that would hold two ends at the
-  second (`chunk_limit`), which is then snapshotted as a chunk end; with no seq slot free the
-  chunk ends at the point instead. A chunk end on a point or on a block boundary that ends
-  the context is snapshotted from the request's own slot. `INNER_SNAPSHOT_ENV=0` brings back
+  and frees it. Scratch slots are rows of their own past the scheduler's
+  (`snapshot_scratch_slots`): at capacity every scheduler slot holds a request, and a full
+  batch is when the step a chunk end costs hurts most. One point per request and step: a
+  chunk that would hold two ends at the second (`chunk_limit`), which is then snapshotted as
+  a chunk end; with every scratch slot taken the chunk ends at the point instead. A chunk end
+  on a point or on a block boundary that ends the context is snapshotted from the request's
+  own slot. `INNER_SNAPSHOT_ENV=0` brings back
   ending a chunk at every point (one more forward per point: +40% turn-1 TTFT on the H200).
 - decode: when a step makes the sequence a multiple of tpb long, the slot's state is copied
   into the request's pending entry (overwritten at the next crossing: one entry per running
@@ -45,12 +48,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from .block_hash import BlockKey
+from .capacity import recurrent_state_bytes_per_slot
 from .kv_cache_reuse import KvCacheReuse
 from .llm_request import LlmRequest
 from .state_snapshot_pool import RecurrentSnapshotPool, snapshot_bytes
@@ -58,7 +62,7 @@ from .state_snapshot_pool import RecurrentSnapshotPool, snapshot_bytes
 if TYPE_CHECKING:
     from .engine_config import EngineConfig
     from .model_engine import PyTorchModelEngine
-    from .resource_manager import KVCacheManager, SeqSlotManager
+    from .resource_manager import KVCacheManager
     from .scheduler import ScheduledRequests
 
 logger = logging.getLogger(__name__)
@@ -80,11 +84,21 @@ MIN_DIVERGENCE_GAIN_BLOCKS = 4
 # "0": end a prefill chunk at every snapshot point instead of snapshotting inside the chunk
 # (the A/B switch of the module docstring); read when the reuse is built.
 INNER_SNAPSHOT_ENV = "TRTLLM_HYBRID_INNER_SNAPSHOT"
+# Seq slots kept for inner snapshots, past the scheduler's: one per context request of a step
+# whose chunk holds a point (a 1000-token prompt's chunk holds its prompt-end point, so about
+# max_num_tokens / prompt length of them per step). One Qwen3.6-27B slot is 146.8 MiB.
+SNAPSHOT_SCRATCH_SLOTS = 8
 
 
-def _scratch_id(request_id: int) -> int:
-    """The seq-slot manager's key of a request's scratch slot (request ids are >= 0)."""
-    return -1 - request_id
+def snapshot_scratch_slots(config: EngineConfig) -> int:
+    """Seq slots the model holds past `max_batch_size` for inner snapshots: 0 unless block
+    reuse is on for a hybrid model with inner snapshots (`INNER_SNAPSHOT_ENV`). The same on
+    every tensor-parallel rank (it reads the config and the environment only)."""
+    if not config.enable_block_reuse or os.environ.get(INNER_SNAPSHOT_ENV, "1") == "0":
+        return 0
+    if not recurrent_state_bytes_per_slot(config.text_config, config.dtype):
+        return 0
+    return SNAPSHOT_SCRATCH_SLOTS
 
 
 def recurrent_slot_state(model_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -100,6 +114,7 @@ class HybridKvCacheReuse(KvCacheReuse):
         kv_cache_manager: KVCacheManager,
         snapshots: RecurrentSnapshotPool,
         spatial_merge_size: int = 1,
+        scratch_slots: Sequence[int] = (),
     ) -> None:
         super().__init__(kv_cache_manager, spatial_merge_size)
         self.snapshots = snapshots
@@ -111,9 +126,10 @@ class HybridKvCacheReuse(KvCacheReuse):
         # Request id -> the end of its cached KV where no snapshot was: one more point.
         self._divergence: dict[int, int] = {}
         self.inner_snapshots = os.environ.get(INNER_SNAPSHOT_ENV, "1") != "0"
-        # Requests holding a scratch slot (`plan_step` to `register_step`), and its manager.
+        # Requests holding a scratch slot (`plan_step` to `register_step`), and the free ones
+        # (rows of the model's state past the scheduler's slots: `snapshot_scratch_slots`).
         self._scratch: dict[int, LlmRequest] = {}
-        self._seq_slots: SeqSlotManager | None = None
+        self._free_scratch_slots = sorted(scratch_slots, reverse=True)
 
     # ---- admission ---------------------------------------------------------------------------
     def match(self, req: LlmRequest) -> list[int]:
@@ -161,12 +177,10 @@ class HybridKvCacheReuse(KvCacheReuse):
         keep = 1 if self.inner_snapshots else 0
         return inside[keep] - pos if len(inside) > keep else remaining
 
-    def plan_step(self, scheduled: ScheduledRequests, seq_slots: SeqSlotManager) -> None:
+    def plan_step(self, scheduled: ScheduledRequests) -> None:
         """Give each context request whose chunk holds a snapshot point strictly inside it a
-        scratch seq slot for the state there (`inner_snapshot`); without a free slot its
-        chunk ends at the point. Runs once the step's chunks are sized, after admissions, so
-        scratch slots never keep a request out."""
-        self._seq_slots = seq_slots
+        scratch seq slot for the state there (`inner_snapshot`); without a free one its
+        chunk ends at the point. Runs once the step's chunks are sized, after admissions."""
         for req in list(self._scratch.values()):  # a step that never registered (spec decode)
             self._free_scratch(req)
         if not self.inner_snapshots:
@@ -177,17 +191,22 @@ class HybridKvCacheReuse(KvCacheReuse):
             inside = [p for p in self.snapshot_points(req) if pos < p < end]
             if not inside or req.seq_slot is None:
                 continue
-            if seq_slots.num_free == 0:
+            if not self._free_scratch_slots:
                 req.context_chunk_size = inside[0] - pos  # the old way: one more step
                 continue
-            req.inner_snapshot = (inside[-1], seq_slots.acquire(_scratch_id(req.request_id)))
+            req.inner_snapshot = (inside[-1], self._free_scratch_slots.pop())
             self._scratch[req.request_id] = req
+
+    @property
+    def num_free_scratch_slots(self) -> int:
+        return len(self._free_scratch_slots)
 
     def _free_scratch(self, req: LlmRequest) -> None:
         self._scratch.pop(req.request_id, None)
+        if req.inner_snapshot is not None:
+            self._free_scratch_slots.append(req.inner_snapshot[1])
+            self._free_scratch_slots.sort(reverse=True)  # lowest first, as seq slots
         req.inner_snapshot = None
-        if self._seq_slots is not None:
-            self._seq_slots.release(_scratch_id(req.request_id))
 
     # ---- snapshots after a step --------------------------------------------------------------
     def register_step(self, scheduled: ScheduledRequests) -> None:
@@ -305,8 +324,10 @@ def make_kv_cache_reuse(
     kv_cache_manager: KVCacheManager,
     snapshots: RecurrentSnapshotPool | None,
     spatial_merge_size: int = 1,
+    scratch_slots: Sequence[int] = (),
 ) -> KvCacheReuse:
-    """The scheduler's `reuse`: with snapshots (a hybrid model) hits end at one of them."""
+    """The scheduler's `reuse`: with snapshots (a hybrid model) hits end at one of them, and
+    `scratch_slots` (seq slots no request is given) hold the states inside chunks."""
     if snapshots is None:
         return KvCacheReuse(kv_cache_manager, spatial_merge_size)
-    return HybridKvCacheReuse(kv_cache_manager, snapshots, spatial_merge_size)
+    return HybridKvCacheReuse(kv_cache_manager, snapshots, spatial_merge_size, scratch_slots)

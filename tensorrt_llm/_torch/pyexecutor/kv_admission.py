@@ -24,8 +24,8 @@ Policy:
   count only what the hit leaves to compute; the hit blocks become its first blocks (a hit
   that would not fit takes no reference). A resume after preemption is matched again.
   Hybrid models (`HybridKvCacheReuse`) snapshot the recurrent state inside a chunk: once the
-  step is sized `reuse.plan_step` gives those requests a free seq slot as scratch (with none
-  free the chunk ends at the point); a chunk holding two points ends at the second
+  step is sized `reuse.plan_step` gives those requests a scratch seq slot of its own (with
+  none free the chunk ends at the point); a chunk holding two points ends at the second
   (`reuse.chunk_limit`); they hear of every release (`reuse.on_released`).
 """
 

@@ -28,7 +28,7 @@ from .block_hash import BlockKey, MediaSpan, compute_block_keys, max_reusable_bl
 from .llm_request import LlmRequest
 
 if TYPE_CHECKING:
-    from .resource_manager import KVCacheManager, SeqSlotManager
+    from .resource_manager import KVCacheManager
     from .scheduler import ScheduledRequests
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class KvCacheReuse:
         all of them here; hybrid models end a chunk at a second snapshot point inside it."""
         return remaining
 
-    def plan_step(self, scheduled: ScheduledRequests, seq_slots: SeqSlotManager) -> None:
+    def plan_step(self, scheduled: ScheduledRequests) -> None:
         """The step's chunks are sized (end of `schedule`): nothing to do here; hybrid models
         give the requests snapshotted inside their chunk a scratch seq slot."""
 

@@ -29,6 +29,7 @@ from .capacity import (
     typical_request_tokens,
 )
 from .engine_config import MAX_SEQ_LEN_USER, EngineConfig
+from .hybrid_kv_cache_reuse import snapshot_scratch_slots
 from .kv_cache_creator import KVCacheSpec, kv_bytes_per_token, kv_tokens_upper_bound
 from .spec_decode.setup import prepare_mtp
 
@@ -66,6 +67,19 @@ def model_config_of(config: EngineConfig) -> ModelConfig:
         checkpoint_dir=config.checkpoint_dir,
         mapping=config.mapping,
     )
+
+
+def sized_model_config(
+    config: EngineConfig, cls: type, spec: KVCacheSpec
+) -> tuple[ModelConfig, BatchSizing | None]:
+    """The model config with its seq-slot rows (the hybrid presizing when there is one, plus
+    the inner-snapshot scratch slots: `snapshot_scratch_slots`) and the presizing. NOTE: a
+    collective under tensor parallelism (`presize_hybrid`): every rank calls it alike."""
+    model_config = model_config_of(config)
+    presized = presize_hybrid(config, cls, model_config, spec)
+    slots = model_config.max_num_seq_slots if presized is None else presized.max_batch_size
+    slots += snapshot_scratch_slots(config)
+    return replace(model_config, max_num_seq_slots=slots), presized
 
 
 def build_model(

@@ -10,7 +10,6 @@ here reads or resolves user arguments.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any, cast
 
 import torch
@@ -29,13 +28,17 @@ from .capacity import (
 from .cuda_graph_runner import CUDAGraphRunner, graph_batch_sizes
 from .engine_config import MAX_SEQ_LEN_USER, CudaGraphConfig, EngineConfig
 from .guided_decoder import GuidedDecoder
-from .hybrid_kv_cache_reuse import make_kv_cache_reuse, make_snapshot_pool
+from .hybrid_kv_cache_reuse import (
+    make_kv_cache_reuse,
+    make_snapshot_pool,
+    snapshot_scratch_slots,
+)
 from .kv_cache_creator import (
     KVCacheSpec,
     choose_num_blocks,
     run_capacity_probe,
 )
-from .model_build import build_model, engine_max_seq_len, model_config_of, presize_hybrid
+from .model_build import build_model, engine_max_seq_len, sized_model_config
 from .model_engine import PyTorchModelEngine
 from .piecewise_graph_runner import (
     DEFAULT_PIECEWISE_MAX_TOKENS,
@@ -189,11 +192,11 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         KVCacheSpec.from_text_config(text_config, config.kv_cache_dtype, config.mapping.tp_size),
         config,
     )
-    model_config = model_config_of(config)
-    presized = presize_hybrid(config, cls, model_config, spec)
-    if presized is not None:
-        model_config = replace(model_config, max_num_seq_slots=presized.max_batch_size)
+    model_config, presized = sized_model_config(config, cls, spec)
     num_slots = model_config.max_num_seq_slots
+    # The last `scratch` of them hold inner snapshots only (hybrid_kv_cache_reuse.py).
+    scratch = snapshot_scratch_slots(config)
+    batch_slots = num_slots - scratch
     _check_quant_config(config)
     model = build_model(cls, model_config, device, config)
     table_seq_len = engine_max_seq_len(config, spec)
@@ -231,7 +234,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         spec,
         device,
         config.tokens_per_block,
-        num_slots,
+        batch_slots,
         engine.max_blocks_per_seq,
         config.kv_cache_free_gpu_memory_fraction,
         config.kv_cache_max_tokens,
@@ -246,7 +249,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     logger.info("%s", seq_len.describe())
     max_seq_len = seq_len.max_seq_len
     blocks_per_seq = -(-max_seq_len // config.tokens_per_block)
-    sizing = _final_sizing(config, presized, num_slots, num_blocks)
+    sizing = _final_sizing(config, presized, batch_slots, num_blocks)
     max_batch_size = sizing.max_batch_size
     logger.info(
         "capacity probe: %d dummy requests ok, peak %.1f MiB (activations %.1f MiB); KV cache: "
@@ -263,7 +266,8 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     )
     engine.set_kv_cache_manager(kv)
     # NOTE: the engine and the model keep `num_slots` rows (the dummy slot is the last one);
-    # the scheduler hands out only the first `max_batch_size` of them.
+    # the scheduler hands out only the first `max_batch_size` of them, the scratch slots are
+    # the last `scratch` before the dummy.
     slots = SeqSlotManager(max_batch_size)
     vision = getattr(config.pretrained_config, "vision_config", None)
     merge = int(getattr(vision, "spatial_merge_size", None) or 1)
@@ -273,7 +277,11 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         config.enable_chunked_prefill,
         kv,
         slots,
-        reuse=make_kv_cache_reuse(kv, snapshots, merge) if reuse_on else None,
+        reuse=(
+            make_kv_cache_reuse(kv, snapshots, merge, range(batch_slots, num_slots))
+            if reuse_on
+            else None
+        ),
         guaranteed_no_evict=config.guaranteed_no_evict,
     )
     sampler = TorchSampler(engine.vocab_size, device)

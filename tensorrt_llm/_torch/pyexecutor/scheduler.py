@@ -155,7 +155,7 @@ class SimpleScheduler(KvAdmissionMixin):
                 budget -= self.tokens_per_generation
         self._schedule_contexts(requests, running, scheduled, budget)
         if self.reuse is not None:
-            self.reuse.plan_step(scheduled, self.seq_slot_manager)
+            self.reuse.plan_step(scheduled)
         return scheduled
 
     def _schedule_contexts(

@@ -38,7 +38,7 @@ from ..models.vision_embedding_cache import VisionEmbeddingCache
 from .engine_config import EngineConfig
 from .hybrid_kv_cache_reuse import recurrent_slot_state, snapshot_pool_bytes
 from .kv_cache_creator import KVCacheSpec, blocks_that_fit, device_free_bytes
-from .model_build import build_model, engine_max_seq_len, model_config_of, presize_hybrid
+from .model_build import build_model, engine_max_seq_len, sized_model_config
 from .model_engine import PyTorchModelEngine
 from .spec_decode.setup import kv_spec_with_mtp, text_lm
 from .spec_decode.tp_spec import SpecCommand, SpecWorker
@@ -64,11 +64,8 @@ def build_engine_shard(config: EngineConfig) -> tuple[PyTorchModelEngine, KVCach
         config,
     )
     cls = get_model_class(config.architecture)
-    model_config = model_config_of(config)
     # A hybrid stack on CUDA without max_batch_size: the slot count all ranks agreed (MIN).
-    presized = presize_hybrid(config, cls, model_config, spec)
-    if presized is not None:
-        model_config = replace(model_config, max_num_seq_slots=presized.max_batch_size)
+    model_config, _presized = sized_model_config(config, cls, spec)
     model = build_model(cls, model_config, config.device, config)
     engine = PyTorchModelEngine(
         model,

@@ -61,3 +61,14 @@ def test_flag_checks(
     with pytest.raises(SystemExit):
         main(["--config", str(mtp_config), *extra])
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("mode", "rate"), [("oracle", 1.0), ("rejected", 0.0)])
+@pytest.mark.parametrize("extra", [["--multi_turn", "2"], ["--max_tokens_dist", "4", "10"]])
+def test_bounding_modes_hold_on_multi_turn_and_varied_lengths(
+    mtp_config: Path, tmp_path: Path, mode: str, rate: float, extra: list[str]
+) -> None:
+    """The bounds force the verify decision, so they need no recorded continuation: a
+    multi-turn run (later turns' prompts hold earlier answers) and early stops keep them."""
+    row = _run(mtp_config, tmp_path / "r.json", "--draft_mode", mode, *extra)
+    assert row["draft_acceptance_rate"] == rate

@@ -19,6 +19,7 @@ from PIL import Image
 
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.pyexecutor.hybrid_kv_cache_reuse import (
+    SNAPSHOT_SCRATCH_SLOTS,
     HybridKvCacheReuse,
     recurrent_slot_state,
 )
@@ -143,11 +144,43 @@ def test_snapshot_inside_the_chunk_keeps_one_prefill_step(family: str, reference
         _check_repeat_and_next_turn(llm, references[family])
         first, again, follow = chunks.values()
         n = sum(again[0][:2])  # the prompt's length: the repeat runs from its hit to the end
-        # Each prefill is one step: the first with its point inside (scratch: slot 1), the
-        # repeat and the next turn from their hits.
-        assert first == [(0, n, (_full_hit(n), 1))]
+        # Each prefill is one step: the first with its point inside (scratch: slot 4, the
+        # first past the scheduler's 4), the repeat and the next turn from their hits.
+        assert first == [(0, n, (_full_hit(n), 4))]
         assert len(again) == len(follow) == 1 and again[0][0] == _full_hit(n)
-        assert executor.scheduler.seq_slot_manager.num_free == 4  # scratch slots given back
+        assert executor.scheduler.seq_slot_manager.num_free == 4
+        assert reuse.num_free_scratch_slots == SNAPSHOT_SCRATCH_SLOTS  # given back
+
+
+def test_a_full_batch_snapshots_inside_each_chunk(references: dict) -> None:
+    """Four prompts at once take all four scheduler slots: each still prefills in one step
+    with its prompt-end state taken inside the chunk (scratch rows of their own), and the
+    repeats that hit those snapshots give the reuse-off tokens."""
+    want = references["qwen3_5"]
+    texts = OTHER_TEXTS[:4]
+    with _llm(True, max_num_tokens=256) as llm:
+        executor = llm._executor
+        reuse = executor.scheduler.reuse
+        steps: list[list[tuple[int, Any]]] = []
+        register = reuse.register_step
+
+        def spy(scheduled: Any) -> None:
+            rows = [(r.context_chunk_size, r.inner_snapshot) for r in scheduled.context_requests]
+            if rows:
+                steps.append(rows)
+            register(scheduled)
+
+        reuse.register_step = spy
+        firsts = llm.generate(texts, GREEDY)
+        assert [_ids(o) for o in firsts] == [want[f"other-{i}"] for i in range(4)]
+        assert len(steps) == 1 and len(steps[0]) == 4  # every prompt in one step
+        slots = sorted(inner[1] for _, inner in steps[0])
+        assert slots == [4, 5, 6, 7]  # past the scheduler's slots 0..3
+        again = llm.generate(texts, GREEDY)
+        assert [_ids(o) for o in again] == [want[f"other-{i}"] for i in range(4)]
+        assert [o.num_cached_tokens for o in again] == [
+            _full_hit(len(o.prompt_token_ids)) for o in again
+        ]
 
 
 def test_process_mode_and_the_snapshot_knob(references: dict) -> None:

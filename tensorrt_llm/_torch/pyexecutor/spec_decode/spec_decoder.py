@@ -55,9 +55,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# (request, the MTP head's drafts) -> the drafts to verify next step (tests, trtllm-bench's
-# oracle/rejected modes); None: the head's own.
+# (request, the MTP head's drafts) -> the drafts to verify next step (tests); None: the
+# head's own.
 DraftOverride = Callable[["LlmRequest", list[int]], list[int]]
+# (drafts a verify row holds) -> how many it accepts, whatever the target says
+# (trtllm-bench's oracle / rejected modes); None: the target decides.
+AcceptOverride = Callable[[int], int]
 
 
 @dataclass
@@ -107,6 +110,7 @@ class SpecDecoder:
         self.rollback = RecurrentRollback(engine.model)
         self.drafts: dict[int, list[int]] = {}  # next step's drafts, by request id
         self.draft_override: DraftOverride | None = None
+        self.accept_override: AcceptOverride | None = None
         self.stats = SpecStats()
         self.rejection = RejectionSampler()
         # Tensor parallelism, rank 0: sends each forward of a step to the workers (setup.py).
@@ -280,6 +284,11 @@ class SpecDecoder:
                     v.drafts, accepted, [check.residual[at + j] for j in range(m)], bonus
                 )
                 a = len(run) - 1
+            if self.accept_override is not None:  # trtllm-bench's bounds
+                a = self.accept_override(m)
+                rest = check.greedy if wants_drafts(v.request) else check.residual
+                # The target's token after the a-th draft (the bonus after the last one).
+                run = [*v.drafts[:a], bonus if a == m else rest[at + a]]
             at += m
             n = emit_accepted(v.request, run)
             v.emitted = run[:n]

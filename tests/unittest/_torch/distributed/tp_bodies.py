@@ -50,16 +50,41 @@ def schedule_logits_all(mapping: Mapping, checkpoint_dirs: list[str]) -> list[di
     return [schedule_logits(mapping, d) for d in checkpoint_dirs]
 
 
-def schedule_logits(mapping: Mapping, checkpoint_dir: str, on_gpu: bool = False) -> dict[str, Any]:
+def schedule_logits_as_built(mapping: Mapping, checkpoint_dir: str) -> dict[str, Any]:
+    """`schedule_logits` of the models the engine builds (`build_model`: a block-FP8
+    checkpoint's layers switched to FP8 before its weights load), on CPU."""
+    from tensorrt_llm._torch.pyexecutor.model_build import build_model, model_config_of
+    from tensorrt_llm.llmapi.llm_args import LlmArgs
+
+    config = LlmArgs(model=checkpoint_dir, device="cpu", max_batch_size=2).to_engine_config()
+    cls = get_model_class(config.architecture)
+    device = torch.device("cpu")
+
+    def build(on: Mapping) -> Any:
+        engine_config = replace(config, mapping=on)
+        return text_lm(build_model(cls, model_config_of(engine_config), device, engine_config))
+
+    return schedule_logits(mapping, checkpoint_dir, build=build)
+
+
+def schedule_logits(
+    mapping: Mapping, checkpoint_dir: str, on_gpu: bool = False, build: Any = None
+) -> dict[str, Any]:
     """The TP=1 and this rank's TP=N logits of one chunked-prefill + decode schedule (the
     same token sequences and KV block order for both), plus the shard sizes built; with
-    `on_gpu`, on this rank's GPU (the collectives then run over NCCL)."""
+    `on_gpu`, on this rank's GPU (the collectives then run over NCCL). `build(mapping)`:
+    the text LM to run (default: `load_model` of the checkpoint)."""
     device = torch.device("cuda", mapping.local_rank) if on_gpu else torch.device("cpu")
-    config = load_pretrained_config(checkpoint_dir)
-    cls = get_model_class(config.tllm_architecture)
-    base = ModelConfig(pretrained_config=config, checkpoint_dir=checkpoint_dir)
-    single = text_lm(load_model(cls, base, device))
-    sharded = text_lm(load_model(cls, replace(base, mapping=mapping), device))
+    if build is None:
+        config = load_pretrained_config(checkpoint_dir)
+        cls = get_model_class(config.tllm_architecture)
+        base = ModelConfig(pretrained_config=config, checkpoint_dir=checkpoint_dir)
+
+        def build(on: Mapping) -> Any:
+            return text_lm(load_model(cls, replace(base, mapping=on), device))
+
+    single = build(Mapping())
+    sharded = build(mapping)
     vocab = int(single.config.vocab_size)
     gen = torch.Generator().manual_seed(5)
     sequences = [torch.randint(0, vocab, (n + NUM_DECODE + 1,), generator=gen) for n in PROMPTS]

@@ -44,3 +44,36 @@ def test_guided_request_beside_drafting_ones(ckpt: Path) -> None:
     ]
     reference = _tokens(ckpt, params, executor_mode="inproc")
     assert _tokens(ckpt, params, executor_mode="inproc", speculative_config=MTP) == reference
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_forced_acceptance_emits_the_drafts_then_the_target_token(
+    ckpt: Path, temperature: float
+) -> None:
+    """`accept_override` (trtllm-bench's bounds): all drafts accepted, or none, for greedy
+    and rejection-sampled rows alike; an accepted draft is emitted as drafted."""
+    params = [SamplingParams(max_tokens=9, temperature=temperature, seed=3)] * 2
+    with LLM(model=str(ckpt), **ENGINE, executor_mode="inproc", speculative_config=MTP) as llm:
+        decoder = llm._executor.spec_decoder
+        for forced, want in ((lambda m: m, 1.0), (lambda m: 0, 0.0)):
+            drafted: list[tuple[Any, int, list[int]]] = []  # (request, tokens so far, drafts)
+
+            def record(
+                req: Any, drafts: list[int], into: list[tuple[Any, int, list[int]]] = drafted
+            ) -> list[int]:
+                into.append((req, len(req.output_token_ids), list(drafts)))
+                return drafts
+
+            before = (decoder.stats.num_draft_tokens, decoder.stats.num_accepted_tokens)
+            decoder.accept_override, decoder.draft_override = forced, record
+            outs = llm.generate(PROMPTS, params)
+            decoder.accept_override = decoder.draft_override = None
+            drafts = decoder.stats.num_draft_tokens - before[0]
+            accepted = decoder.stats.num_accepted_tokens - before[1]
+            assert drafts > 0 and accepted == want * drafts
+            assert all(len(o.outputs[0].token_ids) == 9 for o in outs)
+            if want:  # each step's drafts are the next step's tokens, as drafted
+                checked = [(r, n, d) for r, n, d in drafted if d and n + len(d) < 9]
+                assert checked
+                for req, n, d in checked:
+                    assert list(req.output_token_ids[n : n + len(d)]) == d

@@ -33,11 +33,14 @@ def _contribution(tokens: list[int], start: int) -> float:
 class _Engine:
     """The scheduler, its reuse over a snapshot pool of `entries`, and the stand-in state."""
 
-    def __init__(self, num_blocks: int, entries: int = 64, max_num_tokens: int = 64) -> None:
+    def __init__(
+        self, num_blocks: int, entries: int = 64, max_num_tokens: int = 64, scratch: int = 2
+    ) -> None:
         kv = KVCacheManager(1, 1, 4, TPB, num_blocks, 64, torch.float32, "cpu", True)
-        self.state = torch.zeros(SLOTS + 1, 2, dtype=torch.float64)  # [slot rows, 2]
+        # [slot rows, 2]: the scheduler's, then the scratch slots, then the dummy.
+        self.state = torch.zeros(SLOTS + scratch + 1, 2, dtype=torch.float64)
         pool = RecurrentSnapshotPool({"recurrent.s": self.state}, entries * 16)
-        self.reuse = HybridKvCacheReuse(kv, pool)
+        self.reuse = HybridKvCacheReuse(kv, pool, scratch_slots=range(SLOTS, SLOTS + scratch))
         self.sched = SimpleScheduler(
             SLOTS, max_num_tokens, True, kv, SeqSlotManager(SLOTS), 0, reuse=self.reuse
         )
@@ -55,7 +58,7 @@ class _Engine:
                 row.zero_()  # a fresh sequence, even in a recycled slot
             if req.inner_snapshot is not None:
                 point, scratch = req.inner_snapshot
-                assert begin < point < end and scratch != req.seq_slot
+                assert begin < point < end and SLOTS <= scratch < self.state.shape[0] - 1
                 self.inner.append((req.request_id, point))
                 self.state[scratch][0] = row[0] + _contribution(tokens[: point - begin], begin)
                 self.state[scratch][1] = point
@@ -107,7 +110,7 @@ def test_prefill_snapshots_inside_its_one_chunk_and_a_repeat_restores_it() -> No
     # 18 tokens in one chunk; the state at 16 (the last boundary before token 17) is taken
     # inside it, through a scratch slot that is free again after the step.
     assert eng.chunks == [(0, 0, 18)] and eng.inner == [(0, 16)]
-    assert eng.sched.seq_slot_manager.num_free == SLOTS
+    assert eng.reuse.num_free_scratch_slots == 2
     again = _req(1, PROMPT)
     eng.run([again])
     assert again.num_cached_tokens == 16 and eng.chunks[1:] == [(1, 16, 18)]
@@ -124,15 +127,24 @@ def test_chunk_holding_two_points_ends_at_the_second(monkeypatch) -> None:
     assert all(eng.reuse.snapshots.has(first.block_keys[p // TPB - 1]) for p in (8, 12, 16))
 
 
-def test_no_free_seq_slot_ends_the_chunk_at_the_point() -> None:
-    eng = _Engine(64, max_num_tokens=128)
+def test_a_full_batch_still_snapshots_inside_its_chunks() -> None:
+    eng = _Engine(64, max_num_tokens=128, scratch=SLOTS)
     reqs = [_req(i, [10 * i + t for t in PROMPT]) for i in range(SLOTS)]
     eng.run(reqs)
-    # The 4 admissions take every slot: no scratch, each chunk ends at its point (old way).
-    assert sorted(eng.chunks) == sorted(
-        [(i, 0, 16) for i in range(SLOTS)] + [(i, 16, 18) for i in range(SLOTS)]
-    )
-    assert eng.inner == [] and eng.sched.seq_slot_manager.num_free == SLOTS
+    # The 4 admissions take every scheduler slot; the scratch slots are rows of their own,
+    # so each prompt still prefills in one chunk with its point taken inside it.
+    assert sorted(eng.chunks) == [(i, 0, 18) for i in range(SLOTS)]
+    assert sorted(eng.inner) == [(i, 16) for i in range(SLOTS)]
+    assert eng.reuse.num_free_scratch_slots == SLOTS
+
+
+def test_no_free_scratch_slot_ends_the_chunk_at_the_point() -> None:
+    eng = _Engine(64, max_num_tokens=128, scratch=1)
+    reqs = [_req(i, [10 * i + t for t in PROMPT]) for i in range(2)]
+    eng.run(reqs)
+    # One scratch slot for two chunks with a point: the second ends at its point (old way).
+    assert sorted(eng.chunks) == [(0, 0, 18), (1, 0, 16), (1, 16, 18)]
+    assert eng.inner == [(0, 16)] and eng.reuse.num_free_scratch_slots == 1
 
 
 def test_inner_snapshot_switch_off_ends_chunks_at_points(monkeypatch) -> None:
