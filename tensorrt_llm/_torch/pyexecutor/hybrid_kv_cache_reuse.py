@@ -84,6 +84,10 @@ MIN_DIVERGENCE_GAIN_BLOCKS = 4
 # "0": end a prefill chunk at every snapshot point instead of snapshotting inside the chunk
 # (the A/B switch of the module docstring); read when the reuse is built.
 INNER_SNAPSHOT_ENV = "TRTLLM_HYBRID_INNER_SNAPSHOT"
+# Entries a chat holds while its next turn runs: the previous turn's committed snapshot (until
+# the request is admitted), the new prompt-end one and its pending decode one. Fewer make a
+# full batch of chats evict what later turns hit (benchmarks/results/qwen3_6_27b_h200.md).
+SNAPSHOTS_PER_CONVERSATION = 3
 # Seq slots kept for inner snapshots, past the scheduler's: one per context request of a step
 # whose chunk holds a point (a 1000-token prompt's chunk holds its prompt-end point, so about
 # max_num_tokens / prompt length of them per step). One Qwen3.6-27B slot is 146.8 MiB.
@@ -283,11 +287,12 @@ def snapshot_pool_bytes(config: EngineConfig, device: torch.device) -> int:
 
 
 def make_snapshot_pool(
-    config: EngineConfig, engine: PyTorchModelEngine
+    config: EngineConfig, engine: PyTorchModelEngine, batch_slots: int
 ) -> RecurrentSnapshotPool | None:
     """The snapshot pool of a hybrid model with block reuse on (None for other models), of
     `config.recurrent_state_snapshot_bytes` (None: `default_snapshot_pool_bytes`); allocated at
-    once on the model's device."""
+    once on the model's device. `batch_slots`: the seq slots requests can hold (a warning
+    when the pool holds fewer than `SNAPSHOTS_PER_CONVERSATION` entries for each)."""
     if not engine.model.is_hybrid:
         return None
     state = recurrent_slot_state(engine.slot_state.model_state)
@@ -317,6 +322,19 @@ def make_snapshot_pool(
         pool.bytes_per_snapshot / 2**20,
         pool.nbytes / 2**20,
     )
+    want = SNAPSHOTS_PER_CONVERSATION * batch_slots
+    if pool.capacity < want:
+        logger.warning(
+            "the recurrent-state snapshot pool holds %d entries, fewer than %d for each of the "
+            "%d seq slots: a full batch of multi-turn chats evicts snapshots the next turns "
+            "need and prefills those turns from an earlier point; recurrent_state_snapshot_mib"
+            "=%d holds %d (or lower max_batch_size)",
+            pool.capacity,
+            SNAPSHOTS_PER_CONVERSATION,
+            batch_slots,
+            -(-want * pool.bytes_per_snapshot // 2**20),
+            want,
+        )
     return pool
 
 

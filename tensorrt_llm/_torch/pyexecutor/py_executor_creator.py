@@ -227,7 +227,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
             # to skip the same cached items (tp_worker.py).
             engine.step_channel.send_vision_cache(embed_cache_bytes)
     # Allocated now, so the KV cache is sized from what it leaves (hybrid_kv_cache_reuse.py).
-    snapshots = make_snapshot_pool(config, engine) if reuse_on else None
+    snapshots = make_snapshot_pool(config, engine, batch_slots) if reuse_on else None
     # MTP speculation also keeps a full batch's recurrent-state snapshot (spec_decode/).
     reserved = embed_cache_bytes + snapshot_reserve_bytes(config, engine.model, num_slots)
     num_blocks = choose_num_blocks(

@@ -11,6 +11,7 @@ prefill chunks and a small KV cache preempt; outputs stay exact.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -339,3 +340,33 @@ def test_serve_flag_and_yaml_knob_reach_the_engine_config(flag: str | None, tmp_
     config = LlmArgs.from_kwargs(model=model, **kwargs).to_engine_config()
     assert config.enable_block_reuse is (flag == "--enable_block_reuse")
     assert config.recurrent_state_snapshot_bytes == 64 * 2**20
+
+
+def test_a_pool_too_small_for_a_full_batch_of_chats_is_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Fewer than 3 snapshots a seq slot: a full batch of chats would evict what their next
+    turns hit, so startup says so and names the knob (the CPU default holds plenty)."""
+    name = "tensorrt_llm._torch.pyexecutor.hybrid_kv_cache_reuse"
+    with caplog.at_level(logging.WARNING, logger=name), _llm(True) as llm:
+        pool = llm._executor.scheduler.reuse.snapshots
+        assert pool.capacity >= 3 * 4
+    assert "snapshot pool holds" not in caplog.text
+    entries = 2**20 // pool.bytes_per_snapshot  # what 1 MiB holds
+    slots = entries // 3 + 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=name):
+        with LLM(
+            str(get_or_build_demo_checkpoint("qwen3_5")),
+            device="cpu",
+            executor_mode="inproc",
+            max_batch_size=slots,
+            max_seq_len=128,
+            tokens_per_block=TPB,
+            kv_cache_config={"enable_block_reuse": True, "max_tokens": 4096},
+            recurrent_state_snapshot_mib=1,
+        ) as llm:
+            assert llm._executor.scheduler.reuse.snapshots.capacity == entries
+    want = f"holds {entries} entries, fewer than 3 for each of the {slots} seq slots"
+    need_mib = -(-3 * slots * pool.bytes_per_snapshot // 2**20)
+    assert want in caplog.text and f"recurrent_state_snapshot_mib={need_mib} holds" in caplog.text
