@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 BACKENDS = ("pytorch",)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class KvCacheConfig:
     """The KV cache knobs under TensorRT-LLM's names (`LLM(kv_cache_config=...)`).
 
@@ -38,6 +38,36 @@ class KvCacheConfig:
     tokens_per_block: int | None = None
     enable_block_reuse: bool | None = None
 
+    def __init__(
+        self,
+        free_gpu_memory_fraction: float | None = None,
+        max_tokens: int | None = None,
+        dtype: str = "auto",
+        tokens_per_block: int | None = None,
+        enable_block_reuse: bool | None = None,
+        **unsupported: Any,
+    ) -> None:
+        # Upstream's KvCacheConfig has more knobs (partial reuse, host offload, attention
+        # windows, ...): code ported from it gets their names back, not a bare TypeError.
+        if unsupported:
+            raise ValueError(_unsupported_kv_fields(unsupported))
+        values = {
+            "free_gpu_memory_fraction": free_gpu_memory_fraction,
+            "max_tokens": max_tokens,
+            "dtype": dtype,
+            "tokens_per_block": tokens_per_block,
+            "enable_block_reuse": enable_block_reuse,
+        }
+        for field, value in values.items():
+            object.__setattr__(self, field, value)  # frozen
+
+
+def _unsupported_kv_fields(unsupported: dict[str, Any]) -> str:
+    return (
+        f"unknown kv_cache_config field(s) {sorted(unsupported)}: not supported by this "
+        f"engine; supported: {sorted(_KV_FIELDS)}"
+    )
+
 
 # KvCacheConfig field -> (LlmArgs field, LlmArgs default)
 _KV_FIELDS = {
@@ -53,12 +83,6 @@ def _kv_cache_config(value: Any) -> KvCacheConfig:
     if isinstance(value, KvCacheConfig):
         return value
     if isinstance(value, dict):
-        known = {f.name for f in dataclasses.fields(KvCacheConfig)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown kv_cache_config field(s) {unknown}; supported: {sorted(known)}"
-            )
         return KvCacheConfig(**value)
     raise ValueError(f"kv_cache_config must be a KvCacheConfig, a dict or None, got {value!r}")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tensorrt_llm import LLM, SamplingParams
@@ -23,6 +25,16 @@ def test_kv_cache_config_maps_onto_the_flat_fields(ckpt: str) -> None:
     assert as_dict.kv_cache_free_gpu_memory_fraction == 0.7
     assert isinstance(as_dict.kv_cache_config, KvCacheConfig)
     assert LlmArgs(model=ckpt, kv_cache_config=KvCacheConfig()).kv_cache_dtype == "auto"
+
+
+def test_kv_cache_config_of_upstream_fields_is_a_clear_error() -> None:
+    # Code ported from TensorRT-LLM passes its other knobs to the constructor itself.
+    with pytest.raises(ValueError, match=r"\['enable_partial_reuse'\]: not supported") as err:
+        KvCacheConfig(free_gpu_memory_fraction=0.8, enable_partial_reuse=False)
+    assert "'max_tokens'" in str(err.value)  # says what is supported
+    assert KvCacheConfig(max_tokens=64) == KvCacheConfig(max_tokens=64)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        KvCacheConfig().max_tokens = 3  # type: ignore[misc]
 
 
 def test_enable_block_reuse_maps_and_defaults_on(ckpt: str) -> None:
