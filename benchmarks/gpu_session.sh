@@ -1,0 +1,69 @@
+#!/bin/bash
+# One stage of a GPU session on the lent H200 (../shared/docs/GPU.md): each `run` call sends
+# the working tree and has at most 10 minutes, so a session is a few stages back to back.
+#
+#   bash benchmarks/gpu_session.sh STAGE [ARGS]    (on the GPU machine, from the repo root)
+#
+# Stages (logs and JSON under $OUT, each step under its own `timeout`):
+#   tests-a / tests-b   the GPU-marked tests in two halves (the whole set needs > 455 s)
+#   std [TREE]          the standard Qwen3-VL-8B benchmark of the tree at TREE (default: .);
+#                       an A/B runs it for `git archive BASE | tar -x -C ab_base` and for .
+#   mt27                issue 19: Qwen3.6-27B multi-turn, block reuse on, then off
+#   mtp27               issue 20: Qwen3.6-27B MTP bounds at c=1 (oracle, then rejected)
+#
+# Wheels: run ../shared/tools/gpu-wheels.sh here first and pass carry [".whl"].
+# NOTE: `timeout` runs programs, not shell functions: every step calls python3 directly.
+set -o pipefail
+STAGE=${1:?stage}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/*.whl 2>/dev/null
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+export PYTHONPATH=/tmp/site:$PWD
+
+# Progress bars redrawn with \r would fill the tail that comes back: keep their last line.
+quiet() { tr '\r' '\n' | grep -v -E 'it/s\]|s/it\]|incorrect regex pattern'; }
+
+GPU_FILES=$(grep -rl "mark.gpu" tests | sort)
+HALF=$(( $(echo "$GPU_FILES" | wc -l) / 2 ))
+
+case "$STAGE" in
+tests-a | tests-b)
+    if [ "$STAGE" = tests-a ]; then files=$(echo "$GPU_FILES" | head -n "$HALF")
+    else files=$(echo "$GPU_FILES" | tail -n +"$((HALF + 1))"); fi
+    # SIGABRT: faulthandler prints every thread's stack if the limit cuts a hang.
+    timeout -s ABRT 540 python3 -m pytest -q -m gpu -p no:cacheprovider $files 2>&1 \
+        | quiet | tail -60 | tee "$OUT/$STAGE.log"
+    ;;
+std)
+    tree=${2:-.}
+    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout -s ABRT 280 python3 -m \
+        tensorrt_llm.commands.bench --config benchmarks/configs/qwen3_vl_8b.json --isl 1000 \
+        --osl 1000 --image_size 512 --concurrency 1 32 128 --quantization fp8 \
+        --kv_cache_dtype fp8 --output "$OUT/std_$(basename "$(realpath "$tree")").json") 2>&1 \
+        | quiet | tail -20 | tee "$OUT/std.log"
+    ;;
+mt27)
+    for reuse in --enable_block_reuse --no-enable_block_reuse; do
+        timeout -s ABRT 280 python3 -m tensorrt_llm.commands.bench \
+            --config benchmarks/configs/qwen3_6_27b.json --image_size 512 --executor_mode inproc \
+            --isl 1000 --osl 50 --multi_turn 4 --turn_tokens 800 --concurrency 32 $reuse \
+            --output "$OUT/mt27${reuse#--}.json" 2>&1 | quiet | tail -20 | tee -a "$OUT/mt27.log"
+    done
+    ;;
+mtp27)
+    spec='{"decoding_type":"MTP","num_nextn_predict_layers":3}'
+    for mode in oracle rejected; do
+        timeout -s ABRT 250 python3 -m tensorrt_llm.commands.bench \
+            --config benchmarks/configs/qwen3_6_27b.json --isl 1000 --osl 256 --image_size 512 \
+            --concurrency 1 --executor_mode inproc --no-enable_block_reuse \
+            --speculative_config "$spec" --draft_mode "$mode" --output "$OUT/mtp27_$mode.json" \
+            2>&1 | quiet | tail -40 | tee -a "$OUT/mtp27.log"
+    done
+    ;;
+*)
+    echo "unknown stage $STAGE" >&2
+    exit 2
+    ;;
+esac
