@@ -46,6 +46,7 @@ gives the same tokens.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -94,11 +95,16 @@ SNAPSHOTS_PER_CONVERSATION = 3
 SNAPSHOT_SCRATCH_SLOTS = 8
 
 
+def inner_snapshots_on() -> bool:
+    """Whether snapshot points inside a chunk are taken there (`INNER_SNAPSHOT_ENV`)."""
+    return os.environ.get(INNER_SNAPSHOT_ENV, "1") != "0"
+
+
 def snapshot_scratch_slots(config: EngineConfig) -> int:
     """Seq slots the model holds past `max_batch_size` for inner snapshots: 0 unless block
     reuse is on for a hybrid model with inner snapshots (`INNER_SNAPSHOT_ENV`). The same on
     every tensor-parallel rank (it reads the config and the environment only)."""
-    if not config.enable_block_reuse or os.environ.get(INNER_SNAPSHOT_ENV, "1") == "0":
+    if not config.enable_block_reuse or not inner_snapshots_on():
         return 0
     if not recurrent_state_bytes_per_slot(config.text_config, config.dtype):
         return 0
@@ -129,11 +135,11 @@ class HybridKvCacheReuse(KvCacheReuse):
         self._last_match: tuple[int, int] = (-1, 0)
         # Request id -> the end of its cached KV where no snapshot was: one more point.
         self._divergence: dict[int, int] = {}
-        self.inner_snapshots = os.environ.get(INNER_SNAPSHOT_ENV, "1") != "0"
+        self.inner_snapshots = inner_snapshots_on()
         # Requests holding a scratch slot (`plan_step` to `register_step`), and the free ones
         # (rows of the model's state past the scheduler's slots: `snapshot_scratch_slots`).
         self._scratch: dict[int, LlmRequest] = {}
-        self._free_scratch_slots = sorted(scratch_slots, reverse=True)
+        self._free_scratch_slots = sorted(scratch_slots)  # a heap: the lowest first
 
     # ---- admission ---------------------------------------------------------------------------
     def match(self, req: LlmRequest) -> list[int]:
@@ -198,7 +204,7 @@ class HybridKvCacheReuse(KvCacheReuse):
             if not self._free_scratch_slots:
                 req.context_chunk_size = inside[0] - pos  # the old way: one more step
                 continue
-            req.inner_snapshot = (inside[-1], self._free_scratch_slots.pop())
+            req.inner_snapshot = (inside[-1], heapq.heappop(self._free_scratch_slots))
             self._scratch[req.request_id] = req
 
     @property
@@ -208,8 +214,7 @@ class HybridKvCacheReuse(KvCacheReuse):
     def _free_scratch(self, req: LlmRequest) -> None:
         self._scratch.pop(req.request_id, None)
         if req.inner_snapshot is not None:
-            self._free_scratch_slots.append(req.inner_snapshot[1])
-            self._free_scratch_slots.sort(reverse=True)  # lowest first, as seq slots
+            heapq.heappush(self._free_scratch_slots, req.inner_snapshot[1])
         req.inner_snapshot = None
 
     # ---- snapshots after a step --------------------------------------------------------------
