@@ -78,6 +78,11 @@ RECURRENT_STATE_PREFIX = "recurrent."
 DEFAULT_SNAPSHOT_POOL_SHARE = 0.2
 DEFAULT_SNAPSHOT_POOL_CAP_MIB = 16384
 DEFAULT_SNAPSHOT_POOL_CPU_MIB = 256
+# ... raised to `DEFAULT_SNAPSHOTS_PER_SLOT` entries for every seq slot when the share holds
+# fewer (a full batch of chats then keeps what its next turns hit: one more than a chat holds,
+# for the pending entries of a wave), but never past this share of the free memory.
+DEFAULT_SNAPSHOTS_PER_SLOT = 4
+DEFAULT_SNAPSHOT_POOL_MAX_SHARE = 0.4
 # A divergence point is added only when it would lengthen the usable hit by this many blocks:
 # in a chat the next turn's cached KV runs just past the previous prompt's snapshot (to where
 # the re-rendered answer parts from the generated one), which is not worth an entry and a step.
@@ -276,19 +281,32 @@ class HybridKvCacheReuse(KvCacheReuse):
             self._free_scratch(req)
 
 
-def default_snapshot_pool_bytes(device: torch.device) -> int:
+def default_pool_bytes(free: int, entry_bytes: int, batch_slots: int) -> int:
+    """The default bound on a GPU with `free` bytes: the share (at most the cap), raised to
+    `DEFAULT_SNAPSHOTS_PER_SLOT` entries a seq slot, at most `DEFAULT_SNAPSHOT_POOL_MAX_SHARE`."""
+    share = min(int(free * DEFAULT_SNAPSHOT_POOL_SHARE), DEFAULT_SNAPSHOT_POOL_CAP_MIB * 2**20)
+    want = DEFAULT_SNAPSHOTS_PER_SLOT * batch_slots * entry_bytes
+    return min(max(share, want), int(free * DEFAULT_SNAPSHOT_POOL_MAX_SHARE))
+
+
+def default_snapshot_pool_bytes(device: torch.device, entry_bytes: int, batch_slots: int) -> int:
     """The pool's bound when recurrent_state_snapshot_mib is not given (see the constants)."""
     if device.type != "cuda":
         return DEFAULT_SNAPSHOT_POOL_CPU_MIB * 2**20
     torch.cuda.empty_cache()  # the probe's peak sits in the caching allocator
     free, _total = torch.cuda.mem_get_info(device)
-    return min(int(free * DEFAULT_SNAPSHOT_POOL_SHARE), DEFAULT_SNAPSHOT_POOL_CAP_MIB * 2**20)
+    return default_pool_bytes(free, entry_bytes, batch_slots)
 
 
-def snapshot_pool_bytes(config: EngineConfig, device: torch.device) -> int:
-    """The pool's byte bound: recurrent_state_snapshot_mib, else the default share."""
+def snapshot_pool_bytes(
+    config: EngineConfig, device: torch.device, entry_bytes: int, batch_slots: int
+) -> int:
+    """The pool's byte bound: recurrent_state_snapshot_mib, else the default for snapshots of
+    `entry_bytes` and `batch_slots` seq slots."""
     max_bytes = config.recurrent_state_snapshot_bytes
-    return default_snapshot_pool_bytes(device) if max_bytes is None else max_bytes
+    if max_bytes is None:
+        return default_snapshot_pool_bytes(device, entry_bytes, batch_slots)
+    return max_bytes
 
 
 def make_snapshot_pool(
@@ -306,13 +324,14 @@ def make_snapshot_pool(
             f"{type(engine.model).__name__} is hybrid but lists no '{RECURRENT_STATE_PREFIX}*' "
             "per-slot state: block reuse cannot snapshot it"
         )
-    max_bytes = snapshot_pool_bytes(config, engine.device)
+    entry_bytes = snapshot_bytes(state)
+    max_bytes = snapshot_pool_bytes(config, engine.device, entry_bytes, batch_slots)
     channel = engine.step_channel
     entries = None
     if channel is not None:
         # Tensor parallelism: rank 0's pool picks every entry and the workers copy by index,
         # so all ranks hold the least count any rank's memory fits (tp_worker.py).
-        own = max_bytes // snapshot_bytes(state)
+        own = max_bytes // entry_bytes
         entries = channel.send_snapshot_pool(own)
         if entries < own:
             logger.info("snapshot pool: %d entries (a tensor-parallel rank fits fewer)", entries)

@@ -36,7 +36,11 @@ import torch
 from ..models.modeling_auto import get_model_class
 from ..models.vision_embedding_cache import VisionEmbeddingCache
 from .engine_config import EngineConfig
-from .hybrid_kv_cache_reuse import recurrent_slot_state, snapshot_pool_bytes
+from .hybrid_kv_cache_reuse import (
+    recurrent_slot_state,
+    snapshot_pool_bytes,
+    snapshot_scratch_slots,
+)
 from .kv_cache_creator import KVCacheSpec, blocks_that_fit, device_free_bytes
 from .model_build import build_model, engine_max_seq_len, sized_model_config
 from .model_engine import PyTorchModelEngine
@@ -107,8 +111,9 @@ def worker_snapshot_pool(
 ) -> RecurrentSnapshotPool:
     """This rank's snapshot pool: as many entries as every rank fits (the agreed minimum)."""
     state = recurrent_slot_state(engine.slot_state.model_state)
-    max_bytes = snapshot_pool_bytes(config, config.device)
     per_entry = snapshot_bytes(state) if state else 0
+    batch_slots = engine.max_batch_size - snapshot_scratch_slots(config)
+    max_bytes = snapshot_pool_bytes(config, config.device, per_entry, batch_slots)
     own = max_bytes // per_entry if per_entry else 0
     agreed = channel.agree_min(min(own, proposed))
     # Raises as rank 0's does when the agreed count is 0 (both ranks fail, none waits).

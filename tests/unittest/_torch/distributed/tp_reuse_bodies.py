@@ -95,7 +95,7 @@ def chat_tp1_and_tp(mapping: Mapping, checkpoint_dir: str) -> Any:
     copies: list[Copy] = []
     capacities: set[int] = set()
     if mapping.rank != 0:
-        pool_bytes = tp_worker.snapshot_pool_bytes(config, config.device)
+        pool_bytes = tp_worker.snapshot_pool_bytes(config, config.device, 0, 0)
         tp_worker.snapshot_bytes = lambda state: pool_bytes // WORKER_ENTRIES  # type: ignore
         _record("apply_copies", copies, capacities)
         return tp_worker.run_tp_worker(config), copies, capacities

@@ -215,3 +215,20 @@ def test_a_replica_replays_the_copies_by_entry_index() -> None:
     assert replica.stats.taken == 4 and replica.stats.restored == 1 and replica.num_keyed == 0
     with pytest.raises(RuntimeError, match="outside a pool of 3"):
         replica.apply_copies([(SNAPSHOT_SAVE, 3, 0)])
+
+
+def test_default_pool_bytes_grows_to_a_full_batch_of_chats_within_the_max_share() -> None:
+    from tensorrt_llm._torch.pyexecutor import hybrid_kv_cache_reuse as hybrid
+
+    mib, gib = 2**20, 2**30
+    entry = 146 * mib  # about one Qwen3.6-27B snapshot
+    # 80 GiB free: the share is 16 GiB (the cap) = 112 entries; 32 slots want 4 x 32 = 128.
+    assert hybrid.default_pool_bytes(80 * gib, entry, 32) == 128 * entry
+    # A small batch keeps the share (the pool never shrinks below it).
+    assert hybrid.default_pool_bytes(80 * gib, entry, 4) == 16 * gib
+    # 128 slots would want 73 GiB: held to 40% of the free memory.
+    assert hybrid.default_pool_bytes(80 * gib, entry, 128) == int(80 * gib * 0.4)
+    # The user's bound wins over the default.
+    config = type("C", (), {"recurrent_state_snapshot_bytes": 3 * mib})()
+    cpu = torch.device("cpu")
+    assert hybrid.snapshot_pool_bytes(config, cpu, entry, 32) == 3 * mib  # type: ignore[arg-type]
