@@ -12,6 +12,7 @@ from tqdm import tqdm
 from ..guided_decoding_params import GuidedDecodingParams
 from ..sampling_params import SamplingParams
 from .metrics import RequestTiming, summarize
+from .profile_env import profiled
 from .workload import Workload
 
 
@@ -76,7 +77,8 @@ def run_requests(
     """One timed wave of `prompts` with per-prompt `params`, under a progress bar."""
     with wave_bar(len(prompts), concurrency) as bar:
         start = time.perf_counter()
-        timings = asyncio.run(_run_all(llm, prompts, params, concurrency, bar))
+        with profiled(f"concurrency {concurrency}"):
+            timings = asyncio.run(_run_all(llm, prompts, params, concurrency, bar))
         wall = time.perf_counter() - start
     return summarize(timings, wall, concurrency)
 
@@ -87,7 +89,8 @@ def run_concurrency(
     params = sampling_params(workload)
     with wave_bar(len(prompts), concurrency) as bar:
         start = time.perf_counter()
-        timings = asyncio.run(_run_all(llm, prompts, params, concurrency, bar))
+        with profiled(f"concurrency {concurrency}"):
+            timings = asyncio.run(_run_all(llm, prompts, params, concurrency, bar))
         wall = time.perf_counter() - start
     return summarize(timings, wall, concurrency)
 

@@ -1,0 +1,54 @@
+"""An opt-in torch-profiler hook for `trtllm-bench`'s timed waves.
+
+A wave's throughput says how long it took, not where the time went. Setting
+`TRTLLM_BENCH_PROFILE=/path/to/file` runs each timed wave under `torch.profiler` and appends
+its op tables to that file, so a GPU run can show which kernels and host ops dominate without
+editing the benchmark. Unset (the default), `profiled` does nothing and costs nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+PROFILE_ENV = "TRTLLM_BENCH_PROFILE"
+
+logger = logging.getLogger(__name__)
+
+
+def _table(events: Any, sort_by: str, row_limit: int) -> str:
+    kwargs: dict[str, Any] = {"sort_by": sort_by, "row_limit": row_limit}
+    if "max_name_column_width" in inspect.signature(events.table).parameters:
+        kwargs["max_name_column_width"] = 80
+    return str(events.table(**kwargs))
+
+
+@contextmanager
+def profiled(label: str) -> Iterator[None]:
+    """Run the body under the torch profiler when `PROFILE_ENV` names a file, and append a
+    `== label ==` header and two op tables (by total device or CPU time, by self CPU time)."""
+    path = os.environ.get(PROFILE_ENV, "")
+    if not path:
+        yield
+        return
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        yield
+    events = prof.key_averages()
+    tables = [
+        f"== {label} ==",
+        _table(events, "cuda_time_total" if cuda else "cpu_time_total", 40),
+        _table(events, "self_cpu_time_total", 30),
+    ]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\n".join(tables) + "\n\n")
+    logger.info("profile of %r appended to %s", label, path)
