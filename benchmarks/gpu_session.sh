@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_session.sh STAGE [ARGS]    (on the GPU machine, from the repo root)
 #
 # Stages (logs and JSON under $OUT, each step under its own `timeout`):
-#   tests-a / tests-b   the GPU-marked tests in two halves (the whole set needs > 455 s)
+#   tests-a / tests-b   the GPU-marked tests in two halves (the whole set needs > 455 s); each
+#                       stops itself at 500 s: give the `run` call a longer timeout_s (560)
 #   std [TREE]          the standard Qwen3-VL-8B benchmark of the tree at TREE (default: .);
 #                       an A/B runs it for `git archive BASE | tar -x -C ab_base` and for .
 #   mt27                issue 19: Qwen3.6-27B multi-turn, block reuse on, then off
@@ -33,7 +34,7 @@ tests-a | tests-b)
     if [ "$STAGE" = tests-a ]; then files=$(echo "$GPU_FILES" | head -n "$HALF")
     else files=$(echo "$GPU_FILES" | tail -n +"$((HALF + 1))"); fi
     # SIGABRT: faulthandler prints every thread's stack if the limit cuts a hang.
-    timeout -s ABRT 540 python3 -m pytest -q -m gpu -p no:cacheprovider $files 2>&1 \
+    timeout -s ABRT 500 python3 -m pytest -q -m gpu -p no:cacheprovider $files 2>&1 \
         | quiet | tail -60 | tee "$OUT/$STAGE.log"
     ;;
 std)
