@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ...._utils import step_constant
 from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
 
 # Same eps as `gated_delta_rule.l2_normalize` (fla and HF use it too).
@@ -32,8 +33,48 @@ _BLOCK_V = 32
 
 
 @triton_jit
+def _gdn_token(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t, h, hv,
+    offs_k, offs_v, mk, mv,
+    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_gn, stride_bn,
+    scale, eps, L2NORM: tl.constexpr, RAW_GATES: tl.constexpr,
+):  # fmt: skip
+    """Token t's (q, k, v, g, beta) of head hv, in float32 (q scaled, both l2-normed)."""
+    q = tl.load(q_ptr + t * stride_qn + h * stride_qh + offs_k, mask=mk, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + t * stride_kn + h * stride_kh + offs_k, mask=mk, other=0.0).to(tl.float32)
+    if L2NORM:
+        q = q * tl.math.rsqrt(tl.sum(q * q, 0) + eps)
+        k = k * tl.math.rsqrt(tl.sum(k * k, 0) + eps)
+    q = q * scale
+    v = tl.load(v_ptr + t * stride_vn + hv * stride_vh + offs_v, mask=mv, other=0.0)
+    if RAW_GATES:
+        # g_ptr / beta_ptr hold the raw projections a and b here.
+        a = tl.load(g_ptr + t * stride_gn + hv).to(tl.float32)
+        a = a + tl.load(dt_bias_ptr + hv).to(tl.float32)
+        # torch's softplus (threshold 20), in float32
+        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
+        g = -tl.exp(tl.load(a_log_ptr + hv).to(tl.float32)) * softplus
+        b = tl.load(beta_ptr + t * stride_bn + hv)
+        beta = tl.sigmoid(b.to(tl.float32)).to(beta_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        g = tl.load(g_ptr + t * stride_gn + hv).to(tl.float32)
+        beta = tl.load(beta_ptr + t * stride_bn + hv).to(tl.float32)
+    return q, k, v, g, beta
+
+
+@triton_jit
+def _gdn_step(state, q, k, v, g, beta):
+    """One token of the rule on a [K, BLOCK_V] float32 state slice: (new state, output)."""
+    state = state * tl.exp(g)
+    predicted = tl.sum(state * k[:, None], 0)
+    update = beta * (v.to(tl.float32) - predicted)
+    state = state + k[:, None] * update[None, :]
+    return state, tl.sum(state * q[:, None], 0)
+
+
+@triton_jit
 def _gdn_decode_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, slots_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, slots_ptr, cu_ptr,
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
     stride_gn, stride_bn, stride_on, stride_oh,
     stride_sp, stride_sh, stride_sk,
@@ -41,8 +82,10 @@ def _gdn_decode_kernel(
     scale, eps,
     RATIO: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2NORM: tl.constexpr,
-    RAW_GATES: tl.constexpr, USE_PDL: tl.constexpr,
+    RAW_GATES: tl.constexpr, ROWS: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
+    # ROWS: program n runs tokens cu[n]..cu[n + 1] of its request in order (verify rows of a
+    # speculative step); else token n only, its loads issued before the state's.
     pdl_sync(USE_PDL)
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
@@ -51,38 +94,36 @@ def _gdn_decode_kernel(
     offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     mk = offs_k < K
     mv = offs_v < V
-    q = tl.load(q_ptr + n * stride_qn + h * stride_qh + offs_k, mask=mk, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + n * stride_kn + h * stride_kh + offs_k, mask=mk, other=0.0).to(tl.float32)
-    if L2NORM:
-        q = q * tl.math.rsqrt(tl.sum(q * q, 0) + eps)
-        k = k * tl.math.rsqrt(tl.sum(k * k, 0) + eps)
-    q = q * scale
-    v = tl.load(v_ptr + n * stride_vn + hv * stride_vh + offs_v, mask=mv, other=0.0)
-    if RAW_GATES:
-        # g_ptr / beta_ptr hold the raw projections a and b here.
-        a = tl.load(g_ptr + n * stride_gn + hv).to(tl.float32)
-        a = a + tl.load(dt_bias_ptr + hv).to(tl.float32)
-        # torch's softplus (threshold 20), in float32
-        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
-        g = -tl.exp(tl.load(a_log_ptr + hv).to(tl.float32)) * softplus
-        b = tl.load(beta_ptr + n * stride_bn + hv)
-        beta = tl.sigmoid(b.to(tl.float32)).to(beta_ptr.dtype.element_ty).to(tl.float32)
-    else:
-        g = tl.load(g_ptr + n * stride_gn + hv).to(tl.float32)
-        beta = tl.load(beta_ptr + n * stride_bn + hv).to(tl.float32)
     slot = tl.load(slots_ptr + n).to(tl.int64)
     s_ptrs = (
         state_ptr + slot * stride_sp + hv * stride_sh
         + offs_k[:, None] * stride_sk + offs_v[None, :]
     )  # fmt: skip
     s_mask = mk[:, None] & mv[None, :]
-    state = tl.load(s_ptrs, mask=s_mask, other=0.0) * tl.exp(g)
-    predicted = tl.sum(state * k[:, None], 0)
-    update = beta * (v.to(tl.float32) - predicted)
-    state = state + k[:, None] * update[None, :]
-    out = tl.sum(state * q[:, None], 0)
+    if ROWS:
+        state = tl.load(s_ptrs, mask=s_mask, other=0.0)
+        begin = tl.load(cu_ptr + n).to(tl.int64)
+        end = tl.load(cu_ptr + n + 1).to(tl.int64)
+        for t in range(begin, end):
+            q, k, v, g, beta = _gdn_token(
+                q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t, h, hv,
+                offs_k, offs_v, mk, mv,
+                stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
+                stride_gn, stride_bn, scale, eps, L2NORM, RAW_GATES,
+            )  # fmt: skip
+            state, out = _gdn_step(state, q, k, v, g, beta)
+            tl.store(o_ptr + t * stride_on + hv * stride_oh + offs_v, out.to(v.dtype), mask=mv)
+    else:
+        q, k, v, g, beta = _gdn_token(
+            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, n, h, hv,
+            offs_k, offs_v, mk, mv,
+            stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
+            stride_gn, stride_bn, scale, eps, L2NORM, RAW_GATES,
+        )  # fmt: skip
+        state = tl.load(s_ptrs, mask=s_mask, other=0.0)
+        state, out = _gdn_step(state, q, k, v, g, beta)
+        tl.store(o_ptr + n * stride_on + hv * stride_oh + offs_v, out.to(v.dtype), mask=mv)
     tl.store(s_ptrs, state, mask=s_mask)
-    tl.store(o_ptr + n * stride_on + hv * stride_oh + offs_v, out.to(v.dtype), mask=mv)
 
 
 def _check(
@@ -93,7 +134,9 @@ def _check(
     beta: torch.Tensor,
     state_pool: torch.Tensor,
     slots: torch.Tensor,
+    num_rows: int | None = None,
 ) -> None:
+    """Shapes of T tokens (`[T, ...]`) run for `num_rows` requests (None: T, one token each)."""
     if q.dim() != 3 or q.shape != k.shape:
         raise ValueError(f"q and k must be [N, Hk, K] and equal, got {q.shape} and {k.shape}")
     n, num_k_heads, head_k = q.shape
@@ -110,11 +153,12 @@ def _check(
         )
     if state_pool.dtype != torch.float32 or state_pool.stride(-1) != 1:
         raise ValueError("state_pool must be float32 and contiguous in its last dimension")
-    if slots.shape != (n,):
-        raise ValueError(f"slots must be [{n}], got {tuple(slots.shape)}")
+    rows = n if num_rows is None else num_rows
+    if slots.shape != (rows,):
+        raise ValueError(f"slots must be [{rows}], got {tuple(slots.shape)}")
 
 
-def _decode_torch(
+def _recurrent_torch(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -124,18 +168,23 @@ def _decode_torch(
     slots: torch.Tensor,
     scale: float,
     use_qk_l2norm: bool,
+    cu_seqlens: tuple[int, ...] | None,
 ) -> torch.Tensor:
+    """The reference: each request's tokens in turn from its pool row, written back."""
     # Imported here: gated_delta_rule imports the kernels package, not the other way round.
     from ..gated_delta_rule import recurrent_gated_delta_rule_ref
 
     initial = state_pool.index_select(0, slots)
+    if cu_seqlens is None:  # one token per request: a batch of N sequences of length 1
+        packed = (q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None])
+    else:  # the requests packed along T
+        packed = (q[None], k[None], v[None], g[None], beta[None])
     o, final = recurrent_gated_delta_rule_ref(
-        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], initial, True,
-        scale=scale, use_qk_l2norm=use_qk_l2norm,
-    )  # fmt: skip
+        *packed, initial, True, scale=scale, use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens
+    )
     assert final is not None
     state_pool.index_copy_(0, slots, final)
-    return o[:, 0]
+    return o[:, 0] if cu_seqlens is None else o[0]
 
 
 def gdn_gates_torch(
@@ -145,6 +194,76 @@ def gdn_gates_torch(
     dt_bias)` in float32 and `beta = sigmoid(b)` in b's dtype (HF's rounding)."""
     g = -a_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias)
     return g, b.sigmoid()
+
+
+Gates = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _run(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    state_pool: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float | None,
+    use_qk_l2norm: bool,
+    backend: str,
+    gates: Gates | None,
+    cu_seqlens: tuple[int, ...] | None,
+) -> torch.Tensor:
+    """`gated_delta_rule_decode_` (cu_seqlens None) and `gated_delta_rule_rows_`."""
+    raw = gates is not None
+    if raw != (g is None and beta is None):
+        raise ValueError("pass either g and beta or gates=(a, b, A_log, dt_bias)")
+    if gates is not None:
+        g, beta, a_log, dt_bias = gates
+        if a_log.shape != (v.shape[1],) or dt_bias.shape != (v.shape[1],):
+            raise ValueError(f"A_log and dt_bias must be [{v.shape[1]}]")
+    assert g is not None and beta is not None
+    num_rows = None
+    if cu_seqlens is not None:
+        num_rows = len(cu_seqlens) - 1
+        if num_rows < 0 or cu_seqlens[0] != 0 or cu_seqlens[-1] != q.shape[0]:
+            raise ValueError(f"cu_seqlens must run from 0 to T={q.shape[0]}, got {cu_seqlens}")
+        if any(b <= a for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True)):
+            raise ValueError(f"cu_seqlens must be increasing (no empty row), got {cu_seqlens}")
+    _check(q, k, v, g, beta, state_pool, slots, num_rows)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if not use_triton("gated_delta_rule_decode_", q.device, backend):
+        if gates is not None:
+            g, beta = gdn_gates_torch(*gates)
+        return _recurrent_torch(
+            q, k, v, g, beta, state_pool, slots, scale, use_qk_l2norm, cu_seqlens
+        )
+    n, num_k_heads, head_k = q.shape
+    num_v_heads, head_v = v.shape[1], v.shape[2]
+    out = torch.empty_like(v)
+    if n == 0:
+        return out
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if g.stride(-1) != 1 or beta.stride(-1) != 1:
+        g, beta = g.contiguous(), beta.contiguous()
+    a_log_arg, dt_bias_arg = (gates[2], gates[3]) if gates is not None else (g, g)
+    # Shared by every layer of the step (one copy a step); decode passes slots as a stand-in.
+    cu = slots if cu_seqlens is None else step_constant(cu_seqlens, torch.int64, q.device)
+    block_v = min(_BLOCK_V, triton.next_power_of_2(head_v))
+    grid = (n if num_rows is None else num_rows, num_v_heads, triton.cdiv(head_v, block_v))
+    _gdn_decode_kernel[grid](
+        q, k, v, g, beta, out, state_pool, slots, cu,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), beta.stride(0), out.stride(0), out.stride(1),
+        state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
+        a_log_arg, dt_bias_arg,
+        scale, _L2_EPS,
+        RATIO=num_v_heads // num_k_heads, K=head_k, V=head_v,
+        BLOCK_K=triton.next_power_of_2(head_k), BLOCK_V=block_v, L2NORM=use_qk_l2norm,
+        RAW_GATES=raw, ROWS=cu_seqlens is not None,
+        **pdl_launch_kwargs(q.device, grid[0] * grid[1] * grid[2]),
+    )  # fmt: skip
+    return out
 
 
 def gated_delta_rule_decode_(
@@ -158,48 +277,36 @@ def gated_delta_rule_decode_(
     scale: float | None = None,
     use_qk_l2norm: bool = True,
     backend: str = "auto",
-    gates: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    gates: Gates | None = None,
 ) -> torch.Tensor:
     """One token per request: `q, k: [N, Hk, K]`, `v: [N, Hv, V]`, `g, beta: [N, Hv]` (g is
     the log-decay) or, with g and beta None, `gates = (a, b, A_log, dt_bias)` (`[N, Hv]`,
     `[N, Hv]`, `[Hv]`, `[Hv]`) to form them in the kernel; request n's state is
     `state_pool[slots[n]]` (`[P, Hv, K, V]`, float32), updated in place. Returns
     `o: [N, Hv, V]` in v's dtype."""
-    raw = gates is not None
-    if raw != (g is None and beta is None):
-        raise ValueError("pass either g and beta or gates=(a, b, A_log, dt_bias)")
-    if gates is not None:
-        g, beta, a_log, dt_bias = gates
-        if a_log.shape != (v.shape[1],) or dt_bias.shape != (v.shape[1],):
-            raise ValueError(f"A_log and dt_bias must be [{v.shape[1]}]")
-    assert g is not None and beta is not None
-    _check(q, k, v, g, beta, state_pool, slots)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    if not use_triton("gated_delta_rule_decode_", q.device, backend):
-        if gates is not None:
-            g, beta = gdn_gates_torch(*gates)
-        return _decode_torch(q, k, v, g, beta, state_pool, slots, scale, use_qk_l2norm)
-    n, num_k_heads, head_k = q.shape
-    num_v_heads, head_v = v.shape[1], v.shape[2]
-    out = torch.empty_like(v)
-    if n == 0:
-        return out
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if g.stride(-1) != 1 or beta.stride(-1) != 1:
-        g, beta = g.contiguous(), beta.contiguous()
-    a_log_arg, dt_bias_arg = (gates[2], gates[3]) if gates is not None else (g, g)
-    block_v = min(_BLOCK_V, triton.next_power_of_2(head_v))
-    grid = (n, num_v_heads, triton.cdiv(head_v, block_v))
-    _gdn_decode_kernel[grid](
-        q, k, v, g, beta, out, state_pool, slots,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        g.stride(0), beta.stride(0), out.stride(0), out.stride(1),
-        state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
-        a_log_arg, dt_bias_arg,
-        scale, _L2_EPS,
-        RATIO=num_v_heads // num_k_heads, K=head_k, V=head_v,
-        BLOCK_K=triton.next_power_of_2(head_k), BLOCK_V=block_v, L2NORM=use_qk_l2norm,
-        RAW_GATES=raw, **pdl_launch_kwargs(q.device, grid[0] * grid[1] * grid[2]),
-    )  # fmt: skip
-    return out
+    return _run(q, k, v, g, beta, state_pool, slots, scale, use_qk_l2norm, backend, gates, None)
+
+
+def gated_delta_rule_rows_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    state_pool: torch.Tensor,
+    slots: torch.Tensor,
+    cu_seqlens: tuple[int, ...],
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+    backend: str = "auto",
+    gates: Gates | None = None,
+) -> torch.Tensor:
+    """A few tokens per request, token by token as decode runs them (the verify and replay
+    rows of a speculative step): as `gated_delta_rule_decode_` with the T tokens of the N
+    requests packed along the first axis, request n's at `cu_seqlens[n]:cu_seqlens[n + 1]`
+    (host offsets, none empty), from `state_pool[slots[n]]`. Each request is one program's
+    loop over its tokens, so a row costs its length in sequential steps: for short rows
+    (a chunked kernel pays off from tens of tokens). Returns `o: [T, Hv, V]`."""
+    return _run(
+        q, k, v, g, beta, state_pool, slots, scale, use_qk_l2norm, backend, gates, cu_seqlens
+    )

@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from tensorrt_llm._torch.modules.gated_delta_rule import recurrent_gated_delta_rule_ref
-from tensorrt_llm._torch.modules.triton_kernels.gdn_decode import gated_delta_rule_decode_
+from tensorrt_llm._torch.modules.triton_kernels.gdn_decode import (
+    gated_delta_rule_decode_,
+    gated_delta_rule_rows_,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -80,3 +83,62 @@ def test_gpu_qwen3_6_sizes_bf16_match_torch_path() -> None:
     got = gated_delta_rule_decode_(q, k, v, g, beta, pool, slots, backend="triton")
     torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(pool, pool_ref, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("raw_gates", [False, True])
+def test_rows_equal_decode_steps_one_token_at_a_time(backend: str, raw_gates: bool) -> None:
+    """Rows of 4, 1 and 3 tokens (a verify step: 1 + drafts each) run in one call leave the
+    pool and give the outputs of decoding each row's tokens in turn."""
+    lens = (4, 1, 3)
+    slots = torch.tensor([4, 1, 3])
+    total = sum(lens)
+    q, k, v, g, beta, pool = _inputs(total, 2, 4, 16, 48, pool_rows=6, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    a, b = torch.randn(total, 4, generator=gen), torch.randn(total, 4, generator=gen)
+    a_log, dt_bias = torch.randn(4, generator=gen), torch.randn(4, generator=gen)
+    gates = (a, b, a_log, dt_bias) if raw_gates else None
+    cu = (0, 4, 5, 8)
+    # The reference: decode one token of every row still running, step by step.
+    want_pool, want_o = pool.clone(), torch.empty_like(v)
+    for step in range(max(lens)):
+        rows = [n for n, length in enumerate(lens) if step < length]
+        toks = torch.tensor([cu[n] + step for n in rows])
+        gg = (a[toks], b[toks], a_log, dt_bias) if raw_gates else None
+        g_t, b_t = (None, None) if raw_gates else (g[toks], beta[toks])
+        want_o[toks] = gated_delta_rule_decode_(
+            q[toks], k[toks], v[toks], g_t, b_t, want_pool, slots[rows], scale=0.3,
+            backend="torch", gates=gg,
+        )  # fmt: skip
+    dev = [t.to(DEVICE) for t in (q, k, v, g, beta, pool, slots)]
+    dev_gates = tuple(t.to(DEVICE) for t in gates) if gates is not None else None
+    g_arg, b_arg = (None, None) if raw_gates else (dev[3], dev[4])
+    got = gated_delta_rule_rows_(
+        dev[0], dev[1], dev[2], g_arg, b_arg, dev[5], dev[6], cu, scale=0.3,
+        backend=backend, gates=dev_gates,
+    )  # fmt: skip
+    torch.testing.assert_close(got.cpu(), want_o, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dev[5].cpu(), want_pool, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="increasing"):
+        gated_delta_rule_rows_(*dev[:5], dev[5], dev[6], (0, 4, 4, 8), backend=backend)
+    with pytest.raises(ValueError, match="slots must be"):
+        gated_delta_rule_rows_(*dev[:5], dev[5], dev[6][:2], cu, backend=backend)
+
+
+@pytest.mark.gpu
+def test_gpu_rows_at_qwen3_6_sizes_match_decode_steps() -> None:
+    """32 verify rows of 4 tokens (Qwen3.6-27B heads, bf16) against 4 decode steps."""
+    n, t = 32, 4
+    q, k, v, g, beta, pool = (t_.cuda() for t_ in _inputs(n * t, 16, 48, 128, 128, 40, seed=5))
+    q, k, v, beta = (x.bfloat16() for x in (q, k, v, beta))
+    slots = torch.randperm(40, device="cuda")[:n]
+    want_pool, want = pool.clone(), torch.empty_like(v)
+    for step in range(t):
+        toks = torch.arange(n, device="cuda") * t + step
+        want[toks] = gated_delta_rule_decode_(
+            q[toks], k[toks], v[toks], g[toks], beta[toks], want_pool, slots, backend="triton"
+        )
+    cu = tuple(range(0, n * t + 1, t))
+    got = gated_delta_rule_rows_(q, k, v, g, beta, pool, slots, cu, backend="triton")
+    torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(pool, want_pool, atol=1e-4, rtol=1e-4)
