@@ -33,13 +33,15 @@ Kernels (CUDA, unless `TRTLLM_GDN_FUSED=0`): a decode step runs three Triton ker
 in_proj and out_proj GEMMs (the conv update of the pool rows, the recurrence with the gates and
 the q/k norm, the gated RMSNorm) where the torch path launches ~28 small ones; prefill runs the
 varlen Triton conv, and short rows that continue a state (MTP verify rows) the same in-place
-recurrence over each row's tokens instead of fla's chunked rule. Their torch paths are the references (and the CPU path).
+recurrence over each row's tokens instead of fla's chunked rule (`gated_delta_net_rows.py`).
+Their torch paths are the references (and the CPU path).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -50,6 +52,7 @@ from ..._utils import step_constant
 from ...mapping import Mapping as ParallelMapping
 from .causal_conv1d import CausalConv1d
 from .gated_delta_net_metadata import GatedDeltaNetMetadata, StateRows
+from .gated_delta_net_rows import rows_rule, short_rows_from
 from .gated_delta_net_snapshot import split_prefill_rule, varlen_rule, write_conv_snapshots
 from .gated_delta_net_weights import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
@@ -62,11 +65,7 @@ from .gated_delta_rule import fused_recurrent_gated_delta_rule
 from .triton_kernels import use_triton
 from .triton_kernels.causal_conv1d import causal_conv1d_update_, causal_conv1d_varlen
 from .triton_kernels.gated_rms_norm import rms_norm_gated, rms_norm_gated_torch
-from .triton_kernels.gdn_decode import (
-    gated_delta_rule_decode_,
-    gated_delta_rule_rows_,
-    gdn_gates_torch,
-)
+from .triton_kernels.gdn_decode import gated_delta_rule_decode_, gdn_gates_torch
 
 __all__ = [
     "FUSED_KERNELS_ENV",
@@ -82,10 +81,6 @@ __all__ = [
 # Decode steps update the SSM pool in place with our Triton kernel (gdn_decode.py) unless this
 # is "0" (then: gather the rows, fla's / the torch recurrent step, scatter them back).
 INPLACE_DECODE_ENV = "TRTLLM_GDN_INPLACE_DECODE"
-# Context rows up to this long that all continue a state run token by token in place
-# (`gated_delta_rule_rows_`): one kernel where fla's chunked rule launches ~10 plus a gather
-# and scatter of the states (MTP verify rows are 1 + k tokens, its replay rows fewer).
-RECURRENT_ROWS_MAX_TOKENS = 16
 # The conv1d (decode update and varlen prefill), the gates and the gated RMSNorm run as Triton
 # kernels (triton_kernels/causal_conv1d.py, gdn_decode.py, gated_rms_norm.py) unless this is
 # "0" (then: the torch chains, ~25 more small kernels per layer and decode step). The gates
@@ -254,11 +249,25 @@ class GatedDeltaNet(nn.Module):
             if metadata.snapshots:  # before the conv overwrites the initial states it reads
                 write_conv_snapshots(mixed_qkv[span], conv.rows(0, num_ctx), metadata)
             x = self._prefill_conv(mixed_qkv[span], conv.rows(0, num_ctx), metadata, fused)
-            if self._short_rows(metadata, ssm):
-                parts.append(self._rows_rule(x, a[span], b[span], ssm, metadata, fused))
-            else:
-                g, beta = gdn_gates_torch(a[span], b[span], self.A_log, self.dt_bias)
-                parts.append(self._prefill_rule(x, g, beta, ssm.rows(0, num_ctx), metadata))
+            # The context rows past `cut` (verify rows after a step's prefill chunks) run in
+            # place token by token; the ones before it through the chunked rule.
+            cut = short_rows_from(metadata, ssm.slots is not None and self.inplace_decode)
+            if cut > 0:
+                head = metadata
+                if cut < num_ctx:
+                    head = replace(
+                        metadata,
+                        context_lens=metadata.context_lens[:cut],
+                        has_initial_state=metadata.has_initial_state[:cut],
+                    )
+                n_head = head.num_context_tokens
+                g, beta = gdn_gates_torch(a[:n_head], b[:n_head], self.A_log, self.dt_bias)
+                parts.append(self._prefill_rule(x[:n_head], g, beta, ssm.rows(0, cut), head))
+            if cut < num_ctx:
+                t0 = metadata.cu_seqlens[cut]
+                tail = (x[t0:], a[t0:num_ctx_tokens], b[t0:num_ctx_tokens])
+                where = (ssm, cut, metadata.context_lens[cut:], fused)
+                parts.append(rows_rule(self, *tail, *where))
         if metadata.num_decodes > 0:
             span = slice(num_ctx_tokens, None)
             x = self._decode_conv(mixed_qkv[span], conv.rows(num_ctx, metadata.num_seqs), fused)
@@ -343,41 +352,6 @@ class GatedDeltaNet(nn.Module):
             o, final = varlen_rule(q, k, v, g, beta, initial, metadata.cu_seqlens)
         ssm.write(final)
         return o
-
-    def _short_rows(self, metadata: GatedDeltaNetMetadata, ssm: StateRows) -> bool:
-        """Whether the context rows run token by token in place (`_rows_rule`): all continue
-        a state (verify and replay rows of a speculative step, a short last chunk), none is
-        longer than `RECURRENT_ROWS_MAX_TOKENS` and no snapshot is taken inside them."""
-        return (
-            ssm.slots is not None
-            and self.inplace_decode
-            and not metadata.snapshots
-            and all(metadata.has_initial_state)
-            and max(metadata.context_lens) <= RECURRENT_ROWS_MAX_TOKENS
-        )
-
-    def _rows_rule(
-        self,
-        x: torch.Tensor,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        ssm: StateRows,
-        metadata: GatedDeltaNetMetadata,
-        fused: bool,
-    ) -> torch.Tensor:
-        """The context rows as decode runs tokens, each row's in turn from its pool row (one
-        kernel, gates formed in it); returns [T_ctx, Hv, V]."""
-        q, k, v = self._split_heads(x)
-        assert ssm.slots is not None
-        slots = ssm.slots[: metadata.num_contexts]
-        cu = metadata.cu_seqlens
-        if fused:
-            gates = (a, b, self.A_log, self.dt_bias)
-            return gated_delta_rule_rows_(
-                q, k, v, None, None, ssm.states, slots, cu, gates=gates, backend="triton"
-            )
-        g, beta = gdn_gates_torch(a, b, self.A_log, self.dt_bias)
-        return gated_delta_rule_rows_(q, k, v, g, beta, ssm.states, slots, cu)
 
     def _decode_rule(
         self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ssm: StateRows, fused: bool

@@ -344,38 +344,52 @@ def test_in_projections_become_one_gemm_and_loads_write_through() -> None:
 
 @torch.no_grad()
 @pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize(
+    "lens, carry, want_rows",
+    [
+        ((4, 1, 3), (True, True, True), [(0, 4, 5, 8)]),  # a verify step
+        ((5, 4, 1, 3), (False, True, True, True), [(0, 4, 5, 8)]),  # after a fresh prefill
+        ((20, 2), (True, True), [(0, 2)]),  # a chunk too long for the loop, then a row
+        ((2, 6), (True, False), []),  # the last row starts fresh: the chunked rule for all
+    ],
+)
 def test_short_continuing_rows_run_in_place_and_match_the_chunked_rule(
-    backend: str, monkeypatch: pytest.MonkeyPatch
+    backend: str,
+    lens: tuple[int, ...],
+    carry: tuple[bool, ...],
+    want_rows: list[tuple[int, ...]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A verify step (rows of 1 + drafts tokens, each continuing its state, then a decode)
-    takes the token-by-token in-place rule; it matches the chunked rule the same rows took
-    before (RECURRENT_ROWS_MAX_TOKENS = 0), outputs and both pools."""
-    from tensorrt_llm._torch.modules import gated_delta_net as gdn_module
+    """Rows of 1 + drafts tokens continuing their state (a verify step, then a decode) take
+    the token-by-token in-place rule, the step's prefill chunks before them the chunked one;
+    the step matches the chunked rule for every row (RECURRENT_ROWS_MAX_TOKENS = 0):
+    outputs and both pools."""
+    from tensorrt_llm._torch.modules import gated_delta_net_rows as rows_module
 
     ref = _layer(seed=2)
     ref.kernel_backend = "torch"
     ours = copy.deepcopy(ref).to(DEVICE)
     ours.kernel_backend = backend
     gen = torch.Generator().manual_seed(6)
-    meta = _meta([4, 1, 3], [True, True, True], decodes=1)
-    slots = torch.tensor([4, 1, 3, 0])
+    meta = _meta(lens, carry, decodes=1)
+    slots = torch.tensor([4, 1, 3, 0, 5][: meta.num_seqs])
     conv_pool = torch.randn(6, *ref.conv_state_shape, generator=gen)
     ssm_pool = torch.randn(6, *ref.ssm_state_shape, generator=gen)
     x = torch.randn(meta.num_tokens, 32, generator=gen)
     calls: list[tuple[int, ...]] = []
-    rows_rule = gdn_module.gated_delta_rule_rows_
+    rows_rule = rows_module.gated_delta_rule_rows_
 
     def spy(*args, **kwargs):
         calls.append(args[7])
         return rows_rule(*args, **kwargs)
 
-    monkeypatch.setattr(gdn_module, "gated_delta_rule_rows_", spy)
+    monkeypatch.setattr(rows_module, "gated_delta_rule_rows_", spy)
     conv_d, ssm_d, s_d = conv_pool.clone().to(DEVICE), ssm_pool.clone().to(DEVICE), slots.to(DEVICE)
     got = ours(x.to(DEVICE), conv_d, ssm_d, meta, ssm_slots=s_d, conv_slots=s_d)
-    assert calls == [(0, 4, 5, 8)]
-    monkeypatch.setattr(gdn_module, "RECURRENT_ROWS_MAX_TOKENS", 0)  # the chunked rule
+    assert calls == want_rows
+    monkeypatch.setattr(rows_module, "RECURRENT_ROWS_MAX_TOKENS", 0)  # the chunked rule
     want = ref(x, conv_pool, ssm_pool, meta, ssm_slots=slots, conv_slots=slots)
-    assert len(calls) == 1
+    assert len(calls) == len(want_rows)
     torch.testing.assert_close(got.cpu(), want, **LAYER)
     torch.testing.assert_close(conv_d.cpu(), conv_pool, **TIGHT)
     torch.testing.assert_close(ssm_d.cpu(), ssm_pool, **LAYER)
