@@ -83,6 +83,7 @@ def step_limits(engine: PyTorchModelEngine, max_batch_size: int, max_seq_len: in
         decode_graph_padding=graphs.enable_padding if graphs is not None else True,
         piecewise_max_tokens=piecewise.buckets[-1] if piecewise is not None else 0,
         max_chunk_tokens=min(engine.max_num_tokens, _longest_chunk(max_seq_len)),
+        recurrent_rows=engine.model.is_hybrid,
     )
 
 
@@ -100,10 +101,13 @@ class _DummyRequests:
         self.slots = SeqSlotManager(max_batch_size)  # the scheduler's slots
         self._next_id = _WARMUP_REQUEST_ID_BASE
 
-    def make(self, num_tokens: int, carried: bool = False) -> LlmRequest | None:
+    def make(
+        self, num_tokens: int, carried: bool = False, prefill: bool = True
+    ) -> LlmRequest | None:
         """A context request whose next chunk is `num_tokens` long, or None when the KV cache
-        is full. `carried`: one more prompt token, prefilled here as a first chunk, so the
-        chunk continues the request (cached KV, recurrent state carried over)."""
+        is full. `carried`: one more prompt token, prefilled as a first chunk (here, unless
+        `prefill` is False: the caller's `_prefill_first`), so the chunk continues the request
+        (cached KV, recurrent state carried over)."""
         prompt_len = num_tokens + int(carried)
         ids = list(self.input_processor.get_dummy_prompt(prompt_len))[:prompt_len]
         params = None
@@ -117,23 +121,32 @@ class _DummyRequests:
             self.kv.free(req.request_id)
             return None
         req.seq_slot = self.slots.acquire(req.request_id)
-        if carried:
-            req.context_chunk_size = 1
-            self.engine.forward(ScheduledRequests(context_requests=[req]))
-            req.move_to_next_context_chunk()
-        req.context_chunk_size = req.context_remaining_length
+        # A carried request's first chunk is its first token, prefilled by `_prefill_first`.
+        req.context_chunk_size = 1 if carried else req.context_remaining_length
+        if carried and prefill:
+            self._prefill_first([req])
         return req
 
-    def make_all(self, sizes: list[int], carried: bool = False) -> list[LlmRequest] | None:
-        """One request per size (the first `carried`), or None (and nothing held) when they
-        do not all fit."""
+    def _prefill_first(self, reqs: list[LlmRequest]) -> None:
+        """The first token of each carried request, one step for all of them; their next
+        chunk is then the rest of their prompt."""
+        self.engine.forward(ScheduledRequests(context_requests=reqs))
+        for req in reqs:
+            req.move_to_next_context_chunk()
+            req.context_chunk_size = req.context_remaining_length
+
+    def make_all(self, sizes: list[int], carried: int = 0) -> list[LlmRequest] | None:
+        """One request per size (the first `carried` of them carried), or None (and nothing
+        held) when they do not all fit."""
         reqs: list[LlmRequest] = []
         for i, n in enumerate(sizes):
-            req = self.make(n, carried and i == 0)
+            req = self.make(n, i < carried, prefill=False)
             if req is None:
                 self.free(reqs)
                 return None
             reqs.append(req)
+        if carried:
+            self._prefill_first(reqs[:carried])
         return reqs
 
     def free(self, reqs: list[LlmRequest]) -> None:
@@ -162,11 +175,21 @@ def _grow_generation_pool(
     pool.extend(new)
 
 
-def _chunk_sizes(num_tokens: int, longest: int) -> list[int]:
+def _chunk_sizes(num_tokens: int, longest: int, num_chunks: int = 1) -> list[int]:
     """`num_tokens` as context chunks of at most `longest` tokens (one request each): a step
-    longer than max_seq_len is several requests' chunks, as the scheduler would pack it."""
+    longer than max_seq_len is several requests' chunks, as the scheduler would pack it; split
+    evenly over `num_chunks` when that is more (a `rows` step)."""
     full, rest = divmod(num_tokens, longest)
-    return [longest] * full + ([rest] if rest else [])
+    sizes = [longest] * full + ([rest] if rest else [])
+    if len(sizes) >= num_chunks:
+        return sizes
+    base, extra = divmod(num_tokens, num_chunks)
+    return [base + 1] * extra + [base] * (num_chunks - extra)
+
+
+def _carried_chunks(shape: StepShape, num_chunks: int) -> int:
+    """How many of the step's chunks continue their request: all in a `rows` step."""
+    return num_chunks if shape.rows else int(shape.carried)
 
 
 def _run_steps(
@@ -187,14 +210,15 @@ def _run_steps(
         for shape in tqdm(ordered, desc="Warming up kernels", leave=False):
             _grow_generation_pool(engine, dummies, pool, shape.num_generations)
             longest = _longest_chunk(max_seq_len) - int(shape.carried)  # + the first chunk
-            sizes = _chunk_sizes(shape.num_context_tokens, max(1, longest))
+            sizes = _chunk_sizes(shape.num_context_tokens, max(1, longest), shape.num_contexts)
+            carried = _carried_chunks(shape, len(sizes))
             fits = len(sizes) + shape.num_generations <= max_batch_size
-            ctx = dummies.make_all(sizes, shape.carried) if fits else None
+            ctx = dummies.make_all(sizes, carried) if fits else None
             if ctx is None and fits and len(pool) > shape.num_generations:
                 # The pool's rows this step does not use hold blocks and slots it needs.
                 dummies.free(pool[shape.num_generations :])
                 del pool[shape.num_generations :]
-                ctx = dummies.make_all(sizes, shape.carried)
+                ctx = dummies.make_all(sizes, carried)
             if ctx is None or shape.num_generations > len(pool):
                 skipped += 1  # beyond the KV cache or the seq slots: no scheduler makes it
                 dummies.free(ctx or [])

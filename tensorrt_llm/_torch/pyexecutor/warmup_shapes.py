@@ -20,12 +20,18 @@ A chunk that continues a request (`carried`) is one more feature per path: fla's
 take its initial state as a separately compiled variant, on no size of its own (fla never
 specializes T). NOTE: the number of context chunks is not a feature: no kernel specializes on
 it (it sizes a grid or a tensor, and fla's chunk index table is a tensor).
+Steps whose chunks all continue their requests and are short (`rows`: MTP verify rows, the last
+chunks after prefix hits) run the in-place recurrence of `gated_delta_net_rows.py` instead,
+a kernel whose launch options depend on the number of rows: one more feature, on that count
+(hybrid models only: `StepLimits.recurrent_rows`).
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+
+from ..modules.gated_delta_net_rows import RECURRENT_ROWS_MAX_TOKENS
 
 SizeClass = tuple[int, bool]
 Feature = tuple[str, str, SizeClass]
@@ -47,6 +53,9 @@ class StepShape:
     # A context chunk starts after tokens already cached (an earlier chunk, a prefix hit):
     # fla's chunk kernels then take an initial state, a separate compiled variant.
     carried: bool = False
+    # Every chunk continues its request and none is longer than RECURRENT_ROWS_MAX_TOKENS
+    # (with `carried`): the Gated DeltaNet runs them token by token in place.
+    rows: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -63,6 +72,8 @@ class StepLimits:
     decode_graph_padding: bool = True
     piecewise_max_tokens: int = 0  # 0: no piecewise graphs
     max_chunk_tokens: int = 0  # the longest one request's chunk can be (0: max_num_tokens)
+    # A hybrid model: its Gated DeltaNet runs `rows` steps through their own kernel.
+    recurrent_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_tokens < 1 or self.max_batch_size < 1 or self.max_chunk_tokens < 0:
@@ -97,6 +108,11 @@ class StepLimits:
             and shape.num_contexts >= self.min_contexts(shape.num_context_tokens)
             and (shape.num_contexts > 0) == (shape.num_context_tokens > 0)
             and (shape.num_contexts > 0 or not shape.carried)
+            and (
+                not shape.rows
+                or shape.carried
+                and shape.num_context_tokens <= shape.num_contexts * RECURRENT_ROWS_MAX_TOKENS
+            )
         )
 
 
@@ -114,6 +130,8 @@ def features(limits: StepLimits, shape: StepShape) -> frozenset[Feature]:
         out.add((path, kind, size_class(shape.num_generations)))
     if shape.carried:  # one variant per path: nothing specializes it on a size
         out.add((path, "carried", _ANY_SIZE))
+    if shape.rows and limits.recurrent_rows:
+        out.add((path, "rows", size_class(shape.num_contexts)))
     return frozenset(out)
 
 
@@ -121,7 +139,8 @@ def _candidates(limits: StepLimits) -> list[StepShape]:
     """Families of steps, linear in the limits, that together show every feature a possible
     step can have: one-chunk prefills; pure decodes; a 1-token chunk plus generation rows; one
     chunk plus one generation row; chunks plus rows that just leave the piecewise graphs (the
-    only way a short chunk runs eagerly); and a carried chunk on each path."""
+    only way a short chunk runs eagerly); a carried chunk on each path; and for every n, n
+    carried one-token chunks (`rows`) and n carried chunks that run eagerly."""
     tokens, batch, pw = limits.max_num_tokens, limits.max_batch_size, limits.piecewise_max_tokens
 
     def step(ctx: int, gen: int) -> StepShape:  # as few chunks as the context needs
@@ -135,7 +154,21 @@ def _candidates(limits: StepLimits) -> list[StepShape]:
     if pw:
         out += [step(pw + 1 - g, g) for g in range(1, min(batch - 1, pw) + 1)]
     out += [StepShape(n, limits.min_contexts(n), 0, carried=True) for n in (1, pw + 1)]
+    if limits.recurrent_rows:
+        counts = range(1, min(batch, tokens) + 1)
+        out += [StepShape(n, n, 0, carried=True, rows=True) for n in counts]
+        out += [_eager_rows(limits, n) for n in counts]
     return [s for s in out if limits.is_possible(s)]
+
+
+def _eager_rows(limits: StepLimits, n: int) -> StepShape:
+    """n carried chunks as long as a `rows` chunk can be, plus generation rows until the step
+    leaves the piecewise graphs where the bounds allow (else a step the caller drops)."""
+    per_row = min(RECURRENT_ROWS_MAX_TOKENS, limits.max_chunk_tokens or limits.max_num_tokens)
+    ctx = min(n * per_row, limits.max_num_tokens)
+    room = min(limits.max_batch_size - n, limits.max_num_tokens - ctx)
+    gen = max(0, min(room, limits.piecewise_max_tokens + 1 - ctx))
+    return StepShape(ctx, n, gen, carried=True, rows=True)
 
 
 def warmup_steps(limits: StepLimits) -> list[StepShape]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tensorrt_llm._torch.modules.gated_delta_net_rows import RECURRENT_ROWS_MAX_TOKENS
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.py_executor_creator import create_py_executor
@@ -84,20 +85,21 @@ def test_warmup_leaves_no_trace(
 
 
 @pytest.mark.parametrize(
-    "sizes",
+    "family, sizes",
     [
-        {},
-        {"max_seq_len": 24},  # long steps are several requests
-        {"max_batch_size": 7, "max_num_tokens": 5},  # more generation rows than a step's tokens
+        ("qwen3", {}),
+        ("qwen3", {"max_seq_len": 24}),  # long steps are several requests
+        ("qwen3", {"max_batch_size": 7, "max_num_tokens": 5}),  # more rows than tokens
+        ("qwen3_5", {"max_batch_size": 7, "max_num_tokens": 20}),  # hybrid: `rows` steps
     ],
     ids=str,
 )
 def test_warmup_runs_steps_covering_every_possible_step(
-    sizes: dict[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: str, sizes: dict[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The shapes the engine really ran (recorded at `engine.run`), against a brute-force
     enumeration of the steps this engine's limits allow."""
-    ckpt = str(write_tiny_checkpoint("qwen3", tmp_path))
+    ckpt = str(write_tiny_checkpoint(family, tmp_path))
     executor, proc = _start(ckpt, monkeypatch, warm=False, **sizes)
     try:
         engine: PyTorchModelEngine = executor.model_engine
@@ -109,8 +111,12 @@ def test_warmup_runs_steps_covering_every_possible_step(
 
         def run(batch: Any) -> Any:
             md = batch.attn_metadata
-            carried = bool(md.num_cached_tokens_cpu[: md.num_contexts].any())
-            shape = StepShape(md.num_ctx_tokens, md.num_contexts, md.num_generations, carried)
+            cached = md.num_cached_tokens_cpu[: md.num_contexts]
+            lens = md.seq_lens_cpu[: md.num_contexts]
+            carried = bool(cached.any())
+            rows = md.num_contexts > 0 and bool((cached > 0).all())
+            rows = rows and bool((lens <= RECURRENT_ROWS_MAX_TOKENS).all())
+            shape = StepShape(md.num_ctx_tokens, md.num_contexts, md.num_generations, carried, rows)
             ran.append(shape)
             return real(batch)
 
@@ -123,8 +129,9 @@ def test_warmup_runs_steps_covering_every_possible_step(
         needed: set[tuple] = set()
         for ctx in range(limits.max_num_tokens + 1):
             for gen in range(limits.max_batch_size + 1):
-                for carried in (False, True):
-                    shape = StepShape(ctx, limits.min_contexts(ctx), gen, carried)
+                shapes = [StepShape(ctx, limits.min_contexts(ctx), gen, c) for c in (False, True)]
+                shapes.append(StepShape(ctx, ctx, gen, True, True))  # one-token rows
+                for shape in shapes:
                     if limits.is_possible(shape):
                         needed |= features(limits, shape)
         assert needed <= covered_features(limits, ran)

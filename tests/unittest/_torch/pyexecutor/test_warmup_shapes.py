@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from tensorrt_llm._torch.modules.gated_delta_net_rows import RECURRENT_ROWS_MAX_TOKENS
 from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import DEFAULT_BATCH_SIZES, pick_bucket
 from tensorrt_llm._torch.pyexecutor.warmup_shapes import (
     StepLimits,
@@ -31,6 +32,8 @@ def _every_possible_step(limits: StepLimits) -> set[StepShape]:
                 out.add(StepShape(ctx, chunks, gen))
                 if chunks:  # a chunk continuing its request
                     out.add(StepShape(ctx, chunks, gen, carried=True))
+                if chunks and ctx <= chunks * RECURRENT_ROWS_MAX_TOKENS:  # all, all short
+                    out.add(StepShape(ctx, chunks, gen, carried=True, rows=True))
     return out
 
 
@@ -38,6 +41,7 @@ def _limits_cases() -> list[StepLimits]:
     rng = random.Random(7)
     cases = [
         StepLimits(96, 24, (1, 2, 4, 8, 16), True, 64),
+        StepLimits(96, 24, (1, 2, 4, 8, 16), True, 64, recurrent_rows=True),
         StepLimits(96, 24, (), True, 0),
         StepLimits(40, 40, (3, 9), False, 17),
         StepLimits(1, 1),
@@ -47,7 +51,10 @@ def _limits_cases() -> list[StepLimits]:
         graphs = tuple(sorted(rng.sample(range(1, batch + 1), rng.randint(0, min(4, batch)))))
         piecewise = rng.choice([0, rng.randint(1, tokens)])
         chunk = rng.choice([0, rng.randint(1, tokens)])  # a short max_seq_len
-        cases.append(StepLimits(tokens, batch, graphs, rng.random() < 0.5, piecewise, chunk))
+        hybrid = rng.random() < 0.5
+        cases.append(
+            StepLimits(tokens, batch, graphs, rng.random() < 0.5, piecewise, chunk, hybrid)
+        )
     return cases
 
 
@@ -99,13 +106,13 @@ def test_warmup_covers_what_the_real_scheduler_produces(chunked: bool) -> None:
     from tensorrt_llm.sampling_params import SamplingParams
 
     batch, tokens = 6, 32
-    limits = StepLimits(tokens, batch, (1, 2, 4), True, 16)
+    limits = StepLimits(tokens, batch, (1, 2, 4), True, 16, recurrent_rows=True)
     covered = covered_features(limits, warmup_steps(limits))
     kv = KVCacheManager(1, 1, 4, 4, 256, 32, torch.float32, "cpu")
     sched = SimpleScheduler(batch, tokens, chunked, kv, SeqSlotManager(batch))
     rng = random.Random(3 + chunked)
     active: list[LlmRequest] = []
-    seen, carried_seen = 0, False
+    seen, carried_seen, rows_seen = 0, False, False
     for step in range(300):
         for _ in range(rng.choice([0, 0, 1, 3])):
             prompt = rng.randint(1, 60 if chunked else tokens)
@@ -113,8 +120,16 @@ def test_warmup_covers_what_the_real_scheduler_produces(chunked: bool) -> None:
             active.append(LlmRequest(1000 * step + len(active), [1] * prompt, params))
         out = sched.schedule(active)
         ctx = sum(r.context_chunk_size for r in out.context_requests)
-        carried = any(r.context_current_position > 0 for r in out.context_requests)
-        shape = StepShape(ctx, len(out.context_requests), len(out.generation_requests), carried)
+        starts = [r.context_current_position for r in out.context_requests]
+        carried = any(p > 0 for p in starts)
+        rows = bool(starts) and all(
+            p > 0 and r.context_chunk_size <= RECURRENT_ROWS_MAX_TOKENS
+            for p, r in zip(starts, out.context_requests, strict=True)
+        )
+        rows_seen = rows_seen or rows
+        shape = StepShape(
+            ctx, len(out.context_requests), len(out.generation_requests), carried, rows
+        )
         if shape.num_tokens:
             seen += 1
             carried_seen = carried_seen or carried
@@ -127,4 +142,4 @@ def test_warmup_covers_what_the_real_scheduler_produces(chunked: bool) -> None:
             if req.is_finished:
                 sched.release_resources(req)
         active = [r for r in active if not r.is_finished]
-    assert seen > 200 and (carried_seen or not chunked)
+    assert seen > 200 and (carried_seen or not chunked) and (rows_seen or not chunked)
