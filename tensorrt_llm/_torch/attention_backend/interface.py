@@ -9,7 +9,7 @@ engine fills the device tensors explicitly (pinned, non_blocking) when it builds
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,6 +43,9 @@ class AttentionMetadata:
     # Hybrid prefix caching: (context row, offset in its chunk, scratch seq slot) per context
     # request whose recurrent state is snapshotted inside its chunk (gated_delta_net_snapshot).
     recurrent_snapshots: tuple[tuple[int, int, int], ...] = ()
+    # MTP verify steps: a list the Gated DeltaNet layers' in-place rows path appends to
+    # (`gated_delta_net_rows.RowsRecord`), for the rollback's replay; None records nothing.
+    recurrent_record: list[Any] | None = None
 
     @property
     def num_seqs(self) -> int:

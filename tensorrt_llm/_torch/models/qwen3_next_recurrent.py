@@ -71,6 +71,7 @@ def gdn_metadata(attn_metadata: AttentionMetadata) -> GatedDeltaNetMetadata:
         has_initial_state=tuple(n > 0 for n in cached),
         num_decodes=attn_metadata.num_generations,
         snapshots=attn_metadata.recurrent_snapshots,
+        record=attn_metadata.recurrent_record,
     )
 
 

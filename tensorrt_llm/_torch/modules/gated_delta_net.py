@@ -265,8 +265,8 @@ class GatedDeltaNet(nn.Module):
                 parts.append(self._prefill_rule(x[:n_head], g, beta, ssm.rows(0, cut), head))
             if cut < num_ctx:
                 t0 = metadata.cu_seqlens[cut]
-                tail = (x[t0:], a[t0:num_ctx_tokens], b[t0:num_ctx_tokens])
-                where = (ssm, cut, metadata.context_lens[cut:], fused)
+                tail = (mixed_qkv[t0:num_ctx_tokens], x[t0:], a[t0:num_ctx_tokens])
+                where = (b[t0:num_ctx_tokens], conv, ssm, cut, metadata, fused)
                 parts.append(rows_rule(self, *tail, *where))
         if metadata.num_decodes > 0:
             span = slice(num_ctx_tokens, None)

@@ -3,7 +3,8 @@ rows a layer reads and writes: rows of a per-request tensor, or pool rows by seq
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -25,6 +26,10 @@ class GatedDeltaNetMetadata:
     has_initial_state: tuple[bool, ...] = ()
     num_decodes: int = 0
     snapshots: tuple[tuple[int, int, int], ...] = ()
+    # Set by an MTP verify step (`AttentionMetadata.recurrent_record`): each layer's in-place
+    # rows path appends what it ran (`gated_delta_net_rows.RowsRecord`), so a rollback can
+    # run the rows again shorter without the rest of the model.
+    record: list[Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.context_lens) != len(self.has_initial_state):

@@ -8,15 +8,24 @@ program's loop over its tokens on the pool row itself (`gated_delta_rule_rows_`)
 the gates formed in it, and the same per-token arithmetic as the decode steps without
 speculation. The rows the step's prefill chunks leave at the end of its context part (they
 come first) take this path; the rest keep the chunked rule.
+
+Rollback: a verify step records what each layer's rows path ran (`RowsRecord`); a request that
+rejected drafts gets its state from before the step back (spec_decode/rollback.py) and
+`replay_rows` runs just the recurrence again for its accepted tokens: the conv state is a
+gather of its last inputs, the SSM state one rows kernel a layer. No projection, attention or
+MLP runs again.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from ..._utils import async_tensor_h2d
 from .gated_delta_net_metadata import GatedDeltaNetMetadata, StateRows
 from .triton_kernels.gdn_decode import gated_delta_rule_rows_, gdn_gates_torch
 
@@ -46,26 +55,116 @@ def short_rows_from(metadata: GatedDeltaNetMetadata, in_place: bool) -> int:
     return cut
 
 
-def rows_rule(
+@dataclass(frozen=True)
+class RowsRecord:
+    """One layer's rows path as it ran in a step (`GatedDeltaNetMetadata.record`): enough to
+    run the rows again from their earlier state for fewer tokens (`replay_rows`, the MTP
+    rollback) without the rest of the model. The tensors are the step's own activations."""
+
+    layer: GatedDeltaNet
+    conv: StateRows  # the conv pool by slot
+    ssm: StateRows  # the SSM pool by slot
+    first: int  # the context row of the first recorded row
+    lens: tuple[int, ...]
+    conv_in: torch.Tensor  # [sum(lens), conv_dim] the conv's inputs
+    x: torch.Tensor  # [sum(lens), conv_dim] its outputs
+    a: torch.Tensor  # [sum(lens), Hv] raw gates
+    b: torch.Tensor
+    fused: bool
+
+
+def _rule(
     layer: GatedDeltaNet,
     x: torch.Tensor,
     a: torch.Tensor,
     b: torch.Tensor,
-    ssm: StateRows,
-    first: int,
-    lens: tuple[int, ...],
+    pool: torch.Tensor,
+    slots: torch.Tensor,
+    cu: tuple[int, ...],
     fused: bool,
 ) -> torch.Tensor:
-    """Context rows `first..` of `lens` tokens (conv output `x`, raw gates `a`, `b`) from their
-    pool rows, updated in place; returns `[sum(lens), Hv, V]`."""
     q, k, v = layer._split_heads(x)
-    assert ssm.slots is not None
-    slots = ssm.slots[first : first + len(lens)]
-    cu = (0, *itertools.accumulate(lens))
     if fused:
         gates = (a, b, layer.A_log, layer.dt_bias)
         return gated_delta_rule_rows_(
-            q, k, v, None, None, ssm.states, slots, cu, gates=gates, backend="triton"
+            q, k, v, None, None, pool, slots, cu, gates=gates, backend="triton"
         )
     g, beta = gdn_gates_torch(a, b, layer.A_log, layer.dt_bias)
-    return gated_delta_rule_rows_(q, k, v, g, beta, ssm.states, slots, cu)
+    return gated_delta_rule_rows_(q, k, v, g, beta, pool, slots, cu)
+
+
+def rows_rule(
+    layer: GatedDeltaNet,
+    conv_in: torch.Tensor,
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv: StateRows,
+    ssm: StateRows,
+    first: int,
+    metadata: GatedDeltaNetMetadata,
+    fused: bool,
+) -> torch.Tensor:
+    """Context rows `first..` (conv inputs `conv_in`, conv output `x`, raw gates `a`, `b`)
+    from their pool rows, updated in place; returns `[tokens, Hv, V]`. Recorded in
+    `metadata.record` when that is set."""
+    assert ssm.slots is not None
+    lens = metadata.context_lens[first:]
+    slots = ssm.slots[first : first + len(lens)]
+    o = _rule(layer, x, a, b, ssm.states, slots, (0, *itertools.accumulate(lens)), fused)
+    if metadata.record is not None and conv.slots is not None:
+        metadata.record.append(RowsRecord(layer, conv, ssm, first, lens, conv_in, x, a, b, fused))
+    return o
+
+
+def covers(records: list[RowsRecord], rows: Sequence[int], num_layers: int) -> bool:
+    """Whether each of the `num_layers` layers recorded the same rows, including context rows
+    `rows`."""
+    if len(records) != num_layers or len({id(r.layer) for r in records}) != num_layers:
+        return False
+    first, lens = records[0].first, records[0].lens
+    if any(r.first != first or r.lens != lens for r in records):
+        return False
+    return all(first <= row < first + len(lens) for row in rows)
+
+
+def replay_rows(
+    records: list[RowsRecord], rows: Sequence[tuple[int, int]], slots: Sequence[int]
+) -> None:
+    """Run each `(context row, tokens kept)` of `rows` again for its first tokens only, in
+    every recorded layer, from the states its pool rows `slots` hold now (restored to before
+    the step by the caller): the conv state is the last kernel - 1 inputs, the SSM state the
+    rows rule again. Every other pool row is untouched. The caller checks `covers` first."""
+    if not rows:
+        return
+    if not covers(records, [row for row, _ in rows], len(records)):
+        raise ValueError(f"rows {list(rows)} were not all recorded by every layer")
+    first, lens = records[0].first, records[0].lens
+    cu = (0, *itertools.accumulate(lens))
+    starts = [cu[row - first] for row, _ in rows]
+    keeps = [keep for _, keep in rows]
+    if any(not 0 < keep <= lens[row - first] for row, keep in rows):
+        raise ValueError(f"kept tokens of {list(rows)} must be in 1..the row's {lens}")
+    dev = records[0].x.device
+    tokens = [s + t for s, keep in zip(starts, keeps, strict=True) for t in range(keep)]
+    width = records[0].conv.states.shape[-1]  # kernel - 1
+    n = len(rows)
+    # Row r's conv state after `keep` tokens: entries keep.. keep + width - 1 of its initial
+    # state's columns followed by its inputs; gathered from [initial states; inputs] stacked.
+    picks = [
+        r * width + p if p < width else n * width + starts[r] + p - width
+        for r, keep in enumerate(keeps)
+        for p in range(keep, keep + width)
+    ]
+    tokens_d = async_tensor_h2d(tokens, torch.int64, dev)
+    picks_d = async_tensor_h2d(picks, torch.int64, dev)
+    slots_d = async_tensor_h2d(list(slots), torch.int64, dev)
+    replay_cu = (0, *itertools.accumulate(keeps))
+    for rec in records:
+        x, a, b = (t.index_select(0, tokens_d) for t in (rec.x, rec.a, rec.b))
+        _rule(rec.layer, x, a, b, rec.ssm.states, slots_d, replay_cu, rec.fused)
+        pool = rec.conv.states
+        initial = pool.index_select(0, slots_d).transpose(1, 2).reshape(n * width, -1)
+        stacked = torch.cat([initial, rec.conv_in.to(pool.dtype)])
+        state = stacked.index_select(0, picks_d).view(n, width, -1).transpose(1, 2)
+        pool.index_copy_(0, slots_d, state)

@@ -7,9 +7,15 @@ before the verify forward (one gather per per-slot tensor), and a request that r
 draft gets them back and re-runs its 1 + a accepted tokens in a replay forward (a chunk of
 the same positions: its KV writes repeat the verify's). Full acceptance costs the copy only.
 
-NOTE: the cheaper alternative, keeping the state after every position inside the chunked
-delta rule and selecting the accepted one, needs the kernels to emit per-position states;
-it is left for a later change (docs/interfaces.md, speculative decoding).
+The replay runs the recurrence only where it can: a verify step records what each DeltaNet
+layer's in-place rows path ran (`AttentionMetadata.recurrent_record`), and a rejected row's
+accepted tokens go through just the conv gather and the rows kernel again
+(`gated_delta_net_rows.replay_rows`), not the whole model. Where a row was not recorded (a
+step whose rows took the chunked rule) or under tensor parallelism (the workers replay the
+same forward), the replay forward runs.
+
+NOTE: the other alternative, keeping the state after every position and selecting the
+accepted one, costs a state per position and layer (147 MiB a token for Qwen3.6-27B).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class RecurrentRollback:
     def __init__(self, model: EngineModel) -> None:
         state = model.per_slot_state()
         self.pools = [t for name, t in state.items() if name.startswith(RECURRENT_PREFIX)]
+        # One SSM pool per DeltaNet layer (modeling_qwen3_next.RecurrentStateCache's names).
+        self.num_layers = sum(name.startswith(f"{RECURRENT_PREFIX}ssm_") for name in state)
         if not self.pools:
             raise ValueError(
                 f"{type(model).__name__} keeps no recurrent state ({RECURRENT_PREFIX}*): MTP "

@@ -10,7 +10,8 @@ The step, top to bottom:
    (rejection.py); one host copy of both unless a row asks for logprobs;
 4. accept drafts and append tokens with the usual stop checks (acceptance.py);
 5. draft the next k tokens with the MTP head (mtp_drafter.py) from this step's hidden states;
-6. roll the recurrent state back for requests that rejected a draft: restore and replay.
+6. roll the recurrent state back for requests that rejected a draft: restore and replay (the
+   recurrence alone, from what the verify forward recorded, where it can; rollback.py).
 
 KV rollback needs nothing: a request's length advances by the emitted tokens only, and the
 next step's writes overwrite the rejected positions.
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...._utils import async_tensor_h2d
+from ...modules.gated_delta_net_rows import RowsRecord, covers, replay_rows
 from ..prompt_logprobs import attach, compute_prompt_logprobs
 from ..request_errors import RequestInputError
 from ..request_lifecycle import (
@@ -160,8 +162,12 @@ class SpecDecoder:
         sampled += [v.request for v in verify]
         if self.link is not None:  # a worker's LM head gives its vocab columns of these rows
             self.link.send_target(batch, save, last_rows + _check_rows(verify))
+        # What the DeltaNet layers run the verify rows with, for a replay of the recurrence
+        # alone (rank 0 only: a worker replays the forward it is sent).
+        records: list[RowsRecord] | None = [] if save and self.link is None else None
+        batch.attn_metadata.recurrent_record = records
         # Piecewise graphs where the step fits: `hidden` is consumed (sampling, drafts) before
-        # the replay below runs them again.
+        # a replay forward below runs them again.
         hidden = engine.run_hidden(batch)
         step, packed = self._sample(executor, batch, hidden, sampled, last_rows, verify)
         if before_sync is not None:
@@ -174,7 +180,7 @@ class SpecDecoder:
         if guided is not None:
             guided.advance(sampled)
         self._draft_next(executor, ctx, chunks, cb.offsets, verify, hidden, batch.position_ids)
-        self._roll_back(verify, snapshot)
+        self._roll_back(verify, snapshot, records, len(ctx))
 
     def _sample(
         self,
@@ -347,26 +353,40 @@ class SpecDecoder:
                 self.drafts.pop(rid)
                 self.rejection.release(rid)
 
-    def _roll_back(self, verify: list[_Verify], snapshot: StateSnapshot | None) -> None:
-        """Requests that rejected a draft: saved recurrent rows back, accepted tokens again."""
+    def _roll_back(
+        self,
+        verify: list[_Verify],
+        snapshot: StateSnapshot | None,
+        records: list[RowsRecord] | None,
+        first_row: int,
+    ) -> None:
+        """Requests that rejected a draft: saved recurrent rows back, accepted tokens again
+        (the recurrence alone where the verify step recorded it, else a replay forward).
+        `first_row`: the batch row of `verify[0]` (after the step's context chunks)."""
         replay = [
-            v
-            for v in verify
+            (i, v)
+            for i, v in enumerate(verify)
             if v.drafts and not v.request.is_finished and len(v.emitted) <= len(v.drafts)
         ]
         if not replay or snapshot is None:
             return
-        slots = [_slot(v.request) for v in replay]
+        slots = [_slot(v.request) for _, v in replay]
         self.rollback.restore(snapshot, slots)
+        self.stats.num_replays += len(replay)
         # Not finished: every accepted token was emitted, the bonus token last.
+        kept = [(first_row + i, len(v.emitted)) for i, v in replay]
+        layers = self.rollback.num_layers
+        if records is not None and covers(records, [row for row, _ in kept], layers):
+            replay_rows(records, kept, slots)
+            return
         rows = [
-            ChunkRow(v.request, [v.token, *v.drafts[: len(v.emitted) - 1]], v.start) for v in replay
+            ChunkRow(v.request, [v.token, *v.drafts[: len(v.emitted) - 1]], v.start)
+            for _, v in replay
         ]
         batch = build_chunk_batch(self.engine.batch_builder, [], rows).batch
         if self.link is not None:
             self.link.send_replay(batch, slots)
         self.engine.run_hidden(batch)
-        self.stats.num_replays += len(replay)
 
 
 def _check_rows(verify: list[_Verify]) -> list[int]:

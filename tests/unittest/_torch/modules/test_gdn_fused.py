@@ -393,3 +393,44 @@ def test_short_continuing_rows_run_in_place_and_match_the_chunked_rule(
     torch.testing.assert_close(got.cpu(), want, **LAYER)
     torch.testing.assert_close(conv_d.cpu(), conv_pool, **TIGHT)
     torch.testing.assert_close(ssm_d.cpu(), ssm_pool, **LAYER)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_replay_rows_equals_running_the_shorter_rows(backend: str) -> None:
+    """A recorded verify step (rows of 4, 1 and 3 tokens after a fresh prefill chunk), the
+    states of two rows put back, then `replay_rows` keeping 2 and 1 of their tokens: their
+    pool rows equal a step that ran just those tokens; the other rows keep the full step's."""
+    from tensorrt_llm._torch.modules.gated_delta_net_rows import covers, replay_rows
+
+    layer = _layer(seed=3).to(DEVICE)
+    layer.kernel_backend = backend
+    gen = torch.Generator().manual_seed(7)
+    lens, carry = (5, 4, 1, 3), (False, True, True, True)
+    slots = torch.tensor([2, 4, 1, 3])
+    conv0 = torch.randn(6, *layer.conv_state_shape, generator=gen).to(DEVICE)
+    ssm0 = torch.randn(6, *layer.ssm_state_shape, generator=gen).to(DEVICE)
+    x = torch.randn(sum(lens), 32, generator=gen).to(DEVICE)
+    record: list = []
+    meta = GatedDeltaNetMetadata(lens, carry, record=record)
+    conv, ssm, s_d = conv0.clone(), ssm0.clone(), slots.to(DEVICE)
+    layer(x, conv, ssm, meta, ssm_slots=s_d, conv_slots=s_d)
+    assert len(record) == 1 and record[0].first == 1 and record[0].lens == (4, 1, 3)
+    assert covers(record, [1, 3], 1) and not covers(record, [0], 1)
+    full_conv, full_ssm = conv.clone(), ssm.clone()
+    back = torch.tensor([4, 3], device=DEVICE)  # rows 1 and 3: their states before the step
+    conv[back], ssm[back] = conv0[back], ssm0[back]
+    replay_rows(record, [(1, 2), (3, 1)], [4, 3])
+    # The reference: the two rows' kept tokens alone, from the states before the step.
+    want_conv, want_ssm = conv0.clone(), ssm0.clone()
+    short = GatedDeltaNetMetadata((2, 1), (True, True))
+    kept = torch.cat([x[5:7], x[10:11]])
+    layer(kept, want_conv, want_ssm, short, ssm_slots=back, conv_slots=back)
+    torch.testing.assert_close(conv[back], want_conv[back], **TIGHT)
+    torch.testing.assert_close(ssm[back], want_ssm[back], **LAYER)
+    others = torch.tensor([0, 1, 2, 5], device=DEVICE)
+    assert torch.equal(conv[others], full_conv[others]) and torch.equal(
+        ssm[others], full_ssm[others]
+    )
+    with pytest.raises(ValueError, match="kept tokens"):
+        replay_rows(record, [(2, 2)], [1])

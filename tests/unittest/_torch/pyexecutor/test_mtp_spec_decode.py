@@ -227,3 +227,40 @@ def test_snapshot_memory_is_reserved(ckpts: dict[str, Path]) -> None:
         assert snapshot_reserve_bytes(config, engine.model, 4) == 4 * per_row
         plain = llm.args.__class__(model=str(ckpts["qwen3_5"])).to_engine_config()
         assert snapshot_reserve_bytes(plain, engine.model, 4) == 0
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_rollback_replays_the_recurrence_alone(
+    in_place: bool, ckpts: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows rejected in a verify step get their state back through the recorded DeltaNet
+    rows (gated_delta_net_rows.replay_rows): one target forward a speculative step, no replay
+    forward. Without the in-place rows path (TRTLLM_GDN_INPLACE_DECODE=0: nothing recorded)
+    the replay forward runs; the outputs are the reference's either way."""
+    from tensorrt_llm._torch.modules.gated_delta_net import INPLACE_DECODE_ENV
+
+    reference, _ = _generate(ckpts["qwen3_5"], _params())
+    monkeypatch.setenv(INPLACE_DECODE_ENV, "1" if in_place else "0")
+    partly = _continuation(reference, lambda done: done % (K + 1))
+    with LLM(model=str(ckpts["qwen3_5"]), speculative_config=MTP, **ENGINE) as llm:
+        decoder = llm._executor.spec_decoder
+        assert decoder is not None
+        decoder.draft_override = partly
+        engine = decoder.engine
+        forwards: list[int] = []
+        real = engine.run_hidden
+
+        def counted(batch: Any) -> Any:
+            forwards.append(batch.attn_metadata.num_seqs)
+            return real(batch)
+
+        monkeypatch.setattr(engine, "run_hidden", counted)
+        prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+        outs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, _params())]
+        steps = llm._executor.get_stats().num_steps
+        replays = decoder.stats.num_replays
+    assert outs == reference and replays > 0
+    if in_place:
+        assert len(forwards) == steps
+    else:
+        assert len(forwards) > steps
