@@ -175,16 +175,17 @@ def _more_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any],
         yield f"prefill {cache}", prefill._prefill_kernel, types, cx, dict(num_warps=warps)
 
     gdn_types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "o_ptr")}
-    gdn_types.update(state_ptr="*fp32", slots_ptr="*i64", scale="fp32", eps="fp32")
+    gdn_types.update(state_ptr="*fp32", slots_ptr="*i64", cu_ptr="*i64", scale="fp32", eps="fp32")
     gdn_types.update(a_log_ptr="*bf16", dt_bias_ptr="*bf16")
-    for raw in (False, True):
+    # rows: each program loops over a row's tokens (MTP verify rows, gated_delta_net_rows.py).
+    for raw, rows in ((False, False), (True, False), (True, True), (False, True)):
         cx = dict(
             RATIO=3, K=128, V=128, BLOCK_K=128, BLOCK_V=min(gdn_decode._BLOCK_V, 128),
-            L2NORM=True, RAW_GATES=raw,
+            L2NORM=True, RAW_GATES=raw, ROWS=rows,
         )  # fmt: skip
         types = gdn_types if raw else dict(gdn_types, g_ptr="*fp32")
         yield (
-            f"gated delta rule decode raw_gates={raw}",
+            f"gated delta rule decode raw_gates={raw} rows={rows}",
             gdn_decode._gdn_decode_kernel,
             types,
             cx,
