@@ -10,9 +10,9 @@ the same positions: its KV writes repeat the verify's). Full acceptance costs th
 The replay runs the recurrence only where it can: a verify step records what each DeltaNet
 layer's in-place rows path ran (`AttentionMetadata.recurrent_record`), and a rejected row's
 accepted tokens go through just the conv gather and the rows kernel again
-(`gated_delta_net_rows.replay_rows`), not the whole model. Where a row was not recorded (a
-step whose rows took the chunked rule) or under tensor parallelism (the workers replay the
-same forward), the replay forward runs.
+(`gated_delta_net_rows.replay_rows`), not the whole model; under tensor parallelism every
+rank replays from its own record (tp_spec.py). Where a row was not recorded (a step whose
+rows took the chunked rule), the replay forward runs.
 
 NOTE: the other alternative, keeping the state after every position and selecting the
 accepted one, costs a state per position and layer (147 MiB a token for Qwen3.6-27B).

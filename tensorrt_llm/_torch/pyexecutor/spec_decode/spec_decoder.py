@@ -163,8 +163,8 @@ class SpecDecoder:
         if self.link is not None:  # a worker's LM head gives its vocab columns of these rows
             self.link.send_target(batch, save, last_rows + _check_rows(verify))
         # What the DeltaNet layers run the verify rows with, for a replay of the recurrence
-        # alone (rank 0 only: a worker replays the forward it is sent).
-        records: list[RowsRecord] | None = [] if save and self.link is None else None
+        # alone (each tensor-parallel worker records its own: tp_spec.py).
+        records: list[RowsRecord] | None = [] if save else None
         batch.attn_metadata.recurrent_record = records
         # Piecewise graphs where the step fits: `hidden` is consumed (sampling, drafts) before
         # a replay forward below runs them again.
@@ -377,6 +377,8 @@ class SpecDecoder:
         kept = [(first_row + i, len(v.emitted)) for i, v in replay]
         layers = self.rollback.num_layers
         if records is not None and covers(records, [row for row, _ in kept], layers):
+            if self.link is not None:
+                self.link.send_replay_rows(slots, kept)
             replay_rows(records, kept, slots)
             return
         rows = [

@@ -7,14 +7,16 @@ A speculative step on rank 0 runs, besides its host work (sampling, acceptance):
    saved first (rollback.py);
 2. the MTP passes (mtp_drafter.py): pass 1 over the step's positions, passes 2..k one token
    per drafting request, each with an embedding lookup, the head's layer and the LM head;
-3. for requests that rejected a draft: their saved rows back, then a replay forward.
+3. for requests that rejected a draft: their saved rows back, then the recurrence of their
+   accepted tokens again from what each rank's verify forward recorded, or a replay forward.
 
 Each part goes to the workers as a `SpecCommand` (the step channel's `send_spec`) and, for
 the forwards, the part's batch as an ordinary step message (`send_step`): the target's (1)
 with the slots to save and the rows the LM head runs over; the draft plan (2: rows, KV
 positions, block tables, next tokens), then the greedy tokens of every pass, broadcast from
 rank 0 (`share`), which the workers feed to their next pass instead of their own argmax, so
-the ranks never diverge; the replay's (3) with the slots to restore. Everything on the wire
+the ranks never diverge; the replay's (3) with the slots to restore (and, for the
+recurrence alone, the rows and tokens kept instead of a batch). Everything on the wire
 is token ids, positions and table rows: small, never model-size. A worker's LM head runs
 over rank 0's rows (the all-gather hands rank 0 its vocab columns of them); its own logits
 are dropped.
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...input_batch import InputBatch
+from ...modules.gated_delta_net_rows import RowsRecord, covers, replay_rows
 from ..tp_step_channel import SpecCommand
 from .mtp_drafter import DraftPlan, MTPDrafter
 from .rollback import RecurrentRollback, StateSnapshot
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 SPEC_TARGET = 1  # [slots to save] + slots, LM-head rows; then the target batch
 SPEC_DRAFT = 2  # [rows, block-table width] + DraftPlan.pack(); then one share per pass
 SPEC_REPLAY = 3  # [slots to restore] + slots; then the replay batch
+SPEC_REPLAY_ROWS = 4  # [rows] + slots, their batch rows, tokens kept: the recurrence alone
 
 __all__ = ["SpecCommand", "SpecLink", "SpecWorker"]  # SpecCommand: the worker loop's type
 
@@ -75,6 +79,12 @@ class SpecLink:
         self.channel.send_spec([SPEC_REPLAY, len(restore_slots)], _ints(restore_slots))
         self.channel.send_step(batch)
 
+    def send_replay_rows(self, restore_slots: list[int], kept: list[tuple[int, int]]) -> None:
+        """The rollback as the recurrence alone (`replay_rows`): each rank replays from what
+        its own verify forward recorded."""
+        rows = [row for row, _ in kept] + [n for _, n in kept]
+        self.channel.send_spec([SPEC_REPLAY_ROWS, len(kept)], _ints(restore_slots + rows))
+
 
 class SpecWorker:
     """A worker rank's side: runs each part rank 0 sends on this rank's shards."""
@@ -92,6 +102,8 @@ class SpecWorker:
         self.hidden: torch.Tensor | None = None
         self.position_ids: torch.Tensor | None = None
         self.snapshot: StateSnapshot | None = None
+        # What this rank's DeltaNet rows ran in the step's verify forward (replay_rows).
+        self.records: list[RowsRecord] | None = None
 
     @torch.inference_mode()
     def handle(self, command: SpecCommand) -> None:
@@ -103,6 +115,11 @@ class SpecWorker:
             self._draft(DraftPlan.unpack(payload, sizes[0], sizes[1]))
         elif phase == SPEC_REPLAY:
             self._replay(payload.tolist())
+        elif phase == SPEC_REPLAY_ROWS:
+            n = sizes[0]
+            values = payload.tolist()
+            kept = list(zip(values[n : 2 * n], values[2 * n :], strict=True))
+            self._replay_rows(values[:n], kept)
         else:
             raise RuntimeError(f"unknown speculative-step part {phase} from rank 0")
 
@@ -123,6 +140,9 @@ class SpecWorker:
         batch = self._next_batch()
         model = self.engine.model
         self.snapshot = self.rollback.save(save_slots)
+        # Recorded as rank 0 records (spec_decoder.py): only when rows verify drafts.
+        self.records = [] if save_slots else None
+        batch.attn_metadata.recurrent_record = self.records
         hidden = model.forward_hidden(batch)
         # NOTE: the same rows as rank 0's: the all-gather hands rank 0 this rank's vocab
         # columns of them (its own logits are dropped).
@@ -149,5 +169,17 @@ class SpecWorker:
         if self.snapshot is None:
             raise RuntimeError("rank 0 sent a replay without saving recurrent rows first")
         self.rollback.restore(self.snapshot, restore_slots)
-        self.snapshot = None
+        self.snapshot = self.records = None
         self.engine.model.forward_hidden(batch)
+
+    def _replay_rows(self, restore_slots: list[int], kept: list[tuple[int, int]]) -> None:
+        if self.snapshot is None or self.records is None:
+            raise RuntimeError("rank 0 sent a recurrence replay without a recorded verify step")
+        rows = [row for row, _ in kept]
+        if not covers(self.records, rows, self.rollback.num_layers):
+            raise RuntimeError(
+                f"rank 0 replays rows {rows} this rank's verify forward did not record"
+            )
+        self.rollback.restore(self.snapshot, restore_slots)
+        replay_rows(self.records, kept, restore_slots)
+        self.snapshot = self.records = None

@@ -91,7 +91,14 @@ def _skip_worker_restore() -> None:
         batch = self._next_batch()
         self.engine.model.forward_hidden(batch)
 
+    def replay_rows(
+        self: tp_spec.SpecWorker, restore_slots: list[int], kept: list[tuple[int, int]]
+    ) -> None:
+        assert self.records is not None
+        tp_spec.replay_rows(self.records, kept, restore_slots)
+
     tp_spec.SpecWorker._replay = replay  # type: ignore[method-assign]
+    tp_spec.SpecWorker._replay_rows = replay_rows  # type: ignore[method-assign]
 
 
 def mtp_tp_runs(mapping: Mapping, checkpoint_dir: str, control: bool = False) -> Any:
