@@ -13,6 +13,8 @@ in_proj GEMMs, new: one), so `*_between_us` is what lies between them.
 The decode recurrence kernel is also timed alone for each value-column tile (`_BLOCK_V`).
 Prefill: the causal conv1d of one `--prefill-tokens` sequence over all conv channels (the torch
 gather + float32 addcmul_ per tap vs the Triton varlen kernel), also as graph replays.
+Verify: the layer over `batch` MTP verify rows of 1 + `--draft_len` tokens, eager wall time
+(host work included): the in-place rows kernel against fla's chunked rule.
 Random bf16 weights; the timings do not depend on the values. Finishes in well under a minute.
 """
 
@@ -121,6 +123,45 @@ def _recurrence_us(layer: GatedDeltaNet, batch: int, iters: int) -> dict[str, fl
     return out
 
 
+def _verify_us(layer: GatedDeltaNet, batch: int, k: int, iters: int) -> dict[str, float]:
+    """One layer over `batch` MTP verify rows of 1 + k tokens each (every row continues its
+    state), eager as the engine runs the mixer: wall time a call, host work included. "new":
+    the in-place rows kernel (gated_delta_net_rows.py); "old": fla's chunked rule, the path the
+    rows took before (RECURRENT_ROWS_MAX_TOKENS = 0)."""
+    import time
+
+    from tensorrt_llm._torch.modules import gated_delta_net_rows as rows_module
+
+    device = layer.dt_bias.device
+    slots = torch.arange(1, batch + 1, device=device)
+    conv_pool = torch.randn(batch + 1, *layer.conv_state_shape, device=device).bfloat16()
+    ssm_pool = torch.randn(batch + 1, *layer.ssm_state_shape, device=device) * 0.1
+    x = torch.randn(batch * (1 + k), layer.hidden_size, device=device).bfloat16()
+    meta = GatedDeltaNetMetadata((1 + k,) * batch, (True,) * batch)
+    layer.kernel_backend = "auto"
+    layer.fuse_in_projections_()
+
+    def timed() -> float:
+        for _ in range(3):
+            layer(x, conv_pool, ssm_pool, meta, ssm_slots=slots, conv_slots=slots)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(iters):
+            layer(x, conv_pool, ssm_pool, meta, ssm_slots=slots, conv_slots=slots)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / iters * 1e6
+
+    default = rows_module.RECURRENT_ROWS_MAX_TOKENS
+    with torch.no_grad():
+        new = timed()
+        try:
+            rows_module.RECURRENT_ROWS_MAX_TOKENS = 0
+            old = timed()
+        finally:
+            rows_module.RECURRENT_ROWS_MAX_TOKENS = default
+    return {"old_us": round(old, 1), "new_us": round(new, 1)}
+
+
 def _prefill_conv_us(layer: GatedDeltaNet, tokens: int, iters: int) -> dict[str, float]:
     device = layer.dt_bias.device
     weight, bias = layer.conv1d.weight[:, 0], layer.conv1d.bias
@@ -143,6 +184,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--prefill-tokens", type=int, default=8192)
     parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--draft_len", type=int, default=3, help="k of the verify rows (1 + k)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_gdn.py needs a CUDA device")
@@ -164,6 +206,8 @@ def main() -> None:
         print(json.dumps({"decode_layer_step": rows[-1]}), flush=True)
         recurrence = _recurrence_us(layer, batch, args.iters)
         print(json.dumps({"decode_recurrence": {"batch": batch, **recurrence}}), flush=True)
+        verify = _verify_us(layer, batch, args.draft_len, args.iters)
+        print(json.dumps({"verify_rows": {"batch": batch, "k": args.draft_len, **verify}}))
     conv = _prefill_conv_us(layer, args.prefill_tokens, max(10, args.iters // 5))
     print(json.dumps({"prefill_conv1d": {"tokens": args.prefill_tokens, **conv}}), flush=True)
 

@@ -11,6 +11,9 @@
 #                       an A/B runs it for `git archive BASE | tar -x -C ab_base` and for .
 #   mt27                issue 19: Qwen3.6-27B multi-turn, block reuse on, then off
 #   mtp27               issue 20: Qwen3.6-27B MTP bounds at c=1 (oracle, then rejected)
+#   t1prof              issue 19: one turn-1 wave (27B, c=32) profiled with reuse on, then off
+#                       (TRTLLM_BENCH_PROFILE: op tables, device idle and busy timeline)
+#   gdn                 one 27B DeltaNet layer: decode step, recurrence, verify rows, conv
 #
 # Wheels: run ../shared/tools/gpu-wheels.sh here first and pass carry [".whl"].
 # NOTE: `timeout` runs programs, not shell functions: every step calls python3 directly.
@@ -62,6 +65,19 @@ mtp27)
             --speculative_config "$spec" --draft_mode "$mode" --output "$OUT/mtp27_$mode.json" \
             2>&1 | quiet | tail -40 | tee -a "$OUT/mtp27.log"
     done
+    ;;
+t1prof)
+    for reuse in enable no-enable; do
+        TRTLLM_BENCH_PROFILE="$OUT/t1prof_$reuse.txt" timeout -s ABRT 200 python3 -m \
+            tensorrt_llm.commands.bench --config benchmarks/configs/qwen3_6_27b.json \
+            --isl 1000 --image_size 512 --executor_mode inproc --osl 8 --concurrency 32 \
+            --"${reuse}"_block_reuse 2>&1 | quiet | tail -4 | tee -a "$OUT/t1prof.log"
+        grep -A1 "^device:" "$OUT/t1prof_$reuse.txt" | tee -a "$OUT/t1prof.log"
+    done
+    ;;
+gdn)
+    timeout -s ABRT 200 python3 benchmarks/bench_gdn.py --config benchmarks/configs/qwen3_6_27b.json \
+        --batches 1,8,32 2>&1 | quiet | tail -30 | tee "$OUT/gdn.log"
     ;;
 *)
     echo "unknown stage $STAGE" >&2

@@ -123,6 +123,26 @@ def split_idle_at_launches(
     return replace(summary, idle_inside_launches_us=inside, launches=len(spans))
 
 
+def busy_timeline(intervals: Sequence[tuple[float, float]], bucket_us: float) -> list[float]:
+    """The busy share of each `bucket_us` slice of the window (first start .. last end): where
+    in a wave the device idles (a slow start, gaps between steps), which one total hides."""
+    if bucket_us <= 0:
+        raise ValueError(f"bucket_us must be positive, got {bucket_us}")
+    spans = sorted((s, e) for s, e in intervals if e > s)
+    if not spans:
+        return []
+    lo, hi = spans[0][0], max(e for _, e in spans)
+    shares = []
+    start = lo
+    while start < hi:
+        end = min(start + bucket_us, hi)
+        inside = [(s, e) for s, e in spans if s < end and e > start]
+        busy = summarize_idle(inside, window=(start, end)).busy_us if inside else 0.0
+        shares.append(busy / (end - start))
+        start = end
+    return shares
+
+
 def device_activities(profiler: object) -> tuple[list[tuple[float, float]], list[int]]:
     """`(start, end)` in microseconds of every CUDA-side activity a torch profiler recorded,
     and each one's launch correlation id (shared by all kernels of one graph replay)."""

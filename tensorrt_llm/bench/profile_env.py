@@ -27,10 +27,28 @@ def _table(events: Any, sort_by: str, row_limit: int) -> str:
     return str(events.table(**kwargs))
 
 
+# The device timeline's slices: a wave of a few seconds is a few tens of them.
+_TIMELINE_BUCKET_MS = 100
+
+
+def _idle_lines(prof: Any) -> str:
+    """The device's idle share over the wave and per `_TIMELINE_BUCKET_MS` slice."""
+    from .gpu_idle import busy_timeline, device_intervals_us, summarize_idle
+
+    intervals = device_intervals_us(prof)
+    if not intervals:
+        return "device: no activity"
+    summary = summarize_idle(intervals, top_gaps=10)
+    shares = busy_timeline(intervals, _TIMELINE_BUCKET_MS * 1e3)
+    timeline = " ".join(f"{100 * share:.0f}" for share in shares)
+    return f"device: {summary.format()}\nbusy % per {_TIMELINE_BUCKET_MS} ms: {timeline}"
+
+
 @contextmanager
 def profiled(label: str) -> Iterator[None]:
     """Run the body under the torch profiler when `PROFILE_ENV` names a file, and append a
-    `== label ==` header and two op tables (by total device or CPU time, by self CPU time)."""
+    `== label ==` header and two op tables (by total device or CPU time, by self CPU time),
+    then on CUDA the device's idle share and busy timeline."""
     path = os.environ.get(PROFILE_ENV, "")
     if not path:
         yield
@@ -49,6 +67,8 @@ def profiled(label: str) -> Iterator[None]:
         _table(events, "cuda_time_total" if cuda else "cpu_time_total", 40),
         _table(events, "self_cpu_time_total", 30),
     ]
+    if cuda:
+        tables.append(_idle_lines(prof))
     with open(path, "a", encoding="utf-8") as f:
         f.write("\n".join(tables) + "\n\n")
     logger.info("profile of %r appended to %s", label, path)

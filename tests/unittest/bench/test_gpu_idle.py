@@ -78,3 +78,14 @@ def test_gpu_trace_groups_each_graph_replay_by_its_launch() -> None:
     s = split_idle_at_launches(summarize_idle(intervals), intervals, launch_ids)
     assert s.launches == 3
     assert len(intervals) == 9
+
+
+def test_busy_timeline_places_the_idle_stretch() -> None:
+    """Busy 0-100 and 250-400 us in 100 us slices: the second slice is the idle one."""
+    from tensorrt_llm.bench.gpu_idle import busy_timeline
+
+    shares = busy_timeline([(0, 100), (250, 300), (280, 400)], 100)
+    assert [round(s, 2) for s in shares] == [1.0, 0.0, 0.5, 1.0]
+    assert busy_timeline([], 100) == []
+    with pytest.raises(ValueError, match="positive"):
+        busy_timeline([(0, 1)], 0)
