@@ -347,7 +347,9 @@ class GatedDeltaNet(nn.Module):
             carry = step_constant(tuple(flags), torch.bool, ssm.device)
             initial = torch.where(carry[:, None, None, None], ssm.read(), 0)
         if metadata.snapshots:
-            o, final = split_prefill_rule(varlen_rule, (q, k, v, g, beta), initial, ssm, metadata)
+            tensors = (q, k, v, g, beta)
+            in_place = self.inplace_decode
+            o, final = split_prefill_rule(varlen_rule, tensors, initial, ssm, metadata, in_place)
         else:
             o, final = varlen_rule(q, k, v, g, beta, initial, metadata.cu_seqlens)
         ssm.write(final)

@@ -11,6 +11,8 @@ while it runs the chunk:
   split rows cut at their point, the second over the split rows' rest starting from the
   first pass's final state (which is also the snapshot). The chunked kernel carries its
   state across chunk boundaries exactly this way, so outputs and final states match one pass.
+  When every such rest is short (a prompt-end point lies within the last block), the second
+  pass runs token by token in place instead (`gated_delta_rule_rows_`): one kernel.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import torch
 
 from ..._utils import step_constant
 from .gated_delta_net_metadata import GatedDeltaNetMetadata, StateRows
+from .gated_delta_net_rows import RECURRENT_ROWS_MAX_TOKENS
 from .gated_delta_rule import chunk_gated_delta_rule
+from .triton_kernels.gdn_decode import gated_delta_rule_rows_
 
 # (q, k, v, g, beta, initial state or None, cu_seqlens) -> (o [T, Hv, V], final [N, ...])
 Rule = Callable[
@@ -117,12 +121,15 @@ def split_prefill_rule(
     initial: torch.Tensor | None,
     ssm: StateRows,
     metadata: GatedDeltaNetMetadata,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The context rows' recurrence in two passes (module docstring); the state at each
     snapshot point goes to its scratch slot's row of the SSM pool. `tensors`: q, k, v, g,
-    beta packed along T. Returns (o `[T_ctx, Hv, V]` in packing order, final states `[N, ...]`).
+    beta packed along T. `in_place`: the second pass may run in place on the split rows' own
+    pool rows when every rest is short (`gated_delta_net_rows.py`). Returns (o `[T_ctx, Hv,
+    V]` in packing order, final states `[N, ...]`).
     """
-    _require_pool(ssm)
+    pool_slots = _require_pool(ssm)
     cu = metadata.cu_seqlens
     cut = {row: off for row, off, _ in metadata.snapshots}
     first = [(cu[i], cu[i] + cut.get(i, n)) for i, n in enumerate(metadata.context_lens)]
@@ -132,7 +139,17 @@ def split_prefill_rule(
     rows_d = step_constant(tuple(split_rows), torch.int64, final1.device)
     mid = final1.index_select(0, rows_d)
     ssm.states.index_copy_(0, _scratch_slots(metadata, ssm.device), mid.to(ssm.states.dtype))
-    o2, final2 = rule(*(_take(t, second) for t in tensors), mid, _offsets(second))
+    rest = tuple(_take(t, second) for t in tensors)
+    if in_place and max(b - a for a, b in second) <= RECURRENT_ROWS_MAX_TOKENS:
+        # The rest of each split row is short (a prompt-end point: under a block): run it
+        # token by token on the row's own pool row, which the caller overwrites with the
+        # final state anyway, instead of a second chunked call.
+        own = pool_slots[ssm.lo : ssm.hi].index_select(0, rows_d)
+        ssm.states.index_copy_(0, own, mid.to(ssm.states.dtype))
+        o2 = gated_delta_rule_rows_(*rest, ssm.states, own, _offsets(second))
+        final2 = ssm.states.index_select(0, own)
+    else:
+        o2, final2 = rule(*rest, mid, _offsets(second))
     final = final1.index_copy(0, rows_d, final2.to(final1.dtype))
     # Back to packing order: each row's first-pass tokens, then its second-pass ones.
     cu1, cu2 = _offsets(first), _offsets(second)

@@ -32,16 +32,18 @@ def _pools(layer: GatedDeltaNet, rows: int) -> tuple[torch.Tensor, torch.Tensor]
 # Context rows (new tokens, carries state, snapshot offset or None), then 2 decode rows.
 # Offsets: inside the conv window (1 < kernel - 1), at a 64-token chunk edge, mid-chunk.
 ROWS = [(40, False, 1), (130, True, 64), (20, False, None), (70, True, 37)]
+# Prompt-end points: every rest after a point is short, so the second pass runs in place.
+END_ROWS = [(40, False, 32), (20, True, 12), (9, False, None), (70, True, 64)]
 SLOTS = [5, 0, 2, 7, 1, 3]  # seq slots of the 6 rows (4 contexts, 2 decodes)
 SCRATCH = {0: 4, 1: 6, 3: 8}  # context row -> scratch slot
 
 
-def _meta(snapshots: bool) -> GatedDeltaNetMetadata:
+def _meta(snapshots: bool, rows: list = ROWS) -> GatedDeltaNetMetadata:
     return GatedDeltaNetMetadata(
-        context_lens=tuple(n for n, _, _ in ROWS),
-        has_initial_state=tuple(c for _, c, _ in ROWS),
+        context_lens=tuple(n for n, _, _ in rows),
+        has_initial_state=tuple(c for _, c, _ in rows),
         num_decodes=2,
-        snapshots=tuple((i, off, SCRATCH[i]) for i, (_, _, off) in enumerate(ROWS) if off)
+        snapshots=tuple((i, off, SCRATCH[i]) for i, (_, _, off) in enumerate(rows) if off)
         if snapshots
         else (),
     )
@@ -50,22 +52,34 @@ def _meta(snapshots: bool) -> GatedDeltaNetMetadata:
 @torch.no_grad()
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.gpu), "cpu"])
 @pytest.mark.parametrize("backend", ["auto", "torch", "triton"])
+@pytest.mark.parametrize("rows", [ROWS, END_ROWS], ids=["mid", "prompt_end"])
 def test_two_pass_prefill_equals_one_pass_and_snapshots_equal_prefix_prefill(
-    backend: str, device: str
+    backend: str, device: str, rows: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fresh and carried rows, offsets inside the conv window and at or off a 64-token
     chunk edge, decode rows after them; torch and Triton (varlen conv) kernels, and fla's
-    chunk kernels on CUDA."""
+    chunk kernels on CUDA. With prompt-end points the second pass runs in place (counted)."""
+    from tensorrt_llm._torch.modules import gated_delta_net_snapshot as snapshot_module
+
+    calls: list[tuple[int, ...]] = []
+    in_place = snapshot_module.gated_delta_rule_rows_
+
+    def spy(*args, **kwargs):
+        calls.append(args[7])
+        return in_place(*args, **kwargs)
+
+    monkeypatch.setattr(snapshot_module, "gated_delta_rule_rows_", spy)
     layer = _layer().to(device)
     layer.kernel_backend = backend
     conv0, ssm0 = (t.to(device) for t in _pools(layer, 9))
-    tokens = sum(n for n, _, _ in ROWS) + 2
+    tokens = sum(n for n, _, _ in rows) + 2
     x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(5)).to(device)
     slots = torch.tensor(SLOTS, device=device)
     conv1, ssm1 = conv0.clone(), ssm0.clone()
-    want = layer(x, conv1, ssm1, _meta(False), ssm_slots=slots, conv_slots=slots)
+    want = layer(x, conv1, ssm1, _meta(False, rows), ssm_slots=slots, conv_slots=slots)
     conv2, ssm2 = conv0.clone(), ssm0.clone()
-    got = layer(x, conv2, ssm2, _meta(True), ssm_slots=slots, conv_slots=slots)
+    got = layer(x, conv2, ssm2, _meta(True, rows), ssm_slots=slots, conv_slots=slots)
+    assert calls == ([(0, 8, 16, 22)] if rows is END_ROWS else [])
     torch.testing.assert_close(got, want, **TOL)
     scratch = list(SCRATCH.values())
     others = [r for r in range(9) if r not in scratch]
@@ -75,7 +89,7 @@ def test_two_pass_prefill_equals_one_pass_and_snapshots_equal_prefix_prefill(
     assert torch.equal(ssm1[scratch], ssm0[scratch])
     assert not torch.allclose(ssm2[scratch], ssm0[scratch])
     begin = 0
-    for i, (n, carry, off) in enumerate(ROWS):
+    for i, (n, carry, off) in enumerate(rows):
         if off:
             # A separate prefill of this row's first `off` tokens from its initial state.
             conv, ssm = conv0[SLOTS[i]][None].clone(), ssm0[SLOTS[i]][None].clone()
