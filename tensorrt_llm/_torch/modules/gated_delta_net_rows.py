@@ -32,9 +32,11 @@ from .triton_kernels.gdn_decode import gated_delta_rule_rows_, gdn_gates_torch
 if TYPE_CHECKING:
     from .gated_delta_net import GatedDeltaNet
 
-# The longest row taken: a row's tokens are sequential steps of one program, so a chunked
-# kernel wins from a few tens of tokens; verify rows are 1 + k.
-RECURRENT_ROWS_MAX_TOKENS = 16
+# The longest row taken: a row's tokens are sequential steps of one program (each a few
+# hundred cycles), where fla's chunked rule costs ~10 launches and their host work at any
+# length; 32 covers verify rows (1 + k) and the rest of a block after a prompt-end snapshot
+# point (tokens_per_block 32). Not measured yet at the crossover (bench_gdn.py times rows).
+RECURRENT_ROWS_MAX_TOKENS = 32
 
 
 def short_rows_from(metadata: GatedDeltaNetMetadata, in_place: bool) -> int:

@@ -349,7 +349,7 @@ def test_in_projections_become_one_gemm_and_loads_write_through() -> None:
     [
         ((4, 1, 3), (True, True, True), [(0, 4, 5, 8)]),  # a verify step
         ((5, 4, 1, 3), (False, True, True, True), [(0, 4, 5, 8)]),  # after a fresh prefill
-        ((20, 2), (True, True), [(0, 2)]),  # a chunk too long for the loop, then a row
+        ((40, 2), (True, True), [(0, 2)]),  # a chunk too long for the loop, then a row
         ((2, 6), (True, False), []),  # the last row starts fresh: the chunked rule for all
     ],
 )
