@@ -21,9 +21,10 @@ take its initial state as a separately compiled variant, on no size of its own (
 specializes T). NOTE: the number of context chunks is not a feature: no kernel specializes on
 it (it sizes a grid or a tensor, and fla's chunk index table is a tensor).
 Steps whose chunks all continue their requests and are short (`rows`: MTP verify rows, the last
-chunks after prefix hits) run the in-place recurrence of `gated_delta_net_rows.py` instead,
-a kernel whose launch options depend on the number of rows: one more feature, on that count
-(hybrid models only: `StepLimits.recurrent_rows`).
+chunks after prefix hits) run the in-place recurrence of `gated_delta_net_rows.py` instead:
+one more feature per path (hybrid models only: `StepLimits.recurrent_rows`), unsized, since the
+kernel takes no row count; its one variant switch is PDL, on for grids up to a bound (few
+rows), which the first and the last candidate (one row, the most rows) both reach.
 """
 
 from __future__ import annotations
@@ -130,8 +131,8 @@ def features(limits: StepLimits, shape: StepShape) -> frozenset[Feature]:
         out.add((path, kind, size_class(shape.num_generations)))
     if shape.carried:  # one variant per path: nothing specializes it on a size
         out.add((path, "carried", _ANY_SIZE))
-    if shape.rows and limits.recurrent_rows:
-        out.add((path, "rows", size_class(shape.num_contexts)))
+    if shape.rows and limits.recurrent_rows:  # one per path: the extremes are run (below)
+        out.add((path, "rows", _ANY_SIZE))
     return frozenset(out)
 
 
@@ -174,11 +175,16 @@ def _eager_rows(limits: StepLimits, n: int) -> StepShape:
 def warmup_steps(limits: StepLimits) -> list[StepShape]:
     """Steps whose features cover every possible step's: for each feature, the first and the
     last candidate that has it (the extremes of a class straddle any threshold inside it);
-    sorted smallest first."""
+    sorted smallest first. `rows` candidates (each costs the warm-up a second step, for their
+    chunks' first tokens) stand only for the features no other candidate has."""
     first: dict[Feature, StepShape] = {}
     last: dict[Feature, StepShape] = {}
-    for shape in _candidates(limits):
+    candidates = _candidates(limits)
+    plain = {f for shape in candidates if not shape.rows for f in features(limits, shape)}
+    for shape in candidates:
         for feature in features(limits, shape):
+            if shape.rows and feature in plain:
+                continue
             first.setdefault(feature, shape)
             last[feature] = shape
     steps = set(first.values()) | set(last.values())
