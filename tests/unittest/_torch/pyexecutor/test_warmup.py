@@ -135,6 +135,10 @@ def test_warmup_runs_steps_covering_every_possible_step(
                     if limits.is_possible(shape):
                         needed |= features(limits, shape)
         assert needed <= covered_features(limits, ran)
+        if limits.recurrent_rows:  # the rows kernel's extremes: one row and the most rows
+            counts = {shape.num_contexts for shape in ran if shape.rows}
+            most = min(limits.max_batch_size, limits.max_num_tokens)
+            assert {1, most} <= counts, counts
     finally:
         executor.shutdown()
 
