@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,6 +47,7 @@ from .chunk_batch import ChunkRow, build_chunk_batch
 from .mtp_drafter import DraftRow, MTPDrafter
 from .rejection import RejectionSampler, sampled_run, wants_sampled_drafts
 from .rollback import RecurrentRollback, StateSnapshot
+from .verify_rows import DraftChecks, VerifyRow, check_rows, unpack_checks
 
 if TYPE_CHECKING:
     from ...input_batch import InputBatch
@@ -80,27 +81,6 @@ class SpecStats:
         if not self.num_verify_rows:
             return 0.0
         return 1.0 + self.num_accepted_tokens / self.num_verify_rows
-
-
-@dataclass
-class _Verify:
-    """One generation row of the step: its drafts and where its tokens sit."""
-
-    request: LlmRequest
-    drafts: list[int]
-    start: int  # KV position of its input token
-    token: int  # its input token (the last one on the host)
-    offset: int = 0  # first row in the step's hidden states
-    emitted: list[int] = field(default_factory=list)
-
-
-@dataclass
-class _Checks:
-    """Host results of the draft-checking rows, indexed by check row (verify order)."""
-
-    greedy: list[int] = field(default_factory=list)
-    accepted: dict[int, bool] = field(default_factory=dict)  # sampled requests' rows only
-    residual: dict[int, int] = field(default_factory=dict)
 
 
 class SpecDecoder:
@@ -141,7 +121,7 @@ class SpecDecoder:
         if guided is not None:
             guided.prepare(scheduled)
         verify = [
-            _Verify(req, self._drafts_for(req), req.num_tokens - 1, req.output_token_ids[-1])
+            VerifyRow(req, self._drafts_for(req), req.num_tokens - 1, req.output_token_ids[-1])
             for req in scheduled.generation_requests
         ]
         save = [_slot(v.request) for v in verify if v.drafts]
@@ -161,7 +141,7 @@ class SpecDecoder:
         ]
         sampled += [v.request for v in verify]
         if self.link is not None:  # a worker's LM head gives its vocab columns of these rows
-            self.link.send_target(batch, save, last_rows + _check_rows(verify))
+            self.link.send_target(batch, save, last_rows + check_rows(verify))
         # What the DeltaNet layers run the verify rows with, for a replay of the recurrence
         # alone (each tensor-parallel worker records its own: tp_spec.py).
         records: list[RowsRecord] | None = [] if save else None
@@ -189,18 +169,18 @@ class SpecDecoder:
         hidden: torch.Tensor,
         sampled: list[LlmRequest],
         last_rows: list[int],
-        verify: list[_Verify],
+        verify: list[VerifyRow],
     ) -> tuple[SampledStep, torch.Tensor | None]:
         """The step's sampled tokens (with logprobs and prompt logprobs, one packed copy) and
         what the draft-checking rows say (`_checks`, on the device)."""
         model = self.engine.model
         dev = hidden.device
-        check_rows = _check_rows(verify)
+        checking = check_rows(verify)
         plan = batch.prompt_logprobs
         prompt = None
         if plan is not None:
             prompt = compute_prompt_logprobs(hidden, plan, model.lm_logits, self.engine.vocab_size)
-        index = async_tensor_h2d(last_rows + check_rows, torch.int64, dev)
+        index = async_tensor_h2d(last_rows + checking, torch.int64, dev)
         logits = model.lm_logits(hidden.index_select(0, index))
         last, checks = logits[: len(last_rows)], logits[len(last_rows) :]
         packed = self._checks(checks[:, : self.engine.vocab_size], verify)
@@ -216,7 +196,7 @@ class SpecDecoder:
             step = attach(step, prompt, plan.layout)
         return step, packed
 
-    def _checks(self, checks: torch.Tensor, verify: list[_Verify]) -> torch.Tensor | None:
+    def _checks(self, checks: torch.Tensor, verify: list[VerifyRow]) -> torch.Tensor | None:
         """Greedy tokens of every checking row, then for sampled requests' rows the rejection
         draws (acceptance, residual token), as one int64 device tensor (None: no row)."""
         if not checks.shape[0]:
@@ -240,19 +220,19 @@ class SpecDecoder:
         executor: PyExecutor,
         step: SampledStep,
         packed: torch.Tensor | None,
-        verify: list[_Verify],
-    ) -> tuple[list[int], list | None, Any, _Checks]:
+        verify: list[VerifyRow],
+    ) -> tuple[list[int], list | None, Any, DraftChecks]:
         """The step's results on the host: sampled tokens, logprobs, prompt logprobs and the
         checks. A step without logprobs takes one copy for tokens and checks together."""
         sampler = executor.sampler
         if packed is None:
-            return (*sampler.step_results(step), _Checks())
+            return (*sampler.step_results(step), DraftChecks())
         if step.layout is None and step.prompt is None:
             n = step.tokens.shape[0]
             host = sampler.to_host(torch.cat([step.tokens, packed]))
-            return host[:n], None, None, _unpack_checks(host[n:], verify)
+            return host[:n], None, None, unpack_checks(host[n:], verify)
         tokens, logprobs, prompt = sampler.step_results(step)
-        return tokens, logprobs, prompt, _unpack_checks(sampler.to_host(packed), verify)
+        return tokens, logprobs, prompt, unpack_checks(sampler.to_host(packed), verify)
 
     def _apply(
         self,
@@ -261,8 +241,8 @@ class SpecDecoder:
         sampled: list[LlmRequest],
         tokens: list[int],
         logprobs: list | None,
-        verify: list[_Verify],
-        check: _Checks,
+        verify: list[VerifyRow],
+        check: DraftChecks,
     ) -> None:
         """Plain rows take their sampled token; draft rows their accepted run."""
         num_ctx = len(sampled) - len(verify)
@@ -308,7 +288,7 @@ class SpecDecoder:
         ctx: list[LlmRequest],
         chunks: list[tuple[int, int, bool]],
         offsets: list[int],
-        verify: list[_Verify],
+        verify: list[VerifyRow],
         hidden: torch.Tensor,
         position_ids: torch.Tensor,
     ) -> None:
@@ -355,7 +335,7 @@ class SpecDecoder:
 
     def _roll_back(
         self,
-        verify: list[_Verify],
+        verify: list[VerifyRow],
         snapshot: StateSnapshot | None,
         records: list[RowsRecord] | None,
         first_row: int,
@@ -391,11 +371,6 @@ class SpecDecoder:
         self.engine.run_hidden(batch)
 
 
-def _check_rows(verify: list[_Verify]) -> list[int]:
-    """The hidden-state rows whose logits check the drafts, in verify order."""
-    return [v.offset + j for v in verify for j in range(len(v.drafts))]
-
-
 def _refuse_prompt_logprobs(ctx: list[LlmRequest]) -> None:
     """Tensor parallelism: a worker does not run the prompt-logprob LM heads of a speculative
     step (their all-gathers), so such requests fail alone, before the step runs."""
@@ -406,19 +381,6 @@ def _refuse_prompt_logprobs(ctx: list[LlmRequest]) -> None:
             "prompt_logprobs with speculative_config and tensor_parallel_size > 1 is not "
             "supported yet",
         )
-
-
-def _unpack_checks(host: list[int], verify: list[_Verify]) -> _Checks:
-    """`SpecDecoder._checks`' tensor, on the host, back into its parts."""
-    owners = [v.request for v in verify for _ in v.drafts]
-    picked = [i for i, req in enumerate(owners) if not wants_drafts(req)]
-    n = len(owners)
-    accepted = (bool(a) for a in host[n : n + len(picked)])
-    return _Checks(
-        greedy=host[:n],
-        accepted=dict(zip(picked, accepted, strict=True)),
-        residual=dict(zip(picked, host[n + len(picked) :], strict=True)),
-    )
 
 
 def _slot(req: LlmRequest) -> int:
