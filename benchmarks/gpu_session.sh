@@ -10,7 +10,7 @@
 #   std [TREE]          the standard Qwen3-VL-8B benchmark of the tree at TREE (default: .);
 #                       an A/B runs it for `git archive BASE | tar -x -C ab_base` and for .
 #   mt27                issue 19: Qwen3.6-27B multi-turn, block reuse on, then off
-#   mtp27               issue 20: Qwen3.6-27B MTP bounds at c=1 (oracle, then rejected)
+#   mtp27 / mtp27c32    issue 20: Qwen3.6-27B MTP bounds at c=1 / c=32 (oracle, then rejected)
 #   t1prof              issue 19: one turn-1 wave (27B, c=32) profiled with reuse on, then off
 #                       (TRTLLM_BENCH_PROFILE: op tables, device idle and busy timeline)
 #   gdn                 one 27B DeltaNet layer: decode step, recurrence, verify rows, conv
@@ -56,14 +56,16 @@ mt27)
             --output "$OUT/mt27${reuse#--}.json" 2>&1 | quiet | tail -20 | tee -a "$OUT/mt27.log"
     done
     ;;
-mtp27)
+mtp27 | mtp27c32)
     spec='{"decoding_type":"MTP","num_nextn_predict_layers":3}'
+    conc=1
+    [ "$STAGE" = mtp27c32 ] && conc=32
     for mode in oracle rejected; do
         timeout -s ABRT 250 python3 -m tensorrt_llm.commands.bench \
             --config benchmarks/configs/qwen3_6_27b.json --isl 1000 --osl 256 --image_size 512 \
-            --concurrency 1 --executor_mode inproc --no-enable_block_reuse \
-            --speculative_config "$spec" --draft_mode "$mode" --output "$OUT/mtp27_$mode.json" \
-            2>&1 | quiet | tail -40 | tee -a "$OUT/mtp27.log"
+            --concurrency "$conc" --executor_mode inproc --no-enable_block_reuse \
+            --speculative_config "$spec" --draft_mode "$mode" \
+            --output "$OUT/${STAGE}_$mode.json" 2>&1 | quiet | tail -40 | tee -a "$OUT/$STAGE.log"
     done
     ;;
 t1prof)
