@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -11,7 +12,14 @@ import httpx
 from ..guided_decoding_params import GuidedDecodingParams
 from ..sampling_params import SamplingParams
 from .forced_tools import forced_tool_guide
-from .media import MediaConfig, MediaError, fetch_media_url, load_image_url, load_video_url
+from .media import (
+    LOW_DETAIL_MAX_SIDE,
+    MediaConfig,
+    MediaError,
+    fetch_media_url,
+    load_image_url,
+    load_video_url,
+)
 from .openai_protocol import (
     APIError,
     ChatCompletionRequest,
@@ -60,14 +68,18 @@ async def _resolve_part(
 ) -> dict[str, Any]:
     if isinstance(part, TextPart):
         return {"type": "text", "text": part.text}
+    # detail "low": the image fitted into LOW_DETAIL_MAX_SIDE square first (OpenAI's pass).
+    low = isinstance(part, ImageURLPart) and part.detail == "low"
+    max_side = LOW_DETAIL_MAX_SIDE if low else None
     if not decode:
         kind = "image" if isinstance(part, ImageURLPart) else "video"
         fps = part.fps if isinstance(part, VideoURLPart) else None
         where = f"{param}.{kind}_url"
         pending = await fetch_media_url(part.url, kind, config, client, fps=fps, param=where)
-        return {"type": kind, kind: pending}
+        return {"type": kind, kind: replace(pending, max_side=max_side)}
     if isinstance(part, ImageURLPart):
-        image = await load_image_url(part.url, config, client, param=f"{param}.image_url")
+        where = f"{param}.image_url"
+        image = await load_image_url(part.url, config, client, param=where, max_side=max_side)
         return {"type": "image", "image": image}
     video = await load_video_url(part.url, config, client, fps=part.fps, param=f"{param}.video_url")
     return {"type": "video", "video": video}

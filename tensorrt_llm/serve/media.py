@@ -22,7 +22,7 @@ import base64
 import binascii
 import mimetypes
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -48,12 +48,14 @@ from .media_fetch import fetch_remote, make_media_http_client
 __all__ = [
     "DEFAULT_FETCH_TIMEOUT_S",
     "DEFAULT_MAX_MEDIA_BYTES",
+    "LOW_DETAIL_MAX_SIDE",
     "MAX_VIDEO_FRAMES",
     "MediaConfig",
     "MediaError",
     "PendingMedia",
     "decode_pending",
     "fetch_media_url",
+    "fit_image",
     "load_image_url",
     "load_video_url",
     "make_media_http_client",
@@ -61,6 +63,9 @@ __all__ = [
 
 # A bound on decoded video frames, so one request cannot exhaust host memory.
 MAX_VIDEO_FRAMES = 256
+# An image_url part with detail "low" is fitted into this square first (OpenAI's 512 x 512
+# low-resolution pass), before the processor's own resizing.
+LOW_DETAIL_MAX_SIDE = 512
 _GENERIC_MIME = ("application/octet-stream", "binary/octet-stream", "")
 
 
@@ -333,12 +338,24 @@ class PendingMedia:
     blob: _Blob
     param: str | None
     fps: float | None = None
+    # An image fitted into max_side x max_side after decoding (detail "low"); None: as is.
+    max_side: int | None = None
 
     def decode(self, config: MediaConfig) -> Image.Image | VideoData:
         """The RGB image, or the video's frames + fps. Raises MediaError."""
         if self.kind == "image":
-            return _decode_image(self.blob, config, self.param)
+            image = _decode_image(self.blob, config, self.param)
+            return fit_image(image, self.max_side) if self.max_side else image
         return _decode_video(self.blob, self.fps, config, self.param)
+
+
+def fit_image(image: Image.Image, max_side: int) -> Image.Image:
+    """`image` scaled down (aspect kept, bicubic) so neither side exceeds `max_side`."""
+    if max(image.size) <= max_side:
+        return image
+    scale = max_side / max(image.size)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    return image.resize(size, Image.Resampling.BICUBIC)
 
 
 async def fetch_media_url(
@@ -357,10 +374,16 @@ async def fetch_media_url(
 
 
 async def load_image_url(
-    url: str, config: MediaConfig, client: httpx.AsyncClient, param: str | None = None
+    url: str,
+    config: MediaConfig,
+    client: httpx.AsyncClient,
+    param: str | None = None,
+    max_side: int | None = None,
 ) -> Image.Image:
-    """An RGB image from a data:/file:/http(s) URL. Raises MediaError."""
+    """An RGB image from a data:/file:/http(s) URL (fitted into `max_side` when given).
+    Raises MediaError."""
     pending = await fetch_media_url(url, "image", config, client, param=param)
+    pending = replace(pending, max_side=max_side)
     return await asyncio.to_thread(pending.decode, config)  # type: ignore[return-value]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from .protocol_base import StrictRequestModel
 
@@ -20,22 +20,10 @@ class TextPart(StrictRequestModel):
 
 class ImageURL(StrictRequestModel):
     url: str
-    # Images always go through the processor at its full resolution (its max_pixels), which is
-    # OpenAI's "high"; "low" (a fixed low-resolution pass) would be dropped unread, so it is a
-    # 400 instead.
+    # "auto" / "high" (or none): the processor's full resolution (its max_pixels). "low":
+    # OpenAI's low-resolution pass, the image first fitted into 512 x 512
+    # (`media.LOW_DETAIL_MAX_SIDE`), so it costs a fraction of the vision tokens.
     detail: Literal["auto", "low", "high"] | None = None
-
-    @field_validator("detail")
-    @classmethod
-    def _check_detail(cls, value: str | None) -> str | None:
-        if value == "low":
-            raise ValueError(
-                "detail 'low' is not supported: images are processed at the processor's full "
-                "resolution ('high'); omit detail (or send 'auto' / 'high'), or downscale the "
-                "image, or start the server with mm_processor_kwargs max_pixels "
-                "(--extra_llm_api_options)"
-            )
-        return value
 
 
 class ImageURLPart(StrictRequestModel):
@@ -45,6 +33,10 @@ class ImageURLPart(StrictRequestModel):
     @property
     def url(self) -> str:
         return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+    @property
+    def detail(self) -> str | None:
+        return None if isinstance(self.image_url, str) else self.image_url.detail
 
 
 class VideoURL(StrictRequestModel):

@@ -78,12 +78,12 @@ BAD_BODIES = [
         "messages[1].tool_calls: this model's chat template does not render earlier tool calls",
     ),
     (
-        "image detail low",
+        "image detail medium",
         lambda s: _body(
-            s, user({"type": "image_url", "image_url": {"url": GOOD_IMAGE, "detail": "low"}})
+            s, user({"type": "image_url", "image_url": {"url": GOOD_IMAGE, "detail": "medium"}})
         ),
         "invalid_request",
-        "detail 'low' is not supported: images are processed at the processor's full",
+        "detail",
     ),
     (
         "input_audio part",

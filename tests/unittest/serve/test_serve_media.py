@@ -154,3 +154,34 @@ def test_videos_from_animated_images_and_folders(tmp_path: Path) -> None:
     assert info.value.code == "corrupt_media" and "corrupt or unreadable video" in str(info.value)
     with pytest.raises(MediaError, match="corrupt or unreadable video"):
         _run(video(data_url(b"GIF89a-garbage", "image/gif"), MediaConfig()))
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_detail_low_fits_the_image_into_512_square(decode: bool) -> None:
+    """detail "low" (OpenAI's low-resolution pass): a 1000 x 600 image reaches the processor
+    as 512 x 307, whether the server decodes it or a preprocess worker does (PendingMedia);
+    "high" and small images are left as they are."""
+    from tensorrt_llm.serve.chat_utils import resolve_messages
+    from tensorrt_llm.serve.media import PendingMedia, decode_pending
+    from tensorrt_llm.serve.openai_messages import ChatMessage
+
+    big, small = data_url(png_bytes(size=(1000, 600))), data_url(png_bytes(size=(300, 200)))
+    parts = [
+        {"type": "image_url", "image_url": {"url": big, "detail": "low"}},
+        {"type": "image_url", "image_url": {"url": big, "detail": "high"}},
+        {"type": "image_url", "image_url": {"url": small, "detail": "low"}},
+        {"type": "image_url", "image_url": big},
+    ]
+    message = ChatMessage.model_validate({"role": "user", "content": parts})
+
+    async def resolve() -> Any:
+        async with _client() as client:
+            return await resolve_messages([message], MediaConfig(), client, decode=decode)
+
+    resolved = _run(resolve())
+    if not decode:
+        assert [p["image"].max_side for p in resolved[0]["content"]] == [512, None, 512, None]
+        assert all(isinstance(p["image"], PendingMedia) for p in resolved[0]["content"])
+        resolved = decode_pending({"prompt": resolved}, MediaConfig())["prompt"]
+    sizes = [p["image"].size for p in resolved[0]["content"]]
+    assert sizes == [(512, 307), (1000, 600), (300, 200), (1000, 600)]
