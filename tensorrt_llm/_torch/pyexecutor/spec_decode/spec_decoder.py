@@ -27,12 +27,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from ...._utils import async_tensor_h2d
-from ...modules.gated_delta_net_rows import RowsRecord, covers, replay_rows
+from ...modules.gated_delta_net_rows import (
+    RECORD_MAX_BYTES,
+    RowsRecord,
+    covers,
+    record_bytes_per_token,
+    replay_rows,
+)
 from ..prompt_logprobs import attach, compute_prompt_logprobs
 from ..request_errors import RequestInputError
 from ..request_lifecycle import (
@@ -90,6 +96,7 @@ class SpecDecoder:
         self.drafter = drafter
         self.max_draft_len = max_draft_len
         self.rollback = RecurrentRollback(engine.model)
+        self.record_bytes_per_token = record_bytes_per_token(cast(torch.nn.Module, engine.model))
         self.drafts: dict[int, list[int]] = {}  # next step's drafts, by request id
         self.draft_override: DraftOverride | None = None
         self.accept_override: AcceptOverride | None = None
@@ -140,12 +147,14 @@ class SpecDecoder:
             v.offset + len(v.drafts) for v in verify
         ]
         sampled += [v.request for v in verify]
-        if self.link is not None:  # a worker's LM head gives its vocab columns of these rows
-            self.link.send_target(batch, save, last_rows + check_rows(verify))
         # What the DeltaNet layers run the verify rows with, for a replay of the recurrence
-        # alone (each tensor-parallel worker records its own: tp_spec.py).
-        records: list[RowsRecord] | None = [] if save else None
+        # alone (each tensor-parallel worker records its own: tp_spec.py), within the bound.
+        held = self.record_bytes_per_token * batch.attn_metadata.num_tokens
+        record = bool(save) and held <= RECORD_MAX_BYTES
+        records: list[RowsRecord] | None = [] if record else None
         batch.attn_metadata.recurrent_record = records
+        if self.link is not None:  # a worker's LM head gives its vocab columns of these rows
+            self.link.send_target(batch, save, last_rows + check_rows(verify), record)
         # Piecewise graphs where the step fits: `hidden` is consumed (sampling, drafts) before
         # a replay forward below runs them again.
         hidden = engine.run_hidden(batch)

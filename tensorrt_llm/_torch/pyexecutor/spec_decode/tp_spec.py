@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ..model_engine import PyTorchModelEngine
     from ..tp_step_channel import StepChannel
 
-SPEC_TARGET = 1  # [slots to save] + slots, LM-head rows; then the target batch
+SPEC_TARGET = 1  # [slots to save, record] + slots, LM-head rows; then the target batch
 SPEC_DRAFT = 2  # [rows, block-table width] + DraftPlan.pack(); then one share per pass
 SPEC_REPLAY = 3  # [slots to restore] + slots; then the replay batch
 SPEC_REPLAY_ROWS = 4  # [rows] + slots, their batch rows, tokens kept: the recurrence alone
@@ -62,9 +62,12 @@ class SpecLink:
     def __init__(self, channel: StepChannel) -> None:
         self.channel = channel
 
-    def send_target(self, batch: InputBatch, save_slots: list[int], logit_rows: list[int]) -> None:
+    def send_target(
+        self, batch: InputBatch, save_slots: list[int], logit_rows: list[int], record: bool
+    ) -> None:
+        """`record`: the DeltaNet rows are recorded for a replay of the recurrence alone."""
         payload = _ints(save_slots + logit_rows)
-        self.channel.send_spec([SPEC_TARGET, len(save_slots)], payload)
+        self.channel.send_spec([SPEC_TARGET, len(save_slots), int(record)], payload)
         self.channel.send_step(batch)
 
     def send_draft(self, plan: DraftPlan) -> None:
@@ -110,7 +113,7 @@ class SpecWorker:
         phase, *sizes = command.values
         payload = command.payload
         if phase == SPEC_TARGET:
-            self._target(payload[: sizes[0]].tolist(), payload[sizes[0] :])
+            self._target(payload[: sizes[0]].tolist(), payload[sizes[0] :], bool(sizes[1]))
         elif phase == SPEC_DRAFT:
             self._draft(DraftPlan.unpack(payload, sizes[0], sizes[1]))
         elif phase == SPEC_REPLAY:
@@ -136,12 +139,12 @@ class SpecWorker:
             raise RuntimeError("rank 0 sent a speculative step before any KV cache")
         return replace(batch, attn_metadata=replace(batch.attn_metadata, kv_cache_manager=kv))
 
-    def _target(self, save_slots: list[int], logit_rows: torch.Tensor) -> None:
+    def _target(self, save_slots: list[int], logit_rows: torch.Tensor, record: bool) -> None:
         batch = self._next_batch()
         model = self.engine.model
         self.snapshot = self.rollback.save(save_slots)
-        # Recorded as rank 0 records (spec_decoder.py): only when rows verify drafts.
-        self.records = [] if save_slots else None
+        # Recorded where rank 0 records (spec_decoder.py): rows verify drafts, within the bound.
+        self.records = [] if record else None
         batch.attn_metadata.recurrent_record = self.records
         hidden = model.forward_hidden(batch)
         # NOTE: the same rows as rank 0's: the all-gather hands rank 0 this rank's vocab

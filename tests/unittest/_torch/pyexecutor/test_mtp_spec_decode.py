@@ -229,18 +229,23 @@ def test_snapshot_memory_is_reserved(ckpts: dict[str, Path]) -> None:
         assert snapshot_reserve_bytes(plain, engine.model, 4) == 0
 
 
-@pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.parametrize("mode", ["recorded", "not in place", "over the bound"])
 def test_rollback_replays_the_recurrence_alone(
-    in_place: bool, ckpts: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    mode: str, ckpts: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rows rejected in a verify step get their state back through the recorded DeltaNet
     rows (gated_delta_net_rows.replay_rows): one target forward a speculative step, no replay
     forward. Without the in-place rows path (TRTLLM_GDN_INPLACE_DECODE=0: nothing recorded)
-    the replay forward runs; the outputs are the reference's either way."""
+    or when the record would hold more than RECORD_MAX_BYTES the replay forward runs; the
+    outputs are the reference's every way."""
     from tensorrt_llm._torch.modules.gated_delta_net import INPLACE_DECODE_ENV
+    from tensorrt_llm._torch.pyexecutor.spec_decode import spec_decoder
 
     reference, _ = _generate(ckpts["qwen3_5"], _params())
-    monkeypatch.setenv(INPLACE_DECODE_ENV, "1" if in_place else "0")
+    in_place = mode == "recorded"
+    monkeypatch.setenv(INPLACE_DECODE_ENV, "0" if mode == "not in place" else "1")
+    if mode == "over the bound":
+        monkeypatch.setattr(spec_decoder, "RECORD_MAX_BYTES", 0)
     partly = _continuation(reference, lambda done: done % (K + 1))
     with LLM(model=str(ckpts["qwen3_5"]), speculative_config=MTP, **ENGINE) as llm:
         decoder = llm._executor.spec_decoder
