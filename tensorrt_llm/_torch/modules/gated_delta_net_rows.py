@@ -126,19 +126,6 @@ def rows_rule(
 RECORD_MAX_BYTES = 512 * 2**20
 
 
-def record_bytes_per_token(model: torch.nn.Module) -> int:
-    """What a record holds a token for the model's DeltaNet layers: the input projections'
-    output (conv inputs, output gate, raw gates) and the conv output."""
-    from .gated_delta_net import GatedDeltaNet
-
-    total = 0
-    for layer in model.modules():
-        if isinstance(layer, GatedDeltaNet):
-            width = 2 * layer.conv_dim + layer.value_dim + 2 * layer.num_v_heads
-            total += width * layer.norm.weight.element_size()  # the model's activation dtype
-    return total
-
-
 def covers(records: list[RowsRecord], rows: Sequence[int], num_layers: int) -> bool:
     """Whether each of the `num_layers` layers recorded the same rows, including context rows
     `rows`."""

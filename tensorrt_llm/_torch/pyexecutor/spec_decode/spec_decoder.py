@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,7 +36,6 @@ from ...modules.gated_delta_net_rows import (
     RECORD_MAX_BYTES,
     RowsRecord,
     covers,
-    record_bytes_per_token,
     replay_rows,
 )
 from ..prompt_logprobs import attach, compute_prompt_logprobs
@@ -96,7 +95,6 @@ class SpecDecoder:
         self.drafter = drafter
         self.max_draft_len = max_draft_len
         self.rollback = RecurrentRollback(engine.model)
-        self.record_bytes_per_token = record_bytes_per_token(cast(torch.nn.Module, engine.model))
         self.drafts: dict[int, list[int]] = {}  # next step's drafts, by request id
         self.draft_override: DraftOverride | None = None
         self.accept_override: AcceptOverride | None = None
@@ -149,7 +147,7 @@ class SpecDecoder:
         sampled += [v.request for v in verify]
         # What the DeltaNet layers run the verify rows with, for a replay of the recurrence
         # alone (each tensor-parallel worker records its own: tp_spec.py), within the bound.
-        held = self.record_bytes_per_token * batch.attn_metadata.num_tokens
+        held = self.rollback.record_bytes_per_token * batch.attn_metadata.num_tokens
         record = bool(save) and held <= RECORD_MAX_BYTES
         records: list[RowsRecord] | None = [] if record else None
         batch.attn_metadata.recurrent_record = records

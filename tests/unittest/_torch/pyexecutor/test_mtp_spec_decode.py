@@ -252,6 +252,13 @@ def test_rollback_replays_the_recurrence_alone(
         assert decoder is not None
         decoder.draft_override = partly
         engine = decoder.engine
+        # What a record holds a token: per DeltaNet layer its projections and conv output.
+        from tensorrt_llm._torch.modules.gated_delta_net import GatedDeltaNet
+
+        layers = [m for m in engine.model.modules() if isinstance(m, GatedDeltaNet)]
+        widths = [2 * g.conv_dim + g.value_dim + 2 * g.num_v_heads for g in layers]
+        itemsize = layers[0].norm.weight.element_size()
+        assert decoder.rollback.record_bytes_per_token == sum(widths) * itemsize > 0
         forwards: list[int] = []
         real = engine.run_hidden
 
