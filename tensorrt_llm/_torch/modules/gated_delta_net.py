@@ -265,9 +265,12 @@ class GatedDeltaNet(nn.Module):
                 parts.append(self._prefill_rule(x[:n_head], g, beta, ssm.rows(0, cut), head))
             if cut < num_ctx:
                 t0 = metadata.cu_seqlens[cut]
-                tail = (mixed_qkv[t0:num_ctx_tokens], x[t0:], a[t0:num_ctx_tokens])
-                where = (b[t0:num_ctx_tokens], conv, ssm, cut, metadata, fused)
-                parts.append(rows_rule(self, *tail, *where))
+                rest = slice(t0, num_ctx_tokens)
+                o = rows_rule(
+                    self, mixed_qkv[rest], x[t0:], a[rest], b[rest], conv, ssm, cut, metadata,
+                    fused,
+                )  # fmt: skip
+                parts.append(o)
         if metadata.num_decodes > 0:
             span = slice(num_ctx_tokens, None)
             x = self._decode_conv(mixed_qkv[span], conv.rows(num_ctx, metadata.num_seqs), fused)

@@ -159,7 +159,6 @@ def _candidates(limits: StepLimits) -> list[StepShape]:
         # A lone short carried chunk runs as `rows` on a hybrid model; with a fresh chunk
         # after it (the dummies carry the first), the chunked rule's carried variant runs.
         out.append(StepShape(2, 2, 0, carried=True))
-    if limits.recurrent_rows:
         counts = range(1, min(batch, tokens) + 1)
         out += [StepShape(n, n, 0, carried=True, rows=True) for n in counts]
         out += [_eager_rows(limits, n) for n in counts]
