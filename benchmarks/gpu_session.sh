@@ -5,8 +5,9 @@
 #   bash benchmarks/gpu_session.sh STAGE [ARGS]    (on the GPU machine, from the repo root)
 #
 # Stages (logs and JSON under $OUT, each step under its own `timeout`):
-#   tests-a / tests-b   the GPU-marked tests in two halves (the whole set needs > 455 s); each
-#                       stops itself at 500 s: give the `run` call a longer timeout_s (560)
+#   tests-a/-b/-c       the GPU-marked test files in three thirds (the whole set needs ~15
+#                       min); each stops itself at 500 s: give the `run` call timeout_s 560.
+#                       The full log stays in $OUT; the tail names each failure (-rf).
 #   std [TREE]          the standard Qwen3-VL-8B benchmark of the tree at TREE (default: .);
 #                       an A/B runs it for `git archive BASE | tar -x -C ab_base` and for .
 #   mt27                issue 19: Qwen3.6-27B multi-turn, block reuse on, then off
@@ -30,15 +31,18 @@ export PYTHONPATH=/tmp/site:$PWD
 quiet() { tr '\r' '\n' | grep -v -E 'it/s\]|s/it\]|incorrect regex pattern'; }
 
 GPU_FILES=$(grep -rl "mark.gpu" tests | sort)
-HALF=$(( $(echo "$GPU_FILES" | wc -l) / 2 ))
+THIRD=$(( ($(echo "$GPU_FILES" | wc -l) + 2) / 3 ))
 
 case "$STAGE" in
-tests-a | tests-b)
-    if [ "$STAGE" = tests-a ]; then files=$(echo "$GPU_FILES" | head -n "$HALF")
-    else files=$(echo "$GPU_FILES" | tail -n +"$((HALF + 1))"); fi
+tests-a | tests-b | tests-c)
+    part=$(( $(printf '%d' "'${STAGE#tests-}") - 97 ))  # a, b, c -> 0, 1, 2
+    files=$(echo "$GPU_FILES" | tail -n +"$((part * THIRD + 1))" | head -n "$THIRD")
     # SIGABRT: faulthandler prints every thread's stack if the limit cuts a hang.
-    timeout -s ABRT 500 python3 -m pytest -q -m gpu -p no:cacheprovider $files 2>&1 \
-        | quiet | tail -60 | tee "$OUT/$STAGE.log"
+    timeout -s ABRT 500 python3 -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short \
+        $files 2>&1 | quiet > "$OUT/$STAGE.log"
+    # The progress lines, the failures and the summary (a cut run: the test it was in).
+    grep -E '^[.FEsx]+ |^(FAILED|ERROR)|passed|failed|File "/.*/tests/' "$OUT/$STAGE.log" \
+        | tail -40
     ;;
 std)
     tree=${2:-.}

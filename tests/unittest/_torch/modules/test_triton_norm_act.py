@@ -16,6 +16,7 @@ if not torch.cuda.is_available():  # Must precede the first triton import.
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from tensorrt_llm._torch.modules import triton_kernels  # noqa: E402
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP  # noqa: E402
 from tensorrt_llm._torch.modules.rms_norm import RMSNorm  # noqa: E402
 from tensorrt_llm._torch.modules.triton_kernels.activation import (  # noqa: E402
@@ -185,12 +186,21 @@ def test_mixed_dtypes_fall_back_under_auto() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no_pdl"])
 @pytest.mark.parametrize("zero_centered", [False, True])
 @pytest.mark.parametrize("with_residual", [False, True])
 @pytest.mark.parametrize("tokens", [1, 32, 1000])
-def test_rms_norm_bf16_gpu(tokens: int, with_residual: bool, zero_centered: bool) -> None:
-    x, weight, residual = _norm_inputs((tokens, 4096), torch.bfloat16, with_residual)
-    _check_norm(x, weight, residual, zero_centered, atol=2e-2)
+def test_rms_norm_bf16_gpu(
+    tokens: int, with_residual: bool, zero_centered: bool, pdl: bool, monkeypatch
+) -> None:
+    # NOTE: at 1d2d6c6 the H200 failed [1-False-False], [1-False-True] and [1-True-False]
+    # (PDL on, the default) and passed every 32- and 1000-token case, which run the same
+    # compiled kernel. With PDL as a parameter and a second launch on fresh inputs, the next
+    # GPU run tells a launch-order race from a first-launch or numerics problem.
+    monkeypatch.setattr(triton_kernels, "PDL_REQUESTED", pdl)
+    for _ in range(2):
+        x, weight, residual = _norm_inputs((tokens, 4096), torch.bfloat16, with_residual)
+        _check_norm(x, weight, residual, zero_centered, atol=2e-2)
     if residual is not None:  # The add rounds exactly as torch's does.
         _, new_res = rms_norm(x, weight, EPS, residual, zero_centered, backend="triton")
         assert torch.equal(new_res, x + residual)
