@@ -11,8 +11,8 @@ import json as _json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf"]
-_GUIDES = ("json", "json_object", "regex", "choice", "grammar")
+GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf", "structural_tag"]
+_GUIDES = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,10 @@ class GuidedDecodingParams:
     - `choice`: the output is exactly one of these strings.
     - `grammar`: an EBNF grammar in xgrammar's syntax (GBNF-like, `root ::= ...` is the start
       rule; e.g. `root ::= "yes" | "no"`).
+    - `structural_tag`: an xgrammar structural tag, as JSON text (`{"type": "structural_tag",
+      "format": ...}`): free text with constrained parts, e.g. tool calls whose arguments
+      follow their schemas wherever the model starts one (`strict` tools under
+      `tool_choice: "auto"`, serve/strict_tools.py).
 
     The output ends when the structure is complete and the model emits its end id, which the
     grammar only allows there (a request that runs out of max_tokens first ends "length").
@@ -50,6 +54,7 @@ class GuidedDecodingParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool = False
+    structural_tag: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.json_object, bool):
@@ -73,6 +78,15 @@ class GuidedDecodingParams:
         elif name in ("regex", "grammar"):
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{name} must be a non-empty str, got {value!r}")
+        elif name == "structural_tag":
+            try:
+                tag = _json.loads(value) if isinstance(value, str) else None
+            except ValueError as exc:
+                raise ValueError(f"structural_tag is not valid JSON text: {exc}") from exc
+            if not isinstance(tag, dict):
+                raise ValueError(
+                    f"structural_tag must be the JSON text of an object, got {value!r}"
+                )
         elif name == "choice":
             if not isinstance(value, list | tuple) or not value:
                 raise ValueError(f"choice must be a non-empty list of str, got {value!r}")
@@ -99,7 +113,8 @@ class GuidedDecodingParams:
 
     @property
     def kind(self) -> str:
-        """Which guide is set: one of json, json_object, regex, choice, grammar."""
+        """Which guide is set: one of json, json_object, regex, choice, grammar,
+        structural_tag."""
         return next(name for name in _GUIDES if self._is_given(name))
 
     def grammar_source(self) -> GrammarSource:
@@ -113,5 +128,7 @@ class GuidedDecodingParams:
             return GrammarSource("regex", self.regex)
         if self.choice is not None:
             return GrammarSource("ebnf", _choice_ebnf(self.choice))
+        if self.structural_tag is not None:
+            return GrammarSource("structural_tag", self.structural_tag)
         assert self.grammar is not None  # __post_init__: exactly one is set
         return GrammarSource("ebnf", self.grammar)

@@ -29,6 +29,8 @@ from .openai_protocol import (
     TextPart,
     VideoURLPart,
 )
+from .strict_tools import has_strict_tools, strict_tool_guide
+from .tool_parsers import ToolParser
 
 _PART_MODALITY = {"image_url": "image", "video_url": "video"}
 
@@ -164,8 +166,12 @@ async def _constant(value: Any) -> Any:
 
 def guided_decoding(
     request: ChatCompletionRequest | CompletionRequest,
+    tool_parser: type[ToolParser] | None = None,
 ) -> GuidedDecodingParams | None:
-    """The request's structured-output constraint (at most one may be given), or None."""
+    """The request's structured-output constraint (at most one may be given), or None.
+
+    `tool_parser`: the server's tool-call format, which `strict` tools under "auto" are held
+    to (strict_tools.py); a chat request with such tools needs it."""
     fmt = request.response_format
     given: dict[str, dict[str, Any]] = {}
     if fmt is not None and fmt.type == "json_object":
@@ -191,6 +197,16 @@ def guided_decoding(
                 f"output; it cannot be combined with {sorted(given)}", param="tool_choice",
             )  # fmt: skip
         return forced
+    if isinstance(request, ChatCompletionRequest) and has_strict_tools(request):
+        if given:
+            raise APIError(
+                400, f"strict tools are enforced with structured output under tool_choice "
+                f"'auto'; they cannot be combined with {sorted(given)} (set strict false, or "
+                f"use tool_choice 'required')", param="tools",
+            )  # fmt: skip
+        if tool_parser is None:
+            raise ValueError("strict tools need the server's tool-call format (tool_parser)")
+        return strict_tool_guide(request, tool_parser)
     if len(given) > 1:
         raise APIError(
             400, f"give one structured-output constraint, got {sorted(given)}",
@@ -206,9 +222,12 @@ def guided_decoding(
 
 
 def to_sampling_params(
-    request: ChatCompletionRequest | CompletionRequest, max_tokens: int
+    request: ChatCompletionRequest | CompletionRequest,
+    max_tokens: int,
+    tool_parser: type[ToolParser] | None = None,
 ) -> SamplingParams:
-    """SamplingParams of a request; invalid combinations raise APIError(400)."""
+    """SamplingParams of a request; invalid combinations raise APIError(400). `tool_parser`:
+    the server's tool-call format (`guided_decoding`)."""
     kwargs: dict[str, Any] = {"max_tokens": max_tokens, "n": request.n}
     if request.temperature is not None:
         kwargs["temperature"] = float(request.temperature)
@@ -243,7 +262,7 @@ def to_sampling_params(
     )
     if prompt_logprobs is not None:
         kwargs["prompt_logprobs"] = prompt_logprobs
-    guided = guided_decoding(request)
+    guided = guided_decoding(request, tool_parser)
     if guided is not None:
         kwargs["guided_decoding"] = guided
     kwargs["ignore_eos"] = bool(request.ignore_eos)

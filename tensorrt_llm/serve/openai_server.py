@@ -285,7 +285,7 @@ class OpenAIServer:
         param: str,
         ctx: RequestContext,
     ) -> list[Any]:
-        params = to_sampling_params(body, max_tokens)
+        params = to_sampling_params(body, max_tokens, self.chat_parsers.tool_parser)
         results: list[Any] = []
         try:
             for prompt in prompts:

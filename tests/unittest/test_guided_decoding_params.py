@@ -3,6 +3,7 @@ front end's grammar check (a ValueError naming the problem; ImportError without 
 
 from __future__ import annotations
 
+import json
 import pickle
 import sys
 
@@ -14,6 +15,21 @@ from tensorrt_llm import GuidedDecodingParams, SamplingParams
 from tensorrt_llm._torch.pyexecutor.grammar_compile import check_grammar
 
 xgr = pytest.importorskip("xgrammar")
+
+# `<a>` then a JSON object with an integer `n`, then `</a>`: the whole output.
+TAG = json.dumps(
+    {
+        "type": "structural_tag",
+        "format": {
+            "type": "tag",
+            "begin": "<a>",
+            "content": {"type": "json_schema", "json_schema": {
+                "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+            }},
+            "end": "</a>",
+        },
+    }
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -34,6 +50,10 @@ xgr = pytest.importorskip("xgrammar")
         ({"choice": "yes"}, "choice must be a non-empty list"),
         ({"choice": ["yes", ""]}, "each choice must be a non-empty str"),
         ({"choice": ["yes", 1]}, "each choice must be a non-empty str"),
+        ({"structural_tag": "{oops"}, "structural_tag is not valid JSON text"),
+        ({"structural_tag": "[1]"}, "structural_tag must be the JSON text of an object"),
+        ({"structural_tag": {"type": "structural_tag"}}, "must be the JSON text of an object"),
+        ({"structural_tag": TAG, "regex": "a"}, "got regex, structural_tag"),
     ],
 )
 def test_construction_errors(kwargs: dict, message: str) -> None:
@@ -65,6 +85,8 @@ def test_grammar_sources() -> None:
     assert GuidedDecodingParams(grammar='root ::= "x"').grammar_source().text == 'root ::= "x"'
     assert GuidedDecodingParams(choice=["a", "b"]).grammar_source().text == 'root ::= "a" | "b"'
     assert GuidedDecodingParams(choice=["a"]).kind == "choice"
+    tag = GuidedDecodingParams(structural_tag=TAG)
+    assert tag.kind == "structural_tag" and tag.grammar_source().text == TAG
 
 
 def _accepts(grammar: object, text: str) -> bool:
@@ -74,6 +96,19 @@ def _accepts(grammar: object, text: str) -> bool:
     info = xgr.TokenizerInfo(vocab, stop_token_ids=[256])  # one token per byte
     matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_grammar(grammar))
     return all(matcher.accept_token(b) for b in data) and matcher.accept_token(256)
+
+
+def test_structural_tag_compiles_to_its_format() -> None:
+    vocab = [bytes([b]) for b in range(256)] + [b"</s>"]
+    info = xgr.TokenizerInfo(vocab, stop_token_ids=[256])
+    grammar = xgr.GrammarCompiler(info).compile_structural_tag(TAG)
+
+    def accepts(text: str) -> bool:
+        matcher = xgr.GrammarMatcher(grammar)
+        return all(matcher.accept_token(b) for b in text.encode()) and matcher.accept_token(256)
+
+    assert accepts('<a>{"n": 3}</a>')
+    assert not accepts('<a>{"n": "3"}</a>') and not accepts('{"n": 3}')
 
 
 def test_choice_escaping_keeps_the_exact_strings() -> None:
@@ -93,6 +128,10 @@ def test_choice_escaping_keeps_the_exact_strings() -> None:
         ({"regex": "(ab"}, "invalid guided_decoding regex: .*parenthesis"),
         ({"grammar": 'start ::= "a"'}, "invalid guided_decoding grammar: .*root"),
         ({"grammar": 'root ::= "a" |'}, "invalid guided_decoding grammar: EBNF parser error"),
+        (
+            {"structural_tag": '{"type": "structural_tag", "format": {"type": "nope"}}'},
+            "invalid guided_decoding structural_tag",
+        ),
     ],
 )
 def test_check_grammar_refuses(kwargs: dict, message: str) -> None:
@@ -108,6 +147,7 @@ def test_check_grammar_accepts() -> None:
         {"regex": r"\d{3}-[a-z]+"},
         {"choice": ["x", "y"]},
         {"grammar": 'root ::= "a" b\nb ::= [0-9]+'},
+        {"structural_tag": TAG},
     ):
         check_grammar(GuidedDecodingParams(**kwargs))
 

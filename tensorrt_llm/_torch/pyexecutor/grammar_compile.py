@@ -49,6 +49,9 @@ def _build(xgr: Any, source: GrammarSource, target: Any) -> Any:
         return call(source.text, strict_mode=False, **_JSON_OPTIONS)
     if source.kind == "regex":
         return target.from_regex(source.text) if parse else target.compile_regex(source.text)
+    if source.kind == "structural_tag":
+        call = target.from_structural_tag if parse else target.compile_structural_tag
+        return call(source.text)
     return target.from_ebnf(source.text) if parse else target.compile_grammar(source.text)
 
 

@@ -126,6 +126,17 @@ class ToolParser(ABC):
     """
 
     name: ClassVar[str]
+    # The format a guided call must take to be read back as a call (strict_tools.py): the
+    # text that starts any call, the text before one named function's arguments, the text
+    # after them, and how the arguments are written ("json", or xgrammar's "qwen_xml").
+    CALL_TRIGGER: ClassVar[str]
+    CALL_END: ClassVar[str]
+    ARGUMENTS_STYLE: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def call_begin(cls, function_name: str) -> str:
+        """The text of a call to `function_name` up to its arguments."""
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self.schemas = tool_parameter_schemas(tools)

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..stream_text import scan_start
-from .base import TOOL_CALL_END, ToolParser
+from .base import TOOL_CALL_END, TOOL_CALL_START, ToolParser
 from .param_types import strict_json_loads
 
 
@@ -51,6 +51,14 @@ def parse_hermes_body(body: str) -> tuple[str, str] | None:
 
 class HermesToolParser(ToolParser):
     name = "hermes"
+    CALL_TRIGGER = TOOL_CALL_START
+    CALL_END = "}\n" + TOOL_CALL_END
+    ARGUMENTS_STYLE = "json"
+
+    @classmethod
+    def call_begin(cls, function_name: str) -> str:
+        # As the Qwen templates ask for it: {"name": ..., "arguments": ...} on its own line.
+        return f'{TOOL_CALL_START}\n{{"name": {json.dumps(function_name)}, "arguments": '
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         super().__init__(tools)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..stream_text import find_first, held_back_len, scan_start
-from .base import TOOL_CALL_END, ToolParser
+from .base import TOOL_CALL_END, TOOL_CALL_START, ToolParser
 from .param_types import convert_param_value
 
 FUNCTION_START = "<function="
@@ -54,6 +54,13 @@ _OPENED, _NAME, _BODY, _PARAM_NAME, _VALUE, _AFTER_FUNCTION = range(6)
 
 class Qwen3CoderToolParser(ToolParser):
     name = "qwen3_coder"
+    CALL_TRIGGER = f"{TOOL_CALL_START}\n{FUNCTION_START}"
+    CALL_END = f"\n{FUNCTION_END}\n{TOOL_CALL_END}"
+    ARGUMENTS_STYLE = "qwen_xml"  # <parameter=name>\nvalue\n</parameter> per argument
+
+    @classmethod
+    def call_begin(cls, function_name: str) -> str:
+        return f"{cls.CALL_TRIGGER}{function_name}>\n"
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         super().__init__(tools)

@@ -47,6 +47,24 @@ SCHEMA: dict[str, Any] = {
     },
     "required": ["name", "size", "count", "tags", "inner"],
 }
+# A structural tag whose format is the whole output: `<v>`, an object of the schema, `</v>`.
+TAG: dict[str, Any] = {
+    "type": "structural_tag",
+    "format": {
+        "type": "tag",
+        "begin": "<v>",
+        "content": {
+            "type": "json_schema",
+            "json_schema": {
+                "type": "object",
+                "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+                "required": ["ok", "n"],
+                "additionalProperties": False,
+            },
+        },
+        "end": "</v>",
+    },
+}
 MAX_TOKENS = 160  # the schema closes in about 90 tokens of this tokenizer
 PROMPTS = ["hello there", "the weather today is", "numbers like 1, 2, 3"]
 
@@ -98,6 +116,7 @@ def test_regex_choice_and_json_object(llm: LLM) -> None:
         _guided(GuidedDecodingParams(choice=choices), 8, 40),
         _guided(GuidedDecodingParams(json_object=True), 1, 80),
         _guided(GuidedDecodingParams(grammar='root ::= "<" [0-9] [0-9]? ">"'), None, 40),
+        _guided(GuidedDecodingParams(structural_tag=json.dumps(TAG)), 3, 80),
     ]
     outs = _completions(llm.generate(PROMPTS[:1] * len(params), params, use_tqdm=False))
     assert all(out.finish_reason == "stop" for out in outs), [out.text for out in outs]
@@ -105,6 +124,9 @@ def test_regex_choice_and_json_object(llm: LLM) -> None:
     assert outs[1].text in choices
     assert isinstance(json.loads(outs[2].text), dict)
     assert re.fullmatch(r"<[0-9]{1,2}>", outs[3].text), outs[3].text
+    tagged = re.fullmatch(r"<v>(.*)</v>", outs[4].text, re.S)
+    assert tagged, outs[4].text
+    jsonschema.validate(json.loads(tagged.group(1)), TAG["format"]["content"]["json_schema"])
 
 
 def test_min_tokens_yields_to_a_complete_structured_output(llm: LLM) -> None:
