@@ -18,7 +18,7 @@ from ..guided_decoding_params import GuidedDecodingParams
 from .openai_protocol import APIError, ChatCompletionRequest
 from .tool_parsers.base import new_call_id
 
-_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 def forced_function(body: ChatCompletionRequest) -> str | None:
@@ -29,8 +29,9 @@ def forced_function(body: ChatCompletionRequest) -> str | None:
     return choice.function.name
 
 
-def _parameters(tool: Any) -> dict[str, Any]:
-    return tool.function.parameters or _ANY_OBJECT
+def tool_parameters(tool: Any) -> dict[str, Any]:
+    """A tool's arguments schema (any object when it gives none)."""
+    return tool.function.parameters or ANY_OBJECT
 
 
 def forced_tool_guide(body: ChatCompletionRequest) -> GuidedDecodingParams | None:
@@ -44,13 +45,13 @@ def forced_tool_guide(body: ChatCompletionRequest) -> GuidedDecodingParams | Non
                 400, f"tool_choice names {name!r}, which is not one of the request's tools",
                 code="invalid_request", param="tool_choice",
             )  # fmt: skip
-        return GuidedDecodingParams(json=_parameters(match[0]))
+        return GuidedDecodingParams(json=tool_parameters(match[0]))
     if body.tool_choice != "required" or not tools:
         return None
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"enum": [t.function.name]}, "parameters": _parameters(t)},
+            "properties": {"name": {"enum": [t.function.name]}, "parameters": tool_parameters(t)},
             "required": ["name", "parameters"],
             "additionalProperties": False,
         }

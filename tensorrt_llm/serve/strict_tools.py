@@ -19,10 +19,9 @@ import json
 from typing import Any
 
 from ..guided_decoding_params import GuidedDecodingParams
+from .forced_tools import ANY_OBJECT, tool_parameters
 from .openai_protocol import ChatCompletionRequest
 from .tool_parsers import ToolParser
-
-_ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 def has_strict_tools(body: ChatCompletionRequest) -> bool:
@@ -34,15 +33,13 @@ def has_strict_tools(body: ChatCompletionRequest) -> bool:
 
 def strict_tool_guide(
     body: ChatCompletionRequest, parser: type[ToolParser]
-) -> GuidedDecodingParams | None:
-    """The structural tag that holds `strict` tools to their schemas in `parser`'s format, or
-    None when the request has none under "auto"."""
-    if not has_strict_tools(body):
-        return None
+) -> GuidedDecodingParams:
+    """The structural tag that holds the `strict` tools of a request with some under "auto"
+    (`has_strict_tools`) to their schemas in `parser`'s format."""
     tags = []
     for tool in body.tools or []:
         function = tool.function
-        schema = (function.parameters or _ANY_OBJECT) if function.strict else _ANY_OBJECT
+        schema = tool_parameters(tool) if function.strict else ANY_OBJECT
         content: dict[str, Any] = {"type": "json_schema", "json_schema": schema}
         if parser.ARGUMENTS_STYLE != "json":
             content["style"] = parser.ARGUMENTS_STYLE
