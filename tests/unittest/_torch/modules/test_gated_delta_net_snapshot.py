@@ -10,7 +10,11 @@ import torch
 from tensorrt_llm._torch.modules.gated_delta_net import GatedDeltaNet, GatedDeltaNetMetadata
 
 HIDDEN = 32
-TOL = dict(atol=1e-4, rtol=1e-3)  # fla's tf32 chunk kernels on CUDA; ~1e-6 on the CPU
+# ~1e-6 on the CPU. On CUDA fla's chunk kernels multiply in tf32 (10-bit mantissa): where both
+# passes chunk (mid points) they agree to ~1e-4, but past a prompt-end point the two-pass step
+# runs the fp32 rows kernel against the one-pass chunk, and they differ by up to ~4e-4 (H200,
+# 9d6a6f4: 13 of 4512 outputs over 1e-4). A wrong offset or state is off by O(0.1).
+TOL = dict(atol=1e-3, rtol=1e-3)
 
 
 def _layer() -> GatedDeltaNet:
