@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tensorrt_llm._torch.modules.fp8_block_cublas import CUBLAS_MIN_ROWS
 from tensorrt_llm._torch.modules.fp8_linear import Fp8Activation
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP
 from tensorrt_llm._torch.modules.linear import Linear
@@ -117,8 +118,8 @@ def test_block_linear_takes_quantised_groups() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [3, 32, 200])
 def test_gpu_block_mlp_handoff_matches_unfused(rows: int) -> None:
-    """GatedMLP with block-FP8 layers: SwiGLU writes the down projection's groups (Triton
-    GEMM at decode sizes, cuBLASLt from 65 rows) and gives the unfused path's output."""
+    """GatedMLP with block-FP8 layers: SwiGLU writes the down projection's groups where its
+    GEMM is cuBLASLt's (from 65 rows), and either way gives the unfused path's output."""
     gen = torch.Generator().manual_seed(rows)
     mlp = GatedMLP(4096, 12288, dtype=torch.bfloat16)
     for lin in (mlp.gate_up_proj, mlp.down_proj):
@@ -127,7 +128,9 @@ def test_gpu_block_mlp_handoff_matches_unfused(rows: int) -> None:
         lin.load_fp8_block_shards("w", shards, None)
     mlp = mlp.cuda()
     x = torch.randn(rows, 4096, generator=gen).to(torch.bfloat16).cuda()
-    assert mlp.down_proj.takes_fp8_groups(x)
+    # Groups are handed over only to cuBLASLt (from 65 rows): the Triton decode GEMM reads
+    # 16-bit rows and quantises them itself (faster at batch 1, level at 32).
+    assert mlp.down_proj.takes_fp8_groups(x) == (rows >= CUBLAS_MIN_ROWS)
     got = mlp(x)
     act = silu_and_mul_torch(mlp.gate_up_proj(x))
     want = fb.fp8_block_linear_torch(act, mlp.down_proj.weight, mlp.down_proj.weight_scale_inv)
