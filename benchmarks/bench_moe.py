@@ -29,7 +29,11 @@ import torch.nn.functional as F
 from tensorrt_llm._torch.modules.fused_moe import MoE
 from tensorrt_llm._torch.modules.triton_kernels import fused_moe as fm
 from tensorrt_llm._torch.modules.triton_kernels.moe_gemv import fused_moe_gemv
-from tensorrt_llm._torch.modules.triton_kernels.moe_routing import moe_route, route_ref
+from tensorrt_llm._torch.modules.triton_kernels.moe_routing import (
+    moe_align,
+    moe_route,
+    route_ref,
+)
 from tensorrt_llm._torch.modules.triton_kernels.moe_tiles import GemvTiles, MoETiles, pick_tiles
 from tensorrt_llm.bench.gpu_timing import graph_time_us
 
@@ -61,9 +65,9 @@ def _old_routing(x: torch.Tensor, moe: MoE, block_m: int) -> None:
     torch.sigmoid(moe.shared_expert_gate(x))
 
 
-def _new_routing(x: torch.Tensor, moe: MoE, block_m: int, count_in_route: bool = False):
+def _new_routing(x: torch.Tensor, moe: MoE, block_m: int):
     logits = F.linear(x, moe.gate.weight)  # [T, E + 1]: the shared expert's gate included
-    return moe_route(logits, TOP_K, True, True, block_m, "triton", count_in_route)
+    return moe_route(logits, TOP_K, True, True, block_m, "triton")
 
 
 def _old_shared(x: torch.Tensor, moe: MoE, routed: torch.Tensor) -> torch.Tensor:
@@ -118,9 +122,7 @@ def bench(tokens: tuple[int, ...]) -> list[dict[str, object]]:
         us["new layer"] = graph_time_us(partial(moe, x))
         us["old routing+align"] = old_route[m]
         us["new routing+align"] = graph_time_us(partial(_new_routing, x, moe, block_m))
-        us["new routing+align, counts in route"] = graph_time_us(
-            partial(_new_routing, x, moe, block_m, True)
-        )
+        us["new align alone"] = graph_time_us(partial(moe_align, ids, E + 1, block_m))
         us["old shared expert"] = old_shared[m]
         act = fm.gate_up_silu(x, w1, layout, k, _tiles(block_m, _GATE_UP[0], _DOWN[0], "sum")[0])
         for cfg in _GATE_UP:

@@ -15,6 +15,9 @@
 #   t1prof              issue 19: one turn-1 wave (27B, c=32) profiled with reuse on, then off
 #                       (TRTLLM_BENCH_PROFILE: op tables, device idle and busy timeline)
 #   gdn                 one 27B DeltaNet layer: decode step, recurrence, verify rows, conv
+#   a3b [QUANT]         issues 16/20: Qwen3.6-35B-A3B at c=1/32/128, osl 256 (QUANT: fp8_block,
+#                       the default, or none for bf16), FP8 KV cache
+#   a3bprof [QUANT]     one c=128 prefill wave of 35B-A3B (osl 8) under TRTLLM_BENCH_PROFILE
 #
 # Wheels: run ../shared/tools/gpu-wheels.sh here first and pass carry [".whl"].
 # NOTE: `timeout` runs programs, not shell functions: every step calls python3 directly.
@@ -84,6 +87,26 @@ t1prof)
 gdn)
     timeout -s ABRT 200 python3 benchmarks/bench_gdn.py --config benchmarks/configs/qwen3_6_27b.json \
         --batches 1,8,32 2>&1 | quiet | tail -30 | tee "$OUT/gdn.log"
+    ;;
+a3b)
+    quant=${2:-fp8_block}
+    qflag=(--quantization "$quant")
+    [ "$quant" = none ] && qflag=()
+    timeout -s ABRT 400 python3 -m tensorrt_llm.commands.bench \
+        --config benchmarks/configs/qwen3_6_35b_a3b.json --isl 1000 --osl 256 --image_size 512 \
+        --concurrency 1 32 128 --kv_cache_dtype fp8 --executor_mode inproc "${qflag[@]}" \
+        --output "$OUT/a3b_$quant.json" 2>&1 | quiet | tail -20 | tee -a "$OUT/a3b.log"
+    ;;
+a3bprof)
+    quant=${2:-fp8_block}
+    qflag=(--quantization "$quant")
+    [ "$quant" = none ] && qflag=()
+    TRTLLM_BENCH_PROFILE="$OUT/a3bprof_$quant.txt" timeout -s ABRT 250 python3 -m \
+        tensorrt_llm.commands.bench --config benchmarks/configs/qwen3_6_35b_a3b.json \
+        --isl 1000 --image_size 512 --executor_mode inproc --osl 8 --concurrency 128 \
+        --kv_cache_dtype fp8 "${qflag[@]}" 2>&1 | quiet | tail -4 | tee -a "$OUT/a3bprof.log"
+    head -45 "$OUT/a3bprof_$quant.txt" | cut -c1-90,170-260 | tee -a "$OUT/a3bprof.log"
+    grep -A1 "^device:" "$OUT/a3bprof_$quant.txt" | tee -a "$OUT/a3bprof.log"
     ;;
 *)
     echo "unknown stage $STAGE" >&2

@@ -178,14 +178,18 @@ def _more_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any],
     gdn_types.update(state_ptr="*fp32", slots_ptr="*i64", cu_ptr="*i64", scale="fp32", eps="fp32")
     gdn_types.update(a_log_ptr="*bf16", dt_bias_ptr="*bf16")
     # rows: each program loops over a row's tokens (MTP verify rows, gated_delta_net_rows.py).
-    for raw, rows in ((False, False), (True, False), (True, True), (False, True)):
+    # Decode takes 64 value columns from 1024 request-heads on (`gdn_decode._block_v`).
+    for raw, rows, block_v in (
+        (False, False, 32), (True, False, 32), (True, False, 64), (True, True, 32),
+        (False, True, 32),
+    ):  # fmt: skip
         cx = dict(
-            RATIO=3, K=128, V=128, BLOCK_K=128, BLOCK_V=min(gdn_decode._BLOCK_V, 128),
+            RATIO=3, K=128, V=128, BLOCK_K=128, BLOCK_V=block_v,
             L2NORM=True, RAW_GATES=raw, ROWS=rows,
         )  # fmt: skip
         types = gdn_types if raw else dict(gdn_types, g_ptr="*fp32")
         yield (
-            f"gated delta rule decode raw_gates={raw} rows={rows}",
+            f"gated delta rule decode raw_gates={raw} rows={rows} block_v={block_v}",
             gdn_decode._gdn_decode_kernel,
             types,
             cx,
@@ -289,18 +293,15 @@ def _fp8_block_variants() -> Iterator[
 def _moe_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any], dict[str, Any]]]:
     """Qwen3.6-35B-A3B's MoE at decode: routing (256 experts + the fused shared one, top-8),
     the alignment, the GEMV kernels, and the grouped GEMMs at every tile of the table."""
-    route_types = dict(logits_ptr="*bf16", ids_ptr="*i32", weights_ptr="*bf16", counts_ptr="*i32")
-    for counts in (False, True):
-        cx = dict(NUM_EXPERTS=256, TOP_K=8, RENORMALIZE=True, SHARED=True, HAS_COUNTS=counts,
-                  BLOCK_E=512, BLOCK_K=16)  # fmt: skip
-        yield f"moe route counts={counts}", moe_routing._route_kernel, route_types, cx, {}
-        align_types = dict(ids_ptr="*i32", counts_ptr="*i32", sorted_ptr="*i32",
-                           block_expert_ptr="*i32")  # fmt: skip
-        for block_m in (16, 64):
-            cx = dict(NUM_EXPERTS=257, BLOCK_M=block_m, HAS_COUNTS=counts, BLOCK_E=512,
-                      BLOCK_P=128, BLOCK_R=1024)  # fmt: skip
-            name = f"moe align counts={counts} m{block_m}"
-            yield name, moe_routing._align_kernel, align_types, cx, dict(num_warps=8)
+    route_types = dict(logits_ptr="*bf16", ids_ptr="*i32", weights_ptr="*bf16")
+    cx = dict(NUM_EXPERTS=256, TOP_K=8, RENORMALIZE=True, SHARED=True, BLOCK_E=512, BLOCK_K=16)
+    yield "moe route", moe_routing._route_kernel, route_types, cx, {}
+    align_types = dict(ids_ptr="*i32", base_ptr="*i32", sorted_ptr="*i32",
+                       block_expert_ptr="*i32")  # fmt: skip
+    for block_m in (16, 64):
+        cx = dict(NUM_EXPERTS=257, BLOCK_M=block_m, BLOCK_E=512, BLOCK_P=128, BLOCK_H=1024,
+                  BLOCK_R=1024)  # fmt: skip
+        yield f"moe align m{block_m}", moe_routing._align_kernel, align_types, cx, dict(num_warps=8)
     g = moe_tiles.GEMV_TILES
     gu_types = dict(x_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i32", act_ptr="*bf16")
     cx = dict(HIDDEN=2048, INTER=512, TOP_K=9, BLOCK_N=g.gate_up_n, BLOCK_K=g.block_k)

@@ -3,15 +3,16 @@
 `moe_route`: one program per token row of the router logits `[T, E]` (or `[T, E + 1]` with a
 fused shared expert, see `modules/fused_moe/shared_fusion.py`): a float32 softmax over the E routed
 logits, top-k by k rounds of argmax over the register tile, optional renormalisation, and
-(with `shared_expert`) a last pair `(E, sigmoid(logit_E))`. Optionally each program also adds
-its k (+1) ids into a zeroed per-expert count buffer with atomics (`count_in_route`).
+(with `shared_expert`) a last pair `(E, sigmoid(logit_E))`.
 
-`moe_align`: a single program counts the pairs per expert (atomics into its scratch, unless
-the routing counted) and turns the counts into the layout of `moe_align_block_size`
-(`fused_moe.py`): every expert's run padded to BLOCK_M, `block_expert` per M-block and each
-pair's slot. Pairs keep their order inside an expert's run (ranks come from comparisons inside
-a chunk of pairs plus a per-expert cursor), so the layout equals the torch path's stable sort
-bit for bit. No host sync and no sort: both kernels are CUDA-graph safe.
+`moe_align`: the layout of `moe_align_block_size` (`fused_moe.py`): every expert's run padded
+to BLOCK_M, `block_expert` per M-block and each pair's slot, one program per chunk of 128
+pairs. Each program histograms all pairs (`tl.histogram`) to get the runs' starts and the
+counts of the chunks before its own, then places its chunk's pairs by their ranks inside the
+chunk. Pairs keep their order inside an expert's run, so the layout equals the torch path's
+stable sort bit for bit. No host sync, no sort and no atomics: both kernels are CUDA-graph
+safe. (A single program walking the chunks in turn took 52 us per layer at 128 tokens x 9
+pairs on the H200, latency-bound; chunks in parallel remove the serial walk.)
 
 Ties: among equal probabilities the kernel picks the lowest expert ids, best first. That is the
 set torch.topk picks on CUDA (its gatherTopK fills the k-th value's ties in index order), and
@@ -27,21 +28,21 @@ import torch.nn.functional as F
 
 from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
 
-# The single-program alignment compares every pair of a chunk with every other (BLOCK_P^2) and
-# with every expert (BLOCK_P x E): beyond this many pairs the torch path is cheaper.
+# Each alignment program re-reads every pair to histogram them: beyond this many pairs the
+# torch path (a sort) is cheaper.
 ALIGN_MAX_PAIRS = 8192
 ROUTE_MAX_EXPERTS = 1024
 ROUTE_MAX_TOP_K = 16
-_ALIGN_CHUNK = 128
+_ALIGN_CHUNK = 128  # pairs placed per program (a [128, 128] comparison tile)
+_ALIGN_HIST = 1024  # pairs per histogram round
 Layout = tuple[torch.Tensor, torch.Tensor]  # (sorted_pairs, block_expert) of `fused_moe.py`
 
 
 @triton_jit
 def _route_kernel(
-    logits_ptr, ids_ptr, weights_ptr, counts_ptr, stride_l,
+    logits_ptr, ids_ptr, weights_ptr, stride_l,
     NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
-    SHARED: tl.constexpr, HAS_COUNTS: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    SHARED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_sync(USE_PDL)
@@ -76,78 +77,84 @@ def _route_kernel(
     tl.store(ids_ptr + row * width + offs_k, top_id, mask=mask_k)
     top_w = top_w.to(weights_ptr.dtype.element_ty)
     tl.store(weights_ptr + row * width + offs_k, top_w, mask=mask_k)
-    if HAS_COUNTS:  # ids of one row are distinct, so the lanes never hit the same counter
-        tl.atomic_add(counts_ptr + top_id, 1, mask=mask_k, sem="relaxed")
 
 
 @triton_jit(do_not_specialize=("num_pairs", "num_blocks"))
 def _align_kernel(
-    ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_blocks,
-    NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, HAS_COUNTS: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr,
+    ids_ptr, base_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_blocks,
+    NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_sync(USE_PDL)
-    # grid (1,). counts_ptr: [NUM_EXPERTS] int32, the per-expert counts when HAS_COUNTS (else
-    # scratch); it is reused as each expert's write cursor.
+    # grid (ceil(num_pairs / BLOCK_P),): program c places the pairs of chunk c. base_ptr:
+    # [grid, BLOCK_E] int32 scratch, row c = where chunk c's first pair of each expert goes.
+    chunk = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    chunk_start = chunk * BLOCK_P
     offs_e = tl.arange(0, BLOCK_E)
     mask_e = offs_e < NUM_EXPERTS
-    offs_p = tl.arange(0, BLOCK_P)
-    offs_r = tl.arange(0, BLOCK_R)
-    if not HAS_COUNTS:  # a histogram by atomics (lanes may share an expert: each adds once)
-        tl.store(counts_ptr + offs_e, tl.zeros([BLOCK_E], dtype=tl.int32), mask=mask_e)
-        tl.debug_barrier()
-        c = 0
-        while c < num_pairs:
-            pairs = c + offs_p
-            ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=0)
-            # A dropped pair (id NUM_EXPERTS) has no counter: it never gets a slot.
-            counted = (pairs < num_pairs) & (ids < NUM_EXPERTS)
-            tl.atomic_add(counts_ptr + ids, 1, mask=counted, sem="relaxed")
-            c += BLOCK_P
-        tl.debug_barrier()
-    counts = tl.load(counts_ptr + offs_e, mask=mask_e, other=0)
-    run_blocks = (counts + BLOCK_M - 1) // BLOCK_M
-    starts = (tl.cumsum(run_blocks, axis=0) - run_blocks) * BLOCK_M
-    first_block = starts // BLOCK_M
+    offs_h = tl.arange(0, BLOCK_H)
+    # Every program histograms all pairs (and those of the chunks before its own) by itself:
+    # a few KB of ids re-read from L2 cost less than a second launch or a grid-wide barrier.
+    # Masked lanes and dropped pairs (id NUM_EXPERTS) count in bins that are no expert.
+    total = tl.zeros([BLOCK_E], dtype=tl.int32)
+    before = tl.zeros([BLOCK_E], dtype=tl.int32)
     # NOTE: `while` loops, not `range`, over runtime bounds: the interpreter (CPU tests) cannot
     # take a runtime scalar as a range bound.
-    # Each expert's blocks, one block of every run per round: a run has at most T / BLOCK_M + 1
-    # blocks (an expert gets each token at most once), so decode takes one or two rounds.
-    longest = tl.max(run_blocks, axis=0)
-    j = 0
-    while j < longest:
-        tl.store(block_expert_ptr + first_block + j, offs_e, mask=mask_e & (j < run_blocks))
-        j += 1
-    b0 = tl.sum(run_blocks, axis=0)
-    while b0 < num_blocks:  # the unused tail: the "empty" expert NUM_EXPERTS
-        blocks = b0 + offs_r
-        tl.store(block_expert_ptr + blocks, NUM_EXPERTS, mask=blocks < num_blocks)
-        b0 += BLOCK_R
-    r0 = 0
-    while r0 < num_blocks * BLOCK_M:  # padding rows point past the last pair
-        rows = r0 + offs_r
-        tl.store(sorted_ptr + rows, num_pairs, mask=rows < num_blocks * BLOCK_M)
-        r0 += BLOCK_R
-    tl.debug_barrier()  # every lane has read the counts before they turn into cursors
-    tl.store(counts_ptr + offs_e, starts, mask=mask_e)
-    tl.debug_barrier()  # the padding and the cursors are written before any pair lands
     c = 0
     while c < num_pairs:
-        pairs = c + offs_p
-        ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1)
-        valid = (pairs < num_pairs) & (ids < NUM_EXPERTS)  # dropped pairs are left out
-        same = (ids[:, None] == ids[None, :]) & valid[None, :]
-        earlier = same & (offs_p[None, :] < offs_p[:, None])
-        later = same & (offs_p[None, :] > offs_p[:, None])
-        rank = tl.sum(earlier.to(tl.int32), axis=1)
-        is_last = tl.sum(later.to(tl.int32), axis=1) == 0
-        dest = tl.load(counts_ptr + ids, mask=valid, other=0) + rank
-        tl.store(sorted_ptr + dest, pairs, mask=valid)
-        tl.debug_barrier()  # every lane has read its cursor before the cursors move
-        tl.store(counts_ptr + ids, dest + 1, mask=valid & is_last)
-        tl.debug_barrier()
-        c += BLOCK_P
+        pairs = c + offs_h
+        ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=NUM_EXPERTS)
+        total += tl.histogram(ids, BLOCK_E)
+        before += tl.histogram(tl.where(pairs < chunk_start, ids, NUM_EXPERTS), BLOCK_E)
+        c += BLOCK_H
+    counts = tl.where(mask_e, total, 0)
+    run_blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    starts = (tl.cumsum(run_blocks, axis=0) - run_blocks) * BLOCK_M
+    # This chunk's pairs: an expert's run holds the earlier chunks' pairs first, then these in
+    # pair order (ranks from comparisons inside the chunk), so the layout is a stable sort.
+    base_row = base_ptr + chunk * BLOCK_E
+    tl.store(base_row + offs_e, starts + before)
+    tl.debug_barrier()  # the row is written before its lanes gather from it
+    offs_p = tl.arange(0, BLOCK_P)
+    pairs = chunk_start + offs_p
+    ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=NUM_EXPERTS)
+    valid = (pairs < num_pairs) & (ids < NUM_EXPERTS)
+    same = (ids[:, None] == ids[None, :]) & valid[None, :]
+    rank = tl.sum((same & (offs_p[None, :] < offs_p[:, None])).to(tl.int32), axis=1)
+    dest = tl.load(base_row + ids, mask=valid, other=0) + rank
+    tl.store(sorted_ptr + dest, pairs, mask=valid)
+    # Rows that hold no pair point past the last one: each run's padding (rows j of a run's
+    # tail, j spread over the programs) and the unused tail; none of them is a pair's row, so
+    # the programs never write the same row.
+    pad_start = starts + counts
+    pad = run_blocks * BLOCK_M - counts
+    j = chunk
+    while j < BLOCK_M:
+        tl.store(sorted_ptr + pad_start + j, num_pairs, mask=mask_e & (j < pad))
+        j += nprog
+    used_blocks = tl.sum(run_blocks, axis=0)
+    offs_r = tl.arange(0, BLOCK_R)
+    r0 = used_blocks * BLOCK_M + chunk * BLOCK_R
+    while r0 < num_blocks * BLOCK_M:
+        rows = r0 + offs_r
+        tl.store(sorted_ptr + rows, num_pairs, mask=rows < num_blocks * BLOCK_M)
+        r0 += nprog * BLOCK_R
+    # The expert of each block: one block of every run per round (a run has at most
+    # T / BLOCK_M + 1 blocks, an expert gets each token at most once), then the unused tail
+    # as the "empty" expert NUM_EXPERTS.
+    first_block = starts // BLOCK_M
+    longest = tl.max(run_blocks, axis=0)
+    j = chunk
+    while j < longest:
+        tl.store(block_expert_ptr + first_block + j, offs_e, mask=mask_e & (j < run_blocks))
+        j += nprog
+    b0 = used_blocks + chunk * BLOCK_R
+    while b0 < num_blocks:
+        blocks = b0 + offs_r
+        tl.store(block_expert_ptr + blocks, NUM_EXPERTS, mask=blocks < num_blocks)
+        b0 += nprog * BLOCK_R
 
 
 def route_ref(
@@ -179,15 +186,9 @@ def align_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
     return num_pairs + min(num_experts, num_pairs) * (block_m - 1)
 
 
-def moe_align(
-    topk_ids: torch.Tensor,
-    num_experts: int,
-    block_m: int,
-    counts: torch.Tensor | None = None,
-) -> Layout:
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Layout:
     """`moe_align_block_size`'s layout (sorted_pairs, block_expert, both int32) in one Triton
-    program; `counts` (int32 [E], from `moe_route`) skips the histogram and is overwritten.
-    Ids in `[0, E]`: id E (a dropped pair, `fused_moe(dropped=True)`) is never placed."""
+    launch. Ids in `[0, E]`: id E (a dropped pair, `fused_moe(dropped=True)`) is never placed."""
     num_pairs = topk_ids.numel()
     if num_pairs > ALIGN_MAX_PAIRS or num_experts > ROUTE_MAX_EXPERTS:
         raise ValueError(f"moe_align: at most {ALIGN_MAX_PAIRS} pairs and {ROUTE_MAX_EXPERTS} "
@@ -197,16 +198,15 @@ def moe_align(
     num_blocks = -(-align_capacity(num_pairs, num_experts, block_m) // block_m)
     sorted_pairs = torch.empty(num_blocks * block_m, dtype=torch.int32, device=dev)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=dev)
-    has_counts = counts is not None
-    scratch = counts
-    if scratch is None:
-        scratch = torch.empty(num_experts, dtype=torch.int32, device=dev)
-    _align_kernel[(1,)](
-        ids, scratch, sorted_pairs, block_expert, num_pairs, num_blocks,
-        NUM_EXPERTS=num_experts, BLOCK_M=block_m, HAS_COUNTS=has_counts,
-        BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_P=_ALIGN_CHUNK,
-        BLOCK_R=1024, num_warps=8,
-        **pdl_launch_kwargs(dev, 1),
+    grid = max(1, -(-num_pairs // _ALIGN_CHUNK))
+    # One bin more than the experts: the dropped id E and masked lanes count there.
+    bins = triton.next_power_of_2(num_experts + 1)
+    base = torch.empty(grid, bins, dtype=torch.int32, device=dev)
+    _align_kernel[(grid,)](
+        ids, base, sorted_pairs, block_expert, num_pairs, num_blocks,
+        NUM_EXPERTS=num_experts, BLOCK_M=block_m, BLOCK_E=bins, BLOCK_P=_ALIGN_CHUNK,
+        BLOCK_H=_ALIGN_HIST, BLOCK_R=1024, num_warps=8,
+        **pdl_launch_kwargs(dev, grid),
     )  # fmt: skip
     return sorted_pairs, block_expert
 
@@ -218,13 +218,8 @@ def moe_route(
     shared_expert: bool = False,
     block_m: int | None = None,
     backend: str = "auto",
-    count_in_route: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, Layout | None]:
     """(weights, ids int32 on Triton / int64 on torch, layout) of `route_ref`'s routing.
-
-    `count_in_route`: the routing kernel counts pairs per expert with atomics into a zeroed
-    buffer (one memset launch more); by default the alignment program counts them itself,
-    which at decode sizes costs less than the memset (`bench_moe.py` times both).
 
     With `block_m`, the Triton path also returns the aligned layout for the expert kernels
     (`fused_moe(..., layout=)`); the torch path and the large-batch case return None, and the
@@ -246,16 +241,13 @@ def moe_route(
     ids = torch.empty(num_tokens, k_total, dtype=torch.int32, device=dev)
     weights = torch.empty(num_tokens, k_total, dtype=logits.dtype, device=dev)
     align = block_m is not None and num_tokens * k_total <= ALIGN_MAX_PAIRS
-    count = align and count_in_route
-    counts = torch.zeros(width, dtype=torch.int32, device=dev) if count else None
     _route_kernel[(num_tokens,)](
-        logits, ids, weights, ids if counts is None else counts, logits.stride(0),
-        NUM_EXPERTS=num_experts, TOP_K=top_k, RENORMALIZE=renormalize,
-        SHARED=shared_expert, HAS_COUNTS=count,
+        logits, ids, weights, logits.stride(0),
+        NUM_EXPERTS=num_experts, TOP_K=top_k, RENORMALIZE=renormalize, SHARED=shared_expert,
         BLOCK_E=triton.next_power_of_2(width), BLOCK_K=triton.next_power_of_2(k_total),
         num_warps=4 if width > 128 else 1, **pdl_launch_kwargs(dev, num_tokens),
     )  # fmt: skip
     if not align:
         return weights, ids, None
     assert block_m is not None
-    return weights, ids, moe_align(ids, width, block_m, counts)
+    return weights, ids, moe_align(ids, width, block_m)
