@@ -11,7 +11,10 @@ At H 2048, 256 routed experts + the fused shared expert (I 512), top-8, bf16, fo
   k-sum ("sum") or atomics ("atomic"), each on the layout of its BLOCK_M;
 - the GEMV kernels (`moe_gemv.py`) over their tiles;
 - the layer as served before (torch routing + grouped GEMM + separate shared expert) and now
-  (`MoE.forward` with the fused shared expert and today's `moe_tiles.TILE_TABLE`).
+  (`MoE.forward` with the fused shared expert and today's `moe_tiles.TILE_TABLE`);
+- the fused router GEMM alone at `--router_tokens` rows: its E + 1 = 257 output columns
+  against a weight padded to 264 rows (16-byte rows: in the c=128 prefill profile at f7b8d2a
+  the 257-column GEMM ran as a `cutlass_75` kernel, 157 us a call).
 Read it as: per M, copy the fastest gate_up and down tiles into `moe_tiles.TILE_TABLE` (and
 set `GEMV_MAX_TOKENS` to the largest power-of-two M where GEMV wins).
 """
@@ -153,17 +156,38 @@ def bench(tokens: tuple[int, ...]) -> list[dict[str, object]]:
     return rows
 
 
+def router_gemm(tokens: tuple[int, ...]) -> list[dict[str, float]]:
+    """The [T, H] x [H, E + 1] router GEMM, as fused (257 columns) and padded to 264."""
+    gen = torch.Generator(DEVICE).manual_seed(2)
+    weight = torch.randn(E + 1, H, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    padded = torch.cat([weight, weight.new_zeros(-(E + 1) % 8, H)])
+    rows = []
+    for m in tokens:
+        x = torch.randn(m, H, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+        row = {
+            "tokens": m,
+            "257 columns us": graph_time_us(partial(F.linear, x, weight)),
+            "264 columns us": graph_time_us(partial(F.linear, x, padded)),
+        }
+        print(json.dumps({"router_gemm": row}), flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, nargs="+", default=list(_TOKENS))
+    p.add_argument("--router_tokens", type=int, nargs="*", default=[1, 16, 128, 1024, 8192])
     p.add_argument("--output", help="write the figures as JSON here")
     args = p.parse_args()
     start = time.time()
     rows = bench(tuple(args.tokens))
+    router = router_gemm(tuple(args.router_tokens))
     print(f"\ntotal {time.time() - start:.1f} s")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+            out = {"device": torch.cuda.get_device_name(), "rows": rows, "router_gemm": router}
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

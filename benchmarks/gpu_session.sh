@@ -18,6 +18,10 @@
 #   a3b [QUANT]         issues 16/20: Qwen3.6-35B-A3B at c=1/32/128, osl 256 (QUANT: fp8_block,
 #                       the default, or none for bf16), FP8 KV cache
 #   a3bprof [QUANT]     one c=128 prefill wave of 35B-A3B (osl 8) under TRTLLM_BENCH_PROFILE
+#                       (op tables, device busy timeline, one timeline line per request)
+#   blk8                issue 16: Qwen3-VL-8B fp8_block at c=32/128, GEMM choice auto, then
+#                       TRTLLM_FP8_BLOCK_GEMM=cublas (cuBLASLt from 16 rows)
+#   moe                 bench_moe.py at 1-128 tokens, with the router GEMM 257 vs 264 columns
 #
 # Wheels: run ../shared/tools/gpu-wheels.sh here first and pass carry [".whl"].
 # NOTE: `timeout` runs programs, not shell functions: every step calls python3 directly.
@@ -107,6 +111,20 @@ a3bprof)
         --kv_cache_dtype fp8 "${qflag[@]}" 2>&1 | quiet | tail -4 | tee -a "$OUT/a3bprof.log"
     head -45 "$OUT/a3bprof_$quant.txt" | cut -c1-90,170-260 | tee -a "$OUT/a3bprof.log"
     grep -A1 "^device:" "$OUT/a3bprof_$quant.txt" | tee -a "$OUT/a3bprof.log"
+    ;;
+blk8)
+    for gemm in auto cublas; do
+        TRTLLM_FP8_BLOCK_GEMM=$gemm timeout -s ABRT 280 python3 -m tensorrt_llm.commands.bench \
+            --config benchmarks/configs/qwen3_vl_8b.json --isl 1000 --osl 1000 --image_size 512 \
+            --concurrency 32 128 --quantization fp8_block --kv_cache_dtype fp8 \
+            --executor_mode inproc --output "$OUT/blk8_$gemm.json" 2>&1 | quiet | tail -4 \
+            | sed "s/^/$gemm /" | tee -a "$OUT/blk8.log"
+    done
+    ;;
+moe)
+    timeout -s ABRT 250 python3 benchmarks/bench_moe.py --tokens 1 16 64 128 \
+        --output "$OUT/moe.json" 2>&1 | quiet | grep -E "===|best|align|routing|router|layer" \
+        | tee "$OUT/moe.log"
     ;;
 *)
     echo "unknown stage $STAGE" >&2

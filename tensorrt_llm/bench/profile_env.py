@@ -3,7 +3,9 @@
 A wave's throughput says how long it took, not where the time went. Setting
 `TRTLLM_BENCH_PROFILE=/path/to/file` runs each timed wave under `torch.profiler` and appends
 its op tables to that file, so a GPU run can show which kernels and host ops dominate without
-editing the benchmark. Unset (the default), `profiled` does nothing and costs nothing.
+editing the benchmark; `append_profile_lines` adds the wave's per-request timeline (submit,
+arrival, first scheduled chunk, first token, end) after them. Unset (the default), both do
+nothing and cost nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ def _idle_lines(prof: Any) -> str:
     shares = busy_timeline(intervals, _TIMELINE_BUCKET_MS * 1e3)
     timeline = " ".join(f"{100 * share:.0f}" for share in shares)
     return f"device: {summary.format()}\nbusy % per {_TIMELINE_BUCKET_MS} ms: {timeline}"
+
+
+def append_profile_lines(label: str, lines: list[str]) -> None:
+    """Append `== label ==` and `lines` to the profile file, when `PROFILE_ENV` names one."""
+    path = os.environ.get(PROFILE_ENV, "")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("\n".join([f"== {label} ==", *lines]) + "\n\n")
 
 
 @contextmanager

@@ -11,8 +11,8 @@ from tqdm import tqdm
 
 from ..guided_decoding_params import GuidedDecodingParams
 from ..sampling_params import SamplingParams
-from .metrics import RequestTiming, summarize
-from .profile_env import profiled
+from .metrics import RequestTiming, summarize, timeline_lines
+from .profile_env import append_profile_lines, profiled
 from .workload import Workload
 
 
@@ -31,12 +31,14 @@ async def _one(llm: Any, prompt: dict[str, Any], params: SamplingParams) -> Requ
     start = time.perf_counter()
     first = None
     count = 0
+    metrics = None
     async for out in llm.generate_async(prompt, params, streaming=True):
         count = len(out.outputs[0].token_ids)
         if first is None and count:
             first = time.perf_counter()
+        metrics = out.metrics
     end = time.perf_counter()
-    return RequestTiming(start, first if first is not None else end, end, count)
+    return RequestTiming(start, first if first is not None else end, end, count, metrics=metrics)
 
 
 async def _run_all(
@@ -80,6 +82,7 @@ def run_requests(
         with profiled(f"concurrency {concurrency}"):
             timings = asyncio.run(_run_all(llm, prompts, params, concurrency, bar))
         wall = time.perf_counter() - start
+    append_profile_lines(f"concurrency {concurrency}: requests", timeline_lines(timings, start))
     return summarize(timings, wall, concurrency)
 
 
@@ -92,6 +95,7 @@ def run_concurrency(
         with profiled(f"concurrency {concurrency}"):
             timings = asyncio.run(_run_all(llm, prompts, params, concurrency, bar))
         wall = time.perf_counter() - start
+    append_profile_lines(f"concurrency {concurrency}: requests", timeline_lines(timings, start))
     return summarize(timings, wall, concurrency)
 
 

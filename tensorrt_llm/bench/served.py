@@ -31,7 +31,7 @@ from .workload import Workload, make_requests, vision_tokens_per_image
 CHAT_PATH = "/v1/chat/completions"
 _PROBE_WORDS = 8
 # The server's per-request stages before the first token (trtllm_request_stage_seconds).
-STAGES = ("parse", "media", "prepare", "first_token")
+STAGES = ("parse", "media", "prepare", "first_token", "engine_queue", "engine_prefill")
 STAGE_COLUMNS = tuple(f"{stage}_ms_mean" for stage in STAGES)
 
 

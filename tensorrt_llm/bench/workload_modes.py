@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .early_stop import draw_stops, run_early_stop_llm, run_early_stop_served
+from .metrics import PHASE_COLUMNS
 from .multi_turn_run import MultiTurnSpec, max_prompt_len, run_multi_turn_llm, run_multi_turn_served
 from .runner import run_concurrency, sampling_params, warm_up
 from .served import (
@@ -37,8 +38,9 @@ _MODE_COLUMNS = (
 
 
 def table_columns(rows: list[dict[str, float]], base: tuple[str, ...]) -> tuple[str, ...]:
-    """`base`, then the mode columns the rows carry."""
-    return (*base, *(c for c in _MODE_COLUMNS if rows and c in rows[0]))
+    """`base`, then the mode and TTFT-phase columns the rows carry."""
+    extra = (*_MODE_COLUMNS, *PHASE_COLUMNS)
+    return (*base, *(c for c in extra if rows and c in rows[0]))
 
 
 def add_workload_flags(p: argparse.ArgumentParser) -> None:

@@ -103,6 +103,7 @@ def response_to_tuple(r: LlmResponse) -> tuple[Any, ...]:
         r.new_logprobs,
         r.prompt_logprobs,
         r.num_cached_tokens,
+        r.metrics,
     )
 
 

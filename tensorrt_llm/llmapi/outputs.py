@@ -12,9 +12,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .logprobs import PromptLogprobs, TokenLogprobs, to_token_logprobs
+
+if TYPE_CHECKING:
+    from .._torch.pyexecutor.executor_types import RequestMetrics
 
 # A decode that ends in U+FFFD stopped inside a multi-byte character: wait for more tokens.
 _REPLACEMENT_CHAR = "\ufffd"
@@ -77,6 +80,9 @@ class RequestOutput:
     `num_cached_tokens` (vLLM's name): prompt tokens whose KV came from the prefix cache instead
     of a prefill at the request's first admission (kv_cache_config.enable_block_reuse); with
     n > 1, the first completion's. Whole KV blocks only, and never the prompt's last token.
+    `metrics` (vLLM's name): the engine's timestamps of the request (`RequestMetrics`: arrival,
+    first scheduled, first token, finished), set when it finishes in the engine; with n > 1,
+    the first completion's; None until then, or when a stop string ended it on this side.
     """
 
     request_id: int
@@ -90,6 +96,7 @@ class RequestOutput:
     # vLLM's: with SamplingParams.prompt_logprobs, one entry per prompt token (None first),
     # set with the first update after the prompt's prefill.
     prompt_logprobs: PromptLogprobs | None = None
+    metrics: RequestMetrics | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -112,6 +119,7 @@ class RequestOutput:
             error_code=self.error_code,
             num_cached_tokens=self.num_cached_tokens,
             prompt_logprobs=self.prompt_logprobs,
+            metrics=self.metrics,
         )
 
 

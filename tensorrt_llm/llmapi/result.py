@@ -132,6 +132,8 @@ class GenerationResult(RequestOutput):
             # The prompt is shared by the n completions; the first one's hit is the prompt's
             # (later ones may hit the blocks the first one just wrote).
             self.num_cached_tokens = response.num_cached_tokens
+            if response.metrics is not None:
+                self.metrics = response.metrics
         ids = response.new_token_ids
         text_ids = ids
         stop_token = response.finish_reason == "stop" and isinstance(response.stop_reason, int)

@@ -84,8 +84,10 @@ E2E_BUCKETS = (
 # preprocess pool, decoding them (a pool decodes in its workers, inside "prepare");
 # prepare: chat template, tokenization, the HF processor, the engine's checks, the enqueue;
 # first_token: from the enqueue to the first token seen by the handler (engine queue, prefill,
-# delivery).
-REQUEST_STAGES = ("parse", "media", "prepare", "first_token")
+# delivery). Two engine stages split it, from the engine's stamps (`RequestOutput.metrics`),
+# recorded when the request finishes: engine_queue, from the engine request's arrival to its
+# first scheduled prompt chunk; engine_prefill, from there to its first token.
+REQUEST_STAGES = ("parse", "media", "prepare", "first_token", "engine_queue", "engine_prefill")
 STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 # (metric name, help, stats field); every field is optional on the stats object.
@@ -218,6 +220,16 @@ class ServerMetrics:
         """One request spent `seconds` in `stage` (one of REQUEST_STAGES)."""
         with self._lock:
             self.stages[stage].observe(seconds)
+
+    def on_engine_metrics(self, m: Any) -> None:
+        """The engine stages of one finished request (`RequestMetrics`), where it got there."""
+        scheduled, first = m.first_scheduled_time, m.first_token_time
+        if scheduled is None:
+            return
+        with self._lock:
+            self.stages["engine_queue"].observe(scheduled - m.arrival_time)
+            if first is not None:
+                self.stages["engine_prefill"].observe(first - scheduled)
 
     def on_tokens(self, gap_s: float, num_tokens: int) -> None:
         """`num_tokens` arrived `gap_s` after the previous update: each counts gap/num once."""

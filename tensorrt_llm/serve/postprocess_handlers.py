@@ -153,6 +153,8 @@ async def track(result: Any, ctx: RequestContext) -> AsyncIterator[tuple[Any, li
         seen = [len(o.token_ids) for o in snapshot.outputs]
         timing.update(metrics, sum(counts))
         yield snapshot, counts
+    if result.metrics is not None:
+        metrics.on_engine_metrics(result.metrics)
     metrics.on_request_done(
         (o.finish_reason for o in result.outputs),
         len(result.prompt_token_ids),

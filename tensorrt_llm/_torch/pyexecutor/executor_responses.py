@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .executor_types import ExecutorStats, LlmResponse
+from .executor_types import ExecutorStats, LlmResponse, RequestMetrics
 from .llm_request import LlmRequest
 
 if TYPE_CHECKING:
@@ -29,6 +29,18 @@ def response_of(req: LlmRequest, new: list[int]) -> LlmResponse:
         new_logprobs=req.logprobs_tail(len(new)),
         prompt_logprobs=req.take_prompt_logprobs(),
         num_cached_tokens=req.num_cached_tokens,
+        metrics=metrics_of(req) if req.is_finished else None,
+    )
+
+
+def metrics_of(req: LlmRequest) -> RequestMetrics:
+    return RequestMetrics(
+        arrival_time=req.arrival_time,
+        accepted_time=req.accepted_time,
+        first_scheduled_time=req.first_scheduled_time,
+        first_token_time=req.first_token_time,
+        finished_time=req.finish_time,
+        num_context_steps=req.num_context_steps,
     )
 
 

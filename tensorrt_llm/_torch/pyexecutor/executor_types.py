@@ -16,6 +16,27 @@ logger = logging.getLogger(__name__)
 SHUTDOWN_ERROR = "the executor was shut down before the request finished"
 
 
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Where one request's time went, sent with its final response (vLLM's `RequestOutput.metrics`).
+
+    `time.perf_counter()` stamps in seconds. On Linux that clock is CLOCK_MONOTONIC, one clock
+    for every process of the host, so stamps taken in an engine process compare with the
+    caller's. arrival: the engine request was built (after tokenizing and image processing);
+    accepted: the executor loop took it in; first_scheduled: its first prompt chunk was
+    scheduled; first_token / finished: as named (None when it never got there).
+    `num_context_steps`: the steps that ran a chunk of its prompt (a resume after preemption
+    counts again).
+    """
+
+    arrival_time: float
+    accepted_time: float | None
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float | None
+    num_context_steps: int
+
+
 @dataclass
 class LlmResponse:
     """One update of one request: tokens generated since the previous response."""
@@ -34,6 +55,8 @@ class LlmResponse:
     prompt_logprobs: list[Any] | None = None
     # Prompt tokens whose KV the request's first admission took from the prefix cache.
     num_cached_tokens: int = 0
+    # Set on the final response only.
+    metrics: RequestMetrics | None = None
 
 
 @dataclass

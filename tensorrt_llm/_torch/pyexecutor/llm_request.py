@@ -120,8 +120,11 @@ class LlmRequest:
         # Where this admission's prefill starts: the end of the cached prefix it hit, else 0.
         self.kv_start_position = 0
 
-        # time.perf_counter() stamps, for TTFT / ITL / latency metrics.
+        # time.perf_counter() stamps, for TTFT / ITL / latency metrics and `RequestMetrics`.
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
+        self.accepted_time: float | None = None  # the executor loop took it in
+        self.first_scheduled_time: float | None = None  # its first prompt chunk was scheduled
+        self.num_context_steps = 0
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.finish_time: float | None = None

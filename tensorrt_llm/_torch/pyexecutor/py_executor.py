@@ -210,6 +210,7 @@ class PyExecutor:
                 self._fail_all(SHUTDOWN_ERROR, ERROR_SHUTTING_DOWN)
 
     def _accept(self, request: LlmRequest, callback: ResponseCallback | None) -> None:
+        request.accepted_time = time.perf_counter()
         rid = request.request_id
         if any(req.request_id == rid for req in self._active):
             # NOTE: answered apart: the callback, sent count, slot and KV blocks keyed by this
@@ -270,6 +271,11 @@ class PyExecutor:
             return None
         for req in scheduled.failed:  # can never get its KV blocks: its resources are free
             self._finish(req)
+        now = time.perf_counter()
+        for req in scheduled.context_requests:
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            req.num_context_steps += 1
         if scheduled.preempted:
             logger.debug("preempted %s", [r.request_id for r in scheduled.preempted])
             with self._stats_lock:

@@ -214,7 +214,8 @@ def test_wave_progress_bar_counts_every_request(monkeypatch: pytest.MonkeyPatch)
     class FakeLLM:
         async def generate_async(self, prompt: Any, params: SamplingParams, streaming: bool):
             for n in range(1, params.max_tokens + 1):
-                yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(n)))])
+                completion = SimpleNamespace(token_ids=list(range(n)))
+                yield SimpleNamespace(outputs=[completion], metrics=None)
 
     bars: list[Any] = []
     assert runner.wave_bar(3, 2).disable  # off where stderr is no terminal (as under pytest)

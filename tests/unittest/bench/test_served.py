@@ -54,6 +54,11 @@ def _assert_gone(pid: int) -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     if sys.platform.startswith("linux"):
+        # A SIGKILLed grandchild can stay listed for a moment while the kernel tears it down
+        # (seen under the full suite's load): give it a few seconds, not forever.
+        deadline = time.monotonic() + 5.0
+        while _group_members(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert _group_members(pid) == [], "a process the server started outlived it"
 
 
@@ -89,8 +94,11 @@ def test_served_child_and_in_process_side_by_side(
     assert all(r["isl_mean"] == ISL for r in result["served"])
     for row in result["served"]:  # the server's time per stage before the first token
         stages = [row[c] for c in STAGE_COLUMNS]
-        assert all(t > 0 for t in stages), stages
-        assert sum(stages) <= row["ttft_ms_p99"]
+        # parse, media, prepare, first_token follow each other; the engine's two split the
+        # last (plus the end of prepare, where the engine request is built).
+        assert all(t > 0 for t in stages[:4]) and all(t >= 0 for t in stages[4:]), stages
+        assert sum(stages[:4]) <= row["ttft_ms_p99"]
+        assert sum(stages[4:]) <= stages[2] + stages[3] + 1e-6
     ratios = result["served_vs_inprocess"]
     assert [r["concurrency"] for r in ratios] == [1, 2]
     for ratio, served, ours in zip(ratios, result["served"], result["ours"], strict=True):

@@ -75,6 +75,17 @@ def test_request_stage_times(served: ServeHandle) -> None:
         before, "trtllm_time_to_first_token_seconds_sum"
     )
     assert sum(spent) <= ttft + 1e-6
+    # The engine's stages split first_token (plus the end of prepare, where the engine request
+    # is built), recorded once the request finished.
+    engine = ("engine_queue", "engine_prefill")
+    name = "trtllm_request_stage_seconds_"
+    done = [metric(after, name + "count", stage=s) - metric(before, name + "count", stage=s)
+            for s in engine]  # fmt: skip
+    assert done == [1, 1]
+    took = [metric(after, name + "sum", stage=s) - metric(before, name + "sum", stage=s)
+            for s in engine]  # fmt: skip
+    assert all(t >= 0 for t in took) and took[1] > 0
+    assert sum(took) <= spent[2] + spent[3] + 1e-6
 
 
 def test_chat_one_image_matches_llm_api(served: ServeHandle) -> None:

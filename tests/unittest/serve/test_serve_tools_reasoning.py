@@ -45,6 +45,7 @@ class _Result:
         self.text, self.streaming = text, streaming
         self.prompt_token_ids = [1, 2, 3]
         self.error = self.error_code = None
+        self.metrics = None  # no engine behind it: no engine stamps
         self.finished = False
         self.outputs = [self._out(text if not streaming else "", None)]
 
