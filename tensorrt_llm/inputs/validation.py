@@ -53,6 +53,13 @@ def check_prompt_token_ids(ids: Any, field: str = "prompt_token_ids") -> list[in
         ids = ids.tolist()
     if not isinstance(ids, list | tuple):
         raise TypeError(f"{field} must be a list of ints, got {_type_name(ids)}")
+    # The common case, plain ints in range, without the per-element ABC check below (which
+    # costs ~0.45 ms per 1000 ids, paid twice per request on the submit path); anything
+    # else takes the loop, which names the first bad element.
+    if all(type(token) is int for token in ids) and (
+        not ids or (min(ids) >= 0 and max(ids) <= MAX_TOKEN_ID)
+    ):
+        return list(ids)
     out: list[int] = []
     for i, token in enumerate(ids):
         if not _is_int(token):
