@@ -89,14 +89,7 @@ def run_requests(
 def run_concurrency(
     llm: Any, prompts: list[dict[str, Any]], workload: Workload, concurrency: int
 ) -> dict[str, float]:
-    params = sampling_params(workload)
-    with wave_bar(len(prompts), concurrency) as bar:
-        start = time.perf_counter()
-        with profiled(f"concurrency {concurrency}"):
-            timings = asyncio.run(_run_all(llm, prompts, params, concurrency, bar))
-        wall = time.perf_counter() - start
-    append_profile_lines(f"concurrency {concurrency}: requests", timeline_lines(timings, start))
-    return summarize(timings, wall, concurrency)
+    return run_requests(llm, prompts, [sampling_params(workload)] * len(prompts), concurrency)
 
 
 def warm_up(llm: Any, prompts: list[dict[str, Any]], workload: Workload) -> None:

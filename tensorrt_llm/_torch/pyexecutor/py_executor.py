@@ -272,10 +272,9 @@ class PyExecutor:
         for req in scheduled.failed:  # can never get its KV blocks: its resources are free
             self._finish(req)
         now = time.perf_counter()
-        for req in scheduled.context_requests:
+        for req in scheduled.context_requests:  # a step scheduled twice keeps the first stamp
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
-            req.num_context_steps += 1
         if scheduled.preempted:
             logger.debug("preempted %s", [r.request_id for r in scheduled.preempted])
             with self._stats_lock:
@@ -283,6 +282,9 @@ class PyExecutor:
         return scheduled
 
     def _record_step(self, scheduled: ScheduledRequests, start: float) -> None:
+        # Counted here, once per step that ran: the overlap loop may schedule a step twice.
+        for req in scheduled.context_requests:
+            req.num_context_steps += 1
         with self._stats_lock:
             self._stats.num_steps += 1
             self._stats.last_step_num_tokens = scheduled.num_tokens
