@@ -69,7 +69,7 @@ def _old_routing(x: torch.Tensor, moe: MoE, block_m: int) -> None:
 
 
 def _new_routing(x: torch.Tensor, moe: MoE, block_m: int):
-    logits = F.linear(x, moe.gate.weight)  # [T, E + 1]: the shared expert's gate included
+    logits = moe.gate.logits(x)  # [T, E + 1]: the shared expert's gate included
     return moe_route(logits, TOP_K, True, True, block_m, "triton")
 
 

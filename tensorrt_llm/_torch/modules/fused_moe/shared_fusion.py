@@ -6,8 +6,8 @@ SiLU, down, the scale and the add). When the shared expert has the routed expert
 (`shared_expert_intermediate_size == moe_intermediate_size`, true for Qwen3.6-35B-A3B and
 Qwen3-Next), it is the same SwiGLU as a routed expert, so after loading:
 - its gate_up / down weights become expert E of the stacks (`[E + 1, 2I, H]`, `[E + 1, H, I]`);
-- `shared_expert_gate.weight` becomes row E of the router weight: one GEMM gives `[T, E + 1]`
-  logits, the softmax/top-k reads the first E, and the routing emits a (k + 1)-th pair
+- `shared_expert_gate.weight` becomes row E of the router weight (whose rows are then padded
+  to a multiple of 8, `router.py`): one GEMM gives `[T, E + 1]` logits, the softmax/top-k reads the first E, and the routing emits a (k + 1)-th pair
   `(E, sigmoid(logit_E))` per token (`moe_routing.py`), which the grouped GEMM weights like
   any other pair. The sigmoid is taken in fp32 and rounded to the model dtype, as HF's is.
 The sum over the k + 1 pairs is one fp32 accumulation, where HF adds two rounded tensors: the
@@ -101,9 +101,7 @@ def fuse_shared_expert(moe: MoE) -> bool:
             torch.cat([experts.down_proj_scale_inv, down.weight_scale_inv[None].float()])
         )
     experts.num_experts += 1
-    router = moe.gate
-    router.weight = _param(torch.cat([router.weight, gate.weight]))
-    router.shared_expert = True
+    moe.gate.append_shared_gate_(gate.weight)
     moe.shared_expert = None
     moe.shared_expert_gate = None
     moe.shared_fused = True

@@ -227,7 +227,8 @@ def moe_route(
     """
     if logits.dim() != 2:
         raise ValueError(f"moe_route expects logits [T, E], got {tuple(logits.shape)}")
-    logits = logits.contiguous()
+    if logits.stride(-1) != 1:  # rows may be strided (the router's padded columns), not columns
+        logits = logits.contiguous()
     num_tokens, width = logits.shape
     num_experts = width - int(shared_expert)
     ok = top_k <= ROUTE_MAX_TOP_K and width <= ROUTE_MAX_EXPERTS and num_tokens > 0

@@ -23,6 +23,7 @@ from tensorrt_llm._torch.modules.fused_moe import (
     fused_moe_ref,
     softmax_topk,
 )
+from tensorrt_llm._torch.modules.fused_moe.router import ROW_ALIGN
 from tensorrt_llm._torch.modules.fused_moe.shared_fusion import why_not_fusable
 
 # hidden != 2 * intermediate, so the transposed hub layout is unambiguous
@@ -115,7 +116,12 @@ def test_fused_shared_expert_matches_hf(kind: str, layout: str) -> None:
     ours.load_weights(LAYOUTS[layout](hf.state_dict(), inter))
     assert ours.shared_fused and ours.shared_expert is None and ours.shared_expert_gate is None
     assert ours.experts.gate_up_proj.shape[0] == SIZES["num_experts"] + 1
-    assert ours.gate.weight.shape[0] == SIZES["num_experts"] + 1
+    # Row E is the shared expert's gate; zero rows pad to ROW_ALIGN (a fast cuBLAS kernel).
+    rows = SIZES["num_experts"] + 1
+    assert ours.gate.num_logits == rows
+    assert ours.gate.weight.shape[0] == -(-rows // ROW_ALIGN) * ROW_ALIGN > rows
+    assert not ours.gate.weight[rows:].any()
+    assert torch.equal(ours.gate.weight[rows - 1], hf.shared_expert_gate.weight[0])
     x = torch.randn(2, 11, SIZES["hidden_size"])
     torch.testing.assert_close(ours(x), hf(x), atol=1e-5, rtol=1e-4)
     weights, ids = ours.gate(x.reshape(-1, SIZES["hidden_size"]))
