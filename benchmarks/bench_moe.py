@@ -15,6 +15,9 @@ At H 2048, 256 routed experts + the fused shared expert (I 512), top-8, bf16, fo
 - the fused router GEMM alone at `--router_tokens` rows: its E + 1 = 257 output columns
   against a weight padded to 264 rows (16-byte rows: in the c=128 prefill profile at f7b8d2a
   the 257-column GEMM ran as a `cutlass_75` kernel, 157 us a call).
+- with `--prefill_fp8_tokens`, the grouped GEMMs of block-FP8 experts (shared expert fused, as
+  a -FP8 release loads) at prefill token counts over larger tiles (`_PREFILL_*`), each checked
+  against the table's tiles' output: the table's last bucket has never been measured.
 Read it as: per M, copy the fastest gate_up and down tiles into `moe_tiles.TILE_TABLE` (and
 set `GEMV_MAX_TOKENS` to the largest power-of-two M where GEMV wins).
 """
@@ -174,19 +177,95 @@ def router_gemm(tokens: tuple[int, ...]) -> list[dict[str, float]]:
     return rows
 
 
+# Prefill candidates for block-FP8 experts (the K tile is the 128-wide scale block there):
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each is the table's last bucket.
+_PREFILL_GATE_UP = ((64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 8, 3),
+                    (128, 64, 8, 3), (128, 128, 8, 3))  # fmt: skip
+_PREFILL_DOWN = ((64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 8, 4), (64, 256, 8, 3),
+                 (128, 64, 8, 3), (128, 128, 8, 3))  # fmt: skip
+
+
+def _prefill_tiles(cfg: tuple[int, int, int, int], combine: str = "sum") -> MoETiles:
+    block_m, n, warps, stages = cfg
+    return MoETiles(block_m, n, 128, n, 128, warps, stages, combine)
+
+
+def _same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    # bf16 outputs; the fp32 sums differ only in their order between tiles
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2, msg=lambda m: f"{what}: {m}")
+
+
+def prefill_fp8(tokens: tuple[int, ...]) -> list[dict[str, object]]:
+    """The grouped GEMMs of block-FP8 experts (the -FP8 release's layout, shared expert fused)
+    at prefill token counts over `_PREFILL_*`: each kernel alone, on the layout of its
+    BLOCK_M; the down figure includes its k-sum ("sum") or atomics."""
+    moe = _moe()
+    assert moe.fuse_shared_expert_()
+    experts = moe.experts
+    experts.quantize_fp8_block_()
+    scales = experts.block_scales()
+    assert scales is not None
+    w1, w2, k = experts.gate_up_proj, experts.down_proj, TOP_K + 1
+    gen = torch.Generator(DEVICE).manual_seed(3)
+    rows: list[dict[str, object]] = []
+    for m in tokens:
+        t0 = time.time()
+        x = torch.randn(m, H, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+        weights, ids, _ = moe.gate.route(x)
+        us: dict[str, float] = {}
+        best: dict[int, float] = {}
+        for block_m in sorted({cfg[0] for cfg in _PREFILL_GATE_UP + _PREFILL_DOWN}):
+            layout = fm.moe_align_block_size(ids, E + 1, block_m)
+            gate_up = [c for c in _PREFILL_GATE_UP if c[0] == block_m]
+            act = fm.gate_up_silu(x, w1, layout, k, _prefill_tiles(gate_up[0]), scales)
+            down = [c for c in _PREFILL_DOWN if c[0] == block_m]
+            out = fm.down_weighted(act, w2, layout, weights, _prefill_tiles(down[0]), scales)
+            for cfg in gate_up:
+                fn = partial(fm.gate_up_silu, x, w1, layout, k, _prefill_tiles(cfg), scales)
+                _same(fn(), act, f"gate_up {cfg}")  # a tile that computes wrong is no choice
+                us[f"gate_up {_fmt(cfg)}"] = graph_time_us(fn)
+            for cfg in down:
+                for combine in ("sum", "atomic"):
+                    tiles = _prefill_tiles(cfg, combine)
+                    fn = partial(fm.down_weighted, act, w2, layout, weights, tiles, scales)
+                    _same(fn(), out, f"down {cfg} {combine}")
+                    us[f"down {_fmt(cfg)} {combine}"] = graph_time_us(fn)
+            gu = min(v for n, v in us.items() if n.startswith(f"gate_up {block_m}/"))
+            dn = min(v for n, v in us.items() if n.startswith(f"down {block_m}/"))
+            best[block_m] = gu + dn
+        table = (
+            us["gate_up " + _fmt(_PREFILL_GATE_UP[0])]
+            + us["down " + _fmt(_PREFILL_DOWN[0]) + " sum"]
+        )
+        row = {"tokens": m, "us": us, "table us": table, "best us by BLOCK_M": best}
+        print(f"\n=== prefill fp8_block M {m} (pairs {m * k}, {time.time() - t0:.1f} s)")
+        for name, v in sorted(us.items(), key=lambda item: item[1]):
+            print(f"  {name:36s} {v:8.1f} us")
+        print(f"  table's tiles: {table:.1f} us; best gate_up + down by BLOCK_M: "
+              + ", ".join(f"{bm}: {v:.1f} us" for bm, v in best.items()), flush=True)  # fmt: skip
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, nargs="+", default=list(_TOKENS))
+    p.add_argument("--tokens", type=int, nargs="*", default=list(_TOKENS))
     p.add_argument("--router_tokens", type=int, nargs="*", default=[1, 16, 128, 1024, 8192])
+    p.add_argument(
+        "--prefill_fp8_tokens", type=int, nargs="*", default=[],
+        help="also sweep the block-FP8 grouped GEMM tiles at these prefill token counts",
+    )  # fmt: skip
     p.add_argument("--output", help="write the figures as JSON here")
     args = p.parse_args()
     start = time.time()
-    rows = bench(tuple(args.tokens))
+    rows = bench(tuple(args.tokens)) if args.tokens else []
     router = router_gemm(tuple(args.router_tokens))
+    prefill = prefill_fp8(tuple(args.prefill_fp8_tokens))
     print(f"\ntotal {time.time() - start:.1f} s")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
-            out = {"device": torch.cuda.get_device_name(), "rows": rows, "router_gemm": router}
+            out = {"device": torch.cuda.get_device_name(), "rows": rows, "router_gemm": router,
+                   "prefill_fp8": prefill}  # fmt: skip
             json.dump(out, f, indent=1)
 
 

@@ -22,6 +22,7 @@
 #   blk8                issue 16: Qwen3-VL-8B fp8_block at c=32/128, GEMM choice auto, then
 #                       TRTLLM_FP8_BLOCK_GEMM=cublas (cuBLASLt from 16 rows)
 #   moe                 bench_moe.py at 1-128 tokens, with the router GEMM 257 vs 264 columns
+#   moefp8              bench_moe.py's block-FP8 grouped GEMM tiles at 1024-8192 prefill tokens
 #
 # Wheels: run ../shared/tools/gpu-wheels.sh here first and pass carry [".whl"].
 # NOTE: `timeout` runs programs, not shell functions: every step calls python3 directly.
@@ -125,6 +126,11 @@ moe)
     timeout -s ABRT 250 python3 benchmarks/bench_moe.py --tokens 1 16 64 128 \
         --output "$OUT/moe.json" 2>&1 | quiet | grep -E "===|best|align|routing|router|layer" \
         | tee "$OUT/moe.log"
+    ;;
+moefp8)
+    timeout -s ABRT 280 python3 benchmarks/bench_moe.py --tokens --router_tokens \
+        --prefill_fp8_tokens 1024 4096 8192 --output "$OUT/moefp8.json" 2>&1 | quiet \
+        | tee "$OUT/moefp8.log"
     ;;
 *)
     echo "unknown stage $STAGE" >&2
