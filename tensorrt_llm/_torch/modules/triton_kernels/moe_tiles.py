@@ -60,8 +60,11 @@ TILE_TABLE: tuple[tuple[int, MoETiles], ...] = (
     (8, MoETiles(16, 64, 128, 64, 128, num_warps=4, num_stages=4)),
     (64, MoETiles(16, 64, 128, 64, 128, num_warps=4, num_stages=4)),
     # 3 stages: a step of more than ~114 tokens takes BLOCK_M 64 (`pick_tiles`), where 4 stages
-    # of gate and up tiles would need ~196 KB of shared memory.
-    (512, MoETiles(16, 64, 128, 64, 128, num_warps=4, num_stages=3)),
+    # of gate and up tiles would need ~196 KB of shared memory. Down K tiles of 64: at 128
+    # tokens (BLOCK_M 64) they took 151.2 us against 214.4 for K 128 (half the shared memory a
+    # stage, twice the programs an SM holds); at 64 tokens (BLOCK_M 16) they tie (125.0 vs
+    # 124.0). bench_moe at 08d3f23, bf16: block-FP8 experts take the scale block as K tile.
+    (512, MoETiles(16, 64, 128, 64, 64, num_warps=4, num_stages=3)),
     (1 << 62, MoETiles(16, 64, 64, 64, 64, num_warps=4, num_stages=3)),
 )
 GEMV_TILES = GemvTiles()
