@@ -17,6 +17,8 @@
 #   gdn                 one 27B DeltaNet layer: decode step, recurrence, verify rows, conv
 #   a3b [QUANT]         issues 16/20: Qwen3.6-35B-A3B at c=1/32/128, osl 256 (QUANT: fp8_block,
 #                       the default, or none for bf16), FP8 KV cache
+#   a3bserved [QUANT]   the same model through a trtllm-serve child (the figure users see),
+#                       c=32/128, osl 256, FP8 KV cache
 #   a3bprof [QUANT]     one c=128 prefill wave of 35B-A3B (osl 8) under TRTLLM_BENCH_PROFILE
 #                       (op tables, device busy timeline, one timeline line per request)
 #   blk8                issue 16: Qwen3-VL-8B fp8_block at c=32/128, GEMM choice auto, then
@@ -101,6 +103,16 @@ a3b)
         --config benchmarks/configs/qwen3_6_35b_a3b.json --isl 1000 --osl 256 --image_size 512 \
         --concurrency 1 32 128 --kv_cache_dtype fp8 --executor_mode inproc "${qflag[@]}" \
         --output "$OUT/a3b_$quant.json" 2>&1 | quiet | tail -20 | tee -a "$OUT/a3b.log"
+    ;;
+a3bserved)
+    quant=${2:-fp8_block}
+    qflag=(--quantization "$quant")
+    [ "$quant" = none ] && qflag=()
+    timeout -s ABRT 420 python3 -m tensorrt_llm.commands.bench --served \
+        --config benchmarks/configs/qwen3_6_35b_a3b.json --isl 1000 --osl 256 --image_size 512 \
+        --concurrency 32 128 --kv_cache_dtype fp8 "${qflag[@]}" \
+        --output "$OUT/a3bserved_$quant.json" 2>&1 | quiet | tail -12 \
+        | tee -a "$OUT/a3bserved.log"
     ;;
 a3bprof)
     quant=${2:-fp8_block}
