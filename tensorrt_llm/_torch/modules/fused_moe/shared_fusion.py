@@ -7,9 +7,10 @@ SiLU, down, the scale and the add). When the shared expert has the routed expert
 Qwen3-Next), it is the same SwiGLU as a routed expert, so after loading:
 - its gate_up / down weights become expert E of the stacks (`[E + 1, 2I, H]`, `[E + 1, H, I]`);
 - `shared_expert_gate.weight` becomes row E of the router weight (whose rows are then padded
-  to a multiple of 8, `router.py`): one GEMM gives `[T, E + 1]` logits, the softmax/top-k reads the first E, and the routing emits a (k + 1)-th pair
-  `(E, sigmoid(logit_E))` per token (`moe_routing.py`), which the grouped GEMM weights like
-  any other pair. The sigmoid is taken in fp32 and rounded to the model dtype, as HF's is.
+  to a multiple of 8, `router.py`): one GEMM gives `[T, E + 1]` logits, the softmax/top-k
+  reads the first E, and the routing emits a (k + 1)-th pair `(E, sigmoid(logit_E))` per
+  token (`moe_routing.py`), which the grouped GEMM weights like any other pair. The sigmoid
+  is taken in fp32 and rounded to the model dtype, as HF's is.
 The sum over the k + 1 pairs is one fp32 accumulation, where HF adds two rounded tensors: the
 results agree to rounding (exactly so up to fp32 reassociation in fp32 models).
 
