@@ -21,6 +21,8 @@
 #                       c=32/128, osl 256, FP8 KV cache
 #   a3bprof [QUANT]     one c=128 prefill wave of 35B-A3B (osl 8) under TRTLLM_BENCH_PROFILE
 #                       (op tables, device busy timeline, one timeline line per request)
+#   fresh32 [CONFIG]    issue 20: the same c=32 wave (osl 64) in two fresh processes, TTFT p50
+#                       of each and their ratio (CONFIG: qwen3_6_35b_a3b, the default, or 27b)
 #   blk8                issue 16: Qwen3-VL-8B fp8_block at c=32/128, GEMM choice auto, then
 #                       TRTLLM_FP8_BLOCK_GEMM=cublas (cuBLASLt from 16 rows)
 #   moe                 bench_moe.py at 1-128 tokens, with the router GEMM 257 vs 264 columns
@@ -124,6 +126,21 @@ a3bprof)
         --kv_cache_dtype fp8 "${qflag[@]}" 2>&1 | quiet | tail -4 | tee -a "$OUT/a3bprof.log"
     head -45 "$OUT/a3bprof_$quant.txt" | cut -c1-90,170-260 | tee -a "$OUT/a3bprof.log"
     grep -A1 "^device:" "$OUT/a3bprof_$quant.txt" | tee -a "$OUT/a3bprof.log"
+    ;;
+fresh32)
+    config=benchmarks/configs/${2:-qwen3_6_35b_a3b}.json
+    [ -f "$config" ] || config=benchmarks/configs/qwen3_6_${2}.json
+    for run in 1 2; do
+        timeout -s ABRT 250 python3 -m tensorrt_llm.commands.bench --config "$config" \
+            --isl 1000 --osl 64 --image_size 512 --concurrency 32 \
+            --output "$OUT/fresh32_$run.json" 2>&1 | quiet | tail -2 | tee -a "$OUT/fresh32.log"
+    done
+    python3 - "$OUT" <<'PY' | tee -a "$OUT/fresh32.log"
+import json, sys
+rows = [json.load(open(f"{sys.argv[1]}/fresh32_{i}.json"))["ours"][0] for i in (1, 2)]
+t = [r["ttft_ms_p50"] for r in rows]
+print(f"TTFT p50 {t[0]:.1f} / {t[1]:.1f} ms: ratio {max(t) / min(t):.2f} (target <= 1.3)")
+PY
     ;;
 blk8)
     for gemm in auto cublas; do
