@@ -40,7 +40,9 @@ from .qwen_vl_media import (
     VisionPreprocessConfig,
     group_timestamps,
     load_image_processor,
+    pil_image_processor_class,
     preprocess_frames,
+    preprocess_images,
     read_json,
     sample_indices_qwen2,
     select_video_frames,
@@ -65,8 +67,10 @@ def text_only_mrope_config(num_tokens: int) -> dict[str, torch.Tensor]:
 class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
     """Prompt + media -> (token ids, {"multimodal_data": ...}) for Qwen2-VL.
 
-    Images go through the checkpoint's HF image processor; videos through our own
-    patchifier (`qwen_vl_media`). Each `<|image_pad|>` / `<|video_pad|>` placeholder (one per
+    Images go through our own patchifier when the checkpoint's HF image processor is the PIL
+    class it equals bit for bit (the one loaded without torchvision; about half its host time,
+    `qwen_vl_image_pixels`), else through the HF processor; videos always through our own
+    (`qwen_vl_media`). Each `<|image_pad|>` / `<|video_pad|>` placeholder (one per
     item, as the chat template emits) is expanded to the item's vision-token count.
     """
 
@@ -91,6 +95,8 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
         self.tokenizer = tokenizer or load_tokenizer(model_path, trust_remote_code)
         self.image_processor = load_image_processor(self.model_path, trust_remote_code)
         self.vision_config = VisionPreprocessConfig.from_mapping(self.image_processor)
+        # Exactly that class: a subclass (remote code) may change what it computes.
+        self.own_image_pixels = type(self.image_processor) is pil_image_processor_class()
         video_json = read_json(Path(model_path) / "video_preprocessor_config.json")
         self.video_config = VisionPreprocessConfig.from_mapping(
             video_json or self.image_processor, budget_over_frames=self.video_budget_over_frames
@@ -232,6 +238,9 @@ class Qwen2VLInputProcessorBase(QwenVLDummyInputsMixin, Qwen2VLRopeIndexMixin):
                 target_size(image.height, image.width, cfg)
             except ValueError as exc:
                 raise ValueError(f"image {i}: {exc}") from exc
+        if self.own_image_pixels:
+            pixels, grids = preprocess_images(images, cfg)
+            return {"pixel_values": pixels, "image_grid_thw": grids}
         out = self.image_processor(
             images=images,
             do_resize=cfg.do_resize,

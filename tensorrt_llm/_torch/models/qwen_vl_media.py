@@ -6,7 +6,8 @@ patchified here: resize (smart-resize; video frames with HF's video-processor to
 `temporal_patch_size` frames (repeating the last frame to fill the final group) -> flatten to
 [N_patches, C * temporal_patch_size * patch_size**2] in the HF patch order
 (t, h-block, w-block, h-in-merge, w-in-merge) with (C, t, ph, pw) inside a patch.
-An image is the one-frame case; its output equals the HF image processor's (tested).
+An image is the one-frame case; its output equals the HF image processor's (tested), and
+`preprocess_images` computes it faster from the uint8 pixels (`qwen_vl_image_pixels`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from PIL import Image
 
 from ...inputs.validation import check_mm_processor_kwargs
+from .qwen_vl_image_pixels import image_patches
 from .qwen_vl_video_pixels import video_frame_to_array
 
 # Frame sampling lives in its own module; re-exported because the input processors and tests
@@ -74,6 +76,19 @@ def load_image_processor(model_path: str, trust_remote_code: bool = False) -> An
         except ImportError:  # older transformers: the slow class is the PIL one
             from transformers import Qwen2VLImageProcessor as processor_cls
         return processor_cls(**{k: cfg[k] for k in _IMAGE_PROCESSOR_KEYS if k in cfg})
+
+
+def pil_image_processor_class() -> type[Any]:
+    """The HF Qwen2-VL image processor whose pipeline `preprocess_images` repeats bit for bit:
+    the PIL one (`Qwen2VLImageProcessorPil`; in older transformers the slow class is it)."""
+    try:
+        from transformers import Qwen2VLImageProcessorPil
+
+        return Qwen2VLImageProcessorPil
+    except ImportError:
+        from transformers import Qwen2VLImageProcessor
+
+        return Qwen2VLImageProcessor
 
 
 def _size_value(size: Any, key: str) -> int | None:
@@ -315,10 +330,11 @@ def preprocess_frames(
 def preprocess_images(
     images: Sequence[Image.Image], cfg: VisionPreprocessConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Our own image path: (pixel_values [N, patch_dim], image_grid_thw int64 [n, 3])."""
+    """Our own image path: (pixel_values [N, patch_dim], image_grid_thw int64 [n, 3]), equal
+    to HF's PIL image processor's (`qwen_vl_image_pixels`: the same bits, about half the time)."""
     pixels, grids = [], []
     for image in images:
-        patches, grid = preprocess_frames([image], cfg, as_video=False)
+        patches, grid = image_patches(image, target_size(image.height, image.width, cfg), cfg)
         pixels.append(patches)
         grids.append(grid)
     return torch.cat(pixels), torch.tensor(grids, dtype=torch.int64)

@@ -234,7 +234,11 @@ _QWEN3_STYLE = dict(
 )
 
 
-@pytest.mark.parametrize("kwargs", [{}, _QWEN3_STYLE], ids=["qwen2", "qwen3"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, _QWEN3_STYLE, {"do_normalize": False}, {"do_rescale": False}, {"rescale_factor": 0.5}],
+    ids=["qwen2", "qwen3", "no-normalize", "no-rescale", "rescale-0.5"],
+)
 def test_preprocess_images_matches_hf_image_processor(kwargs: dict) -> None:
     hf = Qwen2VLImageProcessorPil(**kwargs)
     cfg = VisionPreprocessConfig.from_mapping(hf)

@@ -148,6 +148,41 @@ def test_image_parity_and_token_expansion(
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_5"])
+def test_own_image_pixels_only_for_the_pil_processor_class(
+    family: str, ckpts: dict[str, Path], procs: dict[str, Any]
+) -> None:
+    """The tiny checkpoints load HF's PIL processor: our patchifier replaces its call (the
+    test above checks the bits). Any other class, a subclass included, is called as it is."""
+    proc = procs[family]
+    assert proc.own_image_pixels
+    prompt = {
+        "prompt": proc.default_multimodal_prompt("hi"),
+        "multi_modal_data": {"image": _image(50, 70)},
+    }
+    refuse = mock.MagicMock(side_effect=AssertionError("HF image processor called"))
+    with mock.patch.object(proc, "image_processor", refuse):
+        _, ours = proc(prompt)
+    calls: list[int] = []
+
+    class RemoteCodeProcessor(type(proc.image_processor)):  # type: ignore[misc]
+        def preprocess(self, *args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            return super().preprocess(*args, **kwargs)
+
+    subclassed = copy.copy(proc.image_processor)
+    subclassed.__class__ = RemoteCodeProcessor
+    loader = "tensorrt_llm._torch.models.modeling_qwen2vl_inputs.load_image_processor"
+    with mock.patch(loader, return_value=subclassed):
+        other = type(proc)(str(ckpts[family]), tokenizer=proc.tokenizer)
+    assert not other.own_image_pixels
+    _, theirs = other(prompt)
+    assert calls == [1]
+    for key in ("pixel_values", "image_grid_thw"):
+        got, want = ours["multimodal_data"]["image"][key], theirs["multimodal_data"]["image"][key]
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_5"])
 def test_mm_processor_kwargs_pixel_limits(
     family: str, ckpts: dict[str, Path], procs: dict[str, Any]
 ) -> None:
@@ -269,6 +304,7 @@ def test_text_only_fast_path(family: str, procs: dict[str, Any]) -> None:
     with (
         mock.patch.object(proc, "image_processor", spy),
         mock.patch("tensorrt_llm._torch.models.modeling_qwen2vl_inputs.preprocess_frames", spy),
+        mock.patch("tensorrt_llm._torch.models.modeling_qwen2vl_inputs.preprocess_images", spy),
     ):
         ids, extra = proc({"prompt": "Just text, no pictures.", "mm_processor_kwargs": {}})
         chat_ids, _ = proc({"prompt": [{"role": "user", "content": "hello"}]})
