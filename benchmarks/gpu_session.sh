@@ -14,6 +14,8 @@
 #   mtp27 / mtp27c32    issue 20: Qwen3.6-27B MTP bounds at c=1 / c=32 (oracle, then rejected)
 #   t1prof              issue 19: one turn-1 wave (27B, c=32) profiled with reuse on, then off
 #                       (TRTLLM_BENCH_PROFILE: op tables, device idle and busy timeline)
+#   b27 [CONC...]       issue 20: Qwen3.6-27B bf16 at the issue's command (osl 256; default
+#                       c=1 32 64), the engine in its own process
 #   gdn                 one 27B DeltaNet layer: decode step, recurrence, verify rows, conv
 #   a3b [QUANT]         issues 16/20: Qwen3.6-35B-A3B at c=1/32/128, osl 256 (QUANT: fp8_block,
 #                       the default, or none for bf16), FP8 KV cache; the engine in its own
@@ -94,6 +96,13 @@ t1prof)
             --"${reuse}"_block_reuse 2>&1 | quiet | tail -4 | tee -a "$OUT/t1prof.log"
         grep -A1 "^device:" "$OUT/t1prof_$reuse.txt" | tee -a "$OUT/t1prof.log"
     done
+    ;;
+b27)
+    shift
+    timeout -s ABRT 420 python3 -m tensorrt_llm.commands.bench \
+        --config benchmarks/configs/qwen3_6_27b.json --isl 1000 --osl 256 --image_size 512 \
+        --concurrency ${*:-1 32 64} --output "$OUT/b27.json" 2>&1 | quiet | tail -20 \
+        | tee -a "$OUT/b27.log"
     ;;
 gdn)
     timeout -s ABRT 200 python3 benchmarks/bench_gdn.py --config benchmarks/configs/qwen3_6_27b.json \
