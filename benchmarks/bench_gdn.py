@@ -162,7 +162,15 @@ def _verify_us(layer: GatedDeltaNet, batch: int, k: int, iters: int) -> dict[str
     return {"old_us": round(old, 1), "new_us": round(new, 1)}
 
 
+# (BLOCK_T, BLOCK_C, num_warps) candidates of the varlen conv kernel; the first is the module's.
+_CONV_TILES = ((64, 128, 4), (32, 128, 4), (16, 256, 4), (32, 256, 4), (64, 64, 4),
+               (16, 512, 4), (32, 256, 8), (64, 256, 8), (8, 1024, 4), (128, 64, 4))  # fmt: skip
+
+
 def _prefill_conv_us(layer: GatedDeltaNet, tokens: int, iters: int) -> dict[str, float]:
+    """The conv of `tokens` prompt tokens: one sequence, and as the engine runs a prefill wave
+    (sequences of 1024 from a strided slice of the joined in_proj output, with initial states
+    read from and final states written to the pool by slot), per tile candidate."""
     device = layer.dt_bias.device
     weight, bias = layer.conv1d.weight[:, 0], layer.conv1d.bias
     x = torch.randn(tokens, layer.conv_dim, device=device).bfloat16()
@@ -175,7 +183,28 @@ def _prefill_conv_us(layer: GatedDeltaNet, tokens: int, iters: int) -> dict[str,
     want = causal_conv1d_fn(x, weight, bias, (tokens,), ref_states)
     got = causal_conv1d_varlen(x, weight, bias, (tokens,), None, None, states)
     err = (got.float() - want.float()).abs().max().item()
-    return {"old_us": old, "new_us": new, "max_abs_diff": err}
+    out: dict[str, float] = {"old_us": old, "new_us": new, "max_abs_diff": err}
+    # The engine's layout: x a column slice of a wider row (z, b, a follow), pool rows by slot.
+    lens = (1024,) * max(1, tokens // 1024)
+    n = len(lens)
+    wide = torch.randn(sum(lens), layer.conv_dim + layer.value_dim + 64, device=device)
+    xs = wide.bfloat16()[:, : layer.conv_dim]
+    pool = torch.randn(2 * n, *layer.conv_state_shape, device=device).bfloat16()
+    init = pool[:n].clone()
+    flags = torch.ones(n, dtype=torch.int32, device=device)
+    rows = torch.arange(n, 2 * n, device=device)
+    base = None
+    for tiles in _CONV_TILES:
+
+        def run(t: tuple[int, int, int] = tiles) -> torch.Tensor:
+            return causal_conv1d_varlen(xs, weight, bias, lens, init, flags, pool, rows, tiles=t)
+
+        got = run()
+        base = got if base is None else base
+        if not torch.equal(got, base):  # every tile computes the same fp32 sums in order
+            raise AssertionError(f"conv tiles {tiles} differ from {_CONV_TILES[0]}")
+        out[f"wave {'/'.join(map(str, tiles))} us"] = graph_time_us(run, iters)
+    return out
 
 
 def main() -> None:

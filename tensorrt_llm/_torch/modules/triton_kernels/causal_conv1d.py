@@ -31,6 +31,7 @@ from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit
 _UPDATE_BLOCK_C = 256
 _VARLEN_BLOCK_T = 64
 _VARLEN_BLOCK_C = 128
+_VARLEN_WARPS = 4
 
 
 @triton_jit
@@ -199,12 +200,14 @@ def causal_conv1d_varlen(
     final_states: torch.Tensor,
     final_rows: torch.Tensor | None = None,
     activation: str | None = "silu",
+    tiles: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """Packed prefill sequences: `x: [T, dim]` (columns contiguous), T = sum(seq_lens).
     Sequence i starts from `init_states[i]` (`[N, dim, W - 1]`) when `has_initial_state[i]`
     (int32 device flags) is set, else from zeros (`init_states` None: all fresh); its final
     state goes to `final_states[final_rows[i]]` (`final_rows` None: row i), which must not
-    alias `init_states`. Returns `[T, dim]` in x's dtype."""
+    alias `init_states`. Returns `[T, dim]` in x's dtype. `tiles`: (BLOCK_T, BLOCK_C,
+    num_warps) in place of the module's (`benchmarks/bench_gdn.py` times candidates)."""
     dim, width = weight.shape
     if x.dim() != 2 or x.shape[1] != dim or x.stride(1) != 1:
         raise ValueError(f"x must be [T, {dim}] with contiguous columns, got {tuple(x.shape)}")
@@ -212,10 +215,11 @@ def causal_conv1d_varlen(
         raise ValueError(f"seq_lens {list(seq_lens)} must be positive and sum to {x.shape[0]}")
     if (init_states is None) != (has_initial_state is None):
         raise ValueError("init_states and has_initial_state come together")
+    block_t, block_c, warps = tiles or (_VARLEN_BLOCK_T, _VARLEN_BLOCK_C, _VARLEN_WARPS)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    cu, block_seq, block_tok = _block_tables(tuple(seq_lens), _VARLEN_BLOCK_T, x.device)
+    cu, block_seq, block_tok = _block_tables(tuple(seq_lens), block_t, x.device)
     init = init_states if init_states is not None else final_states
-    grid = (block_seq.shape[0], triton.cdiv(dim, _VARLEN_BLOCK_C))
+    grid = (block_seq.shape[0], triton.cdiv(dim, block_c))
     _conv_varlen_kernel[grid](
         x, weight, bias if bias is not None else weight, init,
         has_initial_state if has_initial_state is not None else cu,
@@ -223,8 +227,8 @@ def causal_conv1d_varlen(
         cu, block_seq, block_tok,
         dim, x.stride(0), weight.stride(0), init.stride(0), init.stride(1), init.stride(2),
         final_states.stride(0), final_states.stride(1), final_states.stride(2), out.stride(0),
-        WIDTH=width, BLOCK_T=_VARLEN_BLOCK_T, BLOCK_C=_VARLEN_BLOCK_C,
+        WIDTH=width, BLOCK_T=block_t, BLOCK_C=block_c,
         HAS_BIAS=bias is not None, HAS_INIT=init_states is not None,
-        HAS_ROWS=final_rows is not None, SILU=activation == "silu",
+        HAS_ROWS=final_rows is not None, SILU=activation == "silu", num_warps=warps,
     )  # fmt: skip
     return out
