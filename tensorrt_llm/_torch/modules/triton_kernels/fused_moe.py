@@ -8,8 +8,9 @@ Layout of `modules/fused_moe/experts.py`: `gate_up_proj: [E, 2*I, H]` (gate rows
    program does it (`moe_routing.moe_align`, or `moe_route` together with the routing);
    `moe_align_block_size` below is its torch twin, kept for very large steps and the tests.
 2. GEMM 1 per block: `silu(x @ gate^T) * (x @ up^T)` -> `[T*k, I]` in the activation dtype.
-3. GEMM 2 per block: `act @ down^T * routing_weight` -> `[T*k, H]` fp32, then a sum over k
-   (or atomic adds into `[T, H]`, `moe_tiles.py`'s `combine`).
+3. GEMM 2 per block: `act @ down^T * routing_weight` -> `[T*k, H]` in the activation dtype
+   (each pair's weighted output rounded once, as HF's experts round theirs), then a sum over k
+   that accumulates in fp32 (or atomic fp32 adds into `[T, H]`, `moe_tiles.py`'s `combine`).
 Tiles come from `moe_tiles.py` by the step's pair count; steps of a few tokens with 16-bit
 weights skip the layout and take the GEMV kernels of `moe_gemv.py`.
 
@@ -95,8 +96,8 @@ def _down_weighted_kernel(
     ATOMIC: tl.constexpr,
 ):  # fmt: skip
     # grid: (num_blocks, cdiv(HIDDEN, BLOCK_N)); act [T*k, INTER], w [E, HIDDEN, INTER]; the
-    # block-scaled layout as in `_gate_up_silu_kernel`. out: [T*k, HIDDEN] fp32, or with
-    # ATOMIC a zeroed [T, HIDDEN] fp32 that each pair adds into.
+    # block-scaled layout as in `_gate_up_silu_kernel`. out: [T*k, HIDDEN] in act's dtype, or
+    # with ATOMIC a zeroed [T, HIDDEN] fp32 that each pair adds into.
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < num_experts:
@@ -136,7 +137,8 @@ def _down_weighted_kernel(
             tl.atomic_add(out_ptrs, acc, mask=valid[:, None] & mask_n[None, :], sem="relaxed")
         else:
             out_ptrs = out_ptr + rows[:, None] * stride_ot + offs_n[None, :]
-            tl.store(out_ptrs, acc, mask=valid[:, None] & mask_n[None, :])
+            out = acc.to(out_ptr.dtype.element_ty)
+            tl.store(out_ptrs, out, mask=valid[:, None] & mask_n[None, :])
 
 
 def moe_align_block_size(
@@ -295,10 +297,11 @@ def down_weighted(
     sorted_pairs, block_expert = layout
     precision = "ieee" if act.dtype == torch.float32 else "tf32"
     atomic = tiles.combine == "atomic"
-    # No kernel writes a dropped pair's row: the k-sum then needs it zeroed.
+    # No kernel writes a dropped pair's row: the k-sum then needs it zeroed. 16-bit partials
+    # halve the bytes the prefill writes and the k-sum reads (~600 MB a layer at 8192 tokens).
     alloc = torch.zeros if atomic or dropped else torch.empty
-    routed = alloc(num_tokens if atomic else num_pairs, hidden, dtype=torch.float32,
-                   device=act.device)  # fmt: skip
+    routed = alloc(num_tokens if atomic else num_pairs, hidden,
+                   dtype=torch.float32 if atomic else act.dtype, device=act.device)  # fmt: skip
     weights = topk_weights.reshape(-1).contiguous()
     block_n = _block(hidden, tiles.down_n)
     a, a_scale, s, block_k, w_bn = act, act, down_proj, _block(inter, tiles.down_k), 1
@@ -319,7 +322,8 @@ def down_weighted(
     )  # fmt: skip
     if atomic:
         return routed.to(act.dtype)
-    return routed.view(num_tokens, top_k, hidden).sum(dim=1).to(act.dtype)
+    # NOTE: torch's sum of a 16-bit tensor accumulates in fp32 and rounds once.
+    return routed.view(num_tokens, top_k, hidden).sum(dim=1)
 
 
 def _fused_moe_triton(

@@ -9,9 +9,9 @@ table below holds its choice per bucket of pairs.
 
 `GEMV_MAX_TOKENS`: at most this many tokens take the GEMV kernels (`moe_gemv.py`, no layout,
 no padding to BLOCK_M, the k-sum fused into the down kernel) instead of the grouped GEMM.
-`combine`: "sum" writes `[T*k, H]` fp32 and sums over k (deterministic); "atomic" adds each
-pair into a zeroed `[T, H]` fp32 with atomics (fewer bytes, but the sum order varies run to
-run, so results can differ in the last bit between runs).
+`combine`: "sum" writes `[T*k, H]` in the activation dtype and sums over k in fp32
+(deterministic); "atomic" adds each pair into a zeroed `[T, H]` fp32 with atomics (the sum
+order varies run to run, so results can differ in the last bit between runs).
 """
 
 from __future__ import annotations
