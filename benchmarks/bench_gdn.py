@@ -163,7 +163,7 @@ def _verify_us(layer: GatedDeltaNet, batch: int, k: int, iters: int) -> dict[str
 
 
 # (BLOCK_T, BLOCK_C, num_warps) candidates of the varlen conv kernel; the first is the module's.
-_CONV_TILES = ((64, 128, 4), (32, 128, 4), (16, 256, 4), (32, 256, 4), (64, 64, 4),
+_CONV_TILES = ((32, 128, 4), (64, 128, 4), (16, 256, 4), (32, 256, 4), (64, 64, 4),
                (16, 512, 4), (32, 256, 8), (64, 256, 8), (8, 1024, 4), (128, 64, 4))  # fmt: skip
 
 

@@ -29,7 +29,10 @@ from ...._utils import async_tensor_h2d
 from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit
 
 _UPDATE_BLOCK_C = 256
-_VARLEN_BLOCK_T = 64
+# Token tiles of 32: a prefill wave at Qwen3.6-35B-A3B sizes (8 sequences of 1024 tokens, x a
+# strided slice of the joined in_proj output, pool rows by slot) took 273 us against 440 us
+# with 64-token tiles on an H100 (`benchmarks/bench_gdn.py`, other candidates 291-1541 us).
+_VARLEN_BLOCK_T = 32
 _VARLEN_BLOCK_C = 128
 _VARLEN_WARPS = 4
 

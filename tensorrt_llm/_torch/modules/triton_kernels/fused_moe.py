@@ -242,7 +242,7 @@ def expert_plan(
     GEMV kernels (no layout needed): what `moe_route(..., block_m=)` should align for."""
     if not block_scaled and block_m is None and token_class(num_tokens) <= GEMV_MAX_TOKENS:
         return None
-    return pick_tiles(num_tokens, top_k, num_experts, block_m).block_m
+    return pick_tiles(num_tokens, top_k, num_experts, block_m, block_scaled).block_m
 
 
 def gate_up_silu(
@@ -318,7 +318,7 @@ def down_weighted(
         HIDDEN=hidden, INTER=inter, TOP_K=top_k,
         BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
         BLOCK_SCALED=scales is not None, W_BLOCK_N=w_bn, ATOMIC=atomic,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.down_num_warps or tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if atomic:
         return routed.to(act.dtype)
@@ -401,7 +401,7 @@ def fused_moe(
         plan = expert_plan(x.shape[0], top_k, num_experts, scales is not None, block_m)
         if plan is None:
             return fused_moe_gemv(x, gate_up_proj, down_proj, topk_ids, topk_weights)
-        tiles = pick_tiles(x.shape[0], top_k, num_experts, block_m)
+        tiles = pick_tiles(x.shape[0], top_k, num_experts, block_m, scales is not None)
     if layout is not None and layout[0].numel() != layout[1].numel() * tiles.block_m:
         raise ValueError(f"fused_moe: the layout is not aligned to BLOCK_M {tiles.block_m}")
     return _fused_moe_triton(

@@ -30,6 +30,7 @@ class MoETiles:
     num_warps: int = 4
     num_stages: int = 3
     combine: str = "sum"
+    down_num_warps: int | None = None  # the down kernel's warps (None: num_warps)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "gate_up_n", "gate_up_k", "down_n", "down_k"):
@@ -78,16 +79,30 @@ def token_class(num_tokens: int) -> int:
     return 1 << max(num_tokens - 1, 0).bit_length()
 
 
+# Block-FP8 experts in steps of more than this many tokens: down N tiles of 256 with 8 warps.
+# At Qwen3.6-35B-A3B sizes (8 + 1 pairs per token) and 8192 tokens the down GEMM with its k-sum
+# took 718 us against 856 us for the table's 64-wide tiles on an H100; at 2048 tokens the
+# table's won (213 vs 250 us). `bench_moe.py --prefill_fp8_tokens`.
+BLOCK_SCALED_WIDE_DOWN_TOKENS = 4096
+
+
 def pick_tiles(
-    num_tokens: int, top_k: int, num_experts: int, block_m: int | None = None
+    num_tokens: int,
+    top_k: int,
+    num_experts: int,
+    block_m: int | None = None,
+    block_scaled: bool = False,
 ) -> MoETiles:
     """The table's tiles for a step of `num_tokens` tokens; `block_m` overrides the table's.
 
     A step with many more pairs than experts fills long runs, so it takes BLOCK_M 64 even in
-    a small bucket (fewer re-reads of each expert's weights).
+    a small bucket (fewer re-reads of each expert's weights). `block_scaled`: block-FP8
+    experts, whose K tile is the scale block; their large steps take wider down tiles.
     """
     tokens = token_class(num_tokens)
     tiles = next(t for bound, t in TILE_TABLE if tokens <= bound)
+    if block_scaled and tokens > BLOCK_SCALED_WIDE_DOWN_TOKENS:
+        tiles = replace(tiles, down_n=256, down_num_warps=8)
     if block_m is None and tokens * top_k > 4 * num_experts:
         block_m = 64
     return tiles if block_m is None else replace(tiles, block_m=block_m)

@@ -8,6 +8,7 @@ bf16, with the shared expert fused, and check CUDA-graph capture.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 
@@ -31,6 +32,7 @@ from tensorrt_llm._torch.modules.triton_kernels.moe_routing import (  # noqa: E4
     route_ref,
 )
 from tensorrt_llm._torch.modules.triton_kernels.moe_tiles import (  # noqa: E402
+    BLOCK_SCALED_WIDE_DOWN_TOKENS,
     GemvTiles,
     MoETiles,
     pick_tiles,
@@ -184,6 +186,19 @@ def test_tiles_depend_on_the_token_class_only() -> None:
     assert pick_tiles(512, 9, 257).block_m == 64 and pick_tiles(64, 9, 257).block_m == 16
     with pytest.raises(ValueError, match="power of two"):
         MoETiles(16, 24, 16, 16, 16)
+
+
+def test_block_scaled_prefill_takes_wide_down_tiles() -> None:
+    """Block-FP8 steps past BLOCK_SCALED_WIDE_DOWN_TOKENS: down N 256 with 8 warps, the rest of
+    the bucket's tiles and its BLOCK_M kept; 16-bit experts and smaller steps unchanged."""
+    big = BLOCK_SCALED_WIDE_DOWN_TOKENS + 1
+    wide = pick_tiles(big, 9, 257, block_scaled=True)
+    plain = pick_tiles(big, 9, 257)
+    assert (wide.down_n, wide.down_num_warps) == (256, 8)
+    assert replace(wide, down_n=plain.down_n, down_num_warps=None) == plain
+    assert pick_tiles(8192, 9, 257, block_scaled=True) == wide  # one warm-up class
+    small = BLOCK_SCALED_WIDE_DOWN_TOKENS
+    assert pick_tiles(small, 9, 257, block_scaled=True) == pick_tiles(small, 9, 257)
 
 
 # ----------------------------------------------------------------- GPU, real sizes
