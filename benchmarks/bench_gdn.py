@@ -24,6 +24,7 @@ import argparse
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -193,17 +194,19 @@ def _prefill_conv_us(layer: GatedDeltaNet, tokens: int, iters: int) -> dict[str,
     init = pool[:n].clone()
     flags = torch.ones(n, dtype=torch.int32, device=device)
     rows = torch.arange(n, 2 * n, device=device)
-    base = None
-    for tiles in _CONV_TILES:
+    # "carried": every sequence continues from its state (chunked prefill); "fresh": none does.
+    for kind, (i, f) in {"carried": (init, flags), "fresh": (None, None)}.items():
+        base = None
+        for tiles in _CONV_TILES:
 
-        def run(t: tuple[int, int, int] = tiles) -> torch.Tensor:
-            return causal_conv1d_varlen(xs, weight, bias, lens, init, flags, pool, rows, tiles=t)
+            def run(t: tuple[int, int, int] = tiles, i: Any = i, f: Any = f) -> torch.Tensor:
+                return causal_conv1d_varlen(xs, weight, bias, lens, i, f, pool, rows, tiles=t)
 
-        got = run()
-        base = got if base is None else base
-        if not torch.equal(got, base):  # every tile computes the same fp32 sums in order
-            raise AssertionError(f"conv tiles {tiles} differ from {_CONV_TILES[0]}")
-        out[f"wave {'/'.join(map(str, tiles))} us"] = graph_time_us(run, iters)
+            got = run()
+            base = got if base is None else base
+            if not torch.equal(got, base):  # every tile computes the same fp32 sums in order
+                raise AssertionError(f"conv tiles {tiles} differ from {_CONV_TILES[0]}")
+            out[f"wave {kind} {'/'.join(map(str, tiles))} us"] = graph_time_us(run, iters)
     return out
 
 

@@ -138,19 +138,22 @@ def _conv_varlen_kernel(
         acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     for j in tl.static_range(WIDTH):
         src = offs_t - (WIDTH - 1) + j
-        in_seq = src >= start
-        m = (mt & in_seq)[:, None] & mc[None, :]
+        m = (mt & (src >= start))[:, None] & mc[None, :]
         xv = tl.load(x_ptr + src[:, None] * stride_xt + offs_c[None, :], mask=m, other=0.0)
-        xv = xv.to(tl.float32)
-        if HAS_INIT:
+        w = tl.load(w_ptr + offs_c * stride_wc + j, mask=mc, other=0.0).to(tl.float32)
+        acc += xv.to(tl.float32) * w[None, :]
+    # Only a sequence's first block reaches before its start (the carried state): the other
+    # blocks skip these loads, instead of issuing them masked off for every tap.
+    if HAS_INIT and carry and tok0 < start + (WIDTH - 1):
+        for j in tl.static_range(WIDTH - 1):
+            src = offs_t - (WIDTH - 1) + j
             # Before the sequence start: state column W - 1 + (src - start), in [0, W - 2].
             col = (WIDTH - 1) + (src - start)
-            ms = (mt & ~in_seq & carry)[:, None] & mc[None, :]
+            ms = (mt & (src < start))[:, None] & mc[None, :]
             s_ptrs = init_ptr + seq * stride_in + offs_c[None, :] * stride_ic
             sv = tl.load(s_ptrs + col[:, None] * stride_iw, mask=ms, other=0.0)
-            xv += sv.to(tl.float32)
-        w = tl.load(w_ptr + offs_c * stride_wc + j, mask=mc, other=0.0).to(tl.float32)
-        acc += xv * w[None, :]
+            w = tl.load(w_ptr + offs_c * stride_wc + j, mask=mc, other=0.0).to(tl.float32)
+            acc += sv.to(tl.float32) * w[None, :]
     if SILU:
         acc = acc * tl.sigmoid(acc)
     o_ptrs = out_ptr + offs_t[:, None] * stride_ot + offs_c[None, :]
