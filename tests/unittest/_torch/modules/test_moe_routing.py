@@ -147,6 +147,25 @@ def test_grouped_gemm_tiles_layout_and_combine(combine: str) -> None:
                   tiles=MoETiles(64, 16, 16, 16, 16))  # fmt: skip
 
 
+@pytest.mark.parametrize("combine", ["sum", "atomic"])
+def test_grouped_gemm_16bit_partials(combine: str) -> None:
+    """16-bit activations: "sum" keeps each pair's weighted output in the activation dtype and
+    adds a token's k of them in fp32; the result stays within about one rounding of the torch
+    reference (which rounds each expert's output to 16 bits too) and of the fp32 maths.
+    (fp16: the CPU interpreter has no bf16 dot.)"""
+    w1, w2 = (w.half() for w in _experts(7, 32, 24, 4))
+    x = torch.randn(9, 32, generator=_gen(5)).to(DEVICE).half()
+    logits = torch.randn(9, 7, generator=_gen(6)).to(DEVICE)
+    weights, ids, layout = moe_route(logits, 2, True, True, block_m=16, backend="triton")
+    tiles = MoETiles(16, 16, 16, 32, 16, combine=combine)
+    out = fused_moe(x, w1, w2, ids, weights, backend="triton", layout=layout, tiles=tiles)
+    assert out.dtype == torch.float16
+    want16 = fused_moe_ref(x, w1, w2, ids, weights)
+    torch.testing.assert_close(out, want16, atol=2e-3, rtol=2e-3)
+    want32 = fused_moe_ref(x.float(), w1.float(), w2.float(), ids, weights)
+    torch.testing.assert_close(out.float(), want32, atol=2e-3, rtol=2e-3)
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("tokens", [1, 3, 9])
 def test_fused_block_on_the_triton_path_matches_hf(
