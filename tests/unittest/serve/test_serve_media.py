@@ -12,8 +12,14 @@ import httpx
 import pytest
 from serve_helpers import data_url, gif_bytes, png_bytes
 
-from tensorrt_llm.serve import media_fetch
-from tensorrt_llm.serve.media import MediaConfig, MediaError, load_image_url, load_video_url
+from tensorrt_llm.serve import media, media_fetch
+from tensorrt_llm.serve.media import (
+    MediaConfig,
+    MediaError,
+    fetch_media_url,
+    load_image_url,
+    load_video_url,
+)
 
 
 def _run(coro: Any) -> Any:
@@ -59,6 +65,32 @@ def test_data_url_image_roundtrip() -> None:
 def test_bad_sources(url: str, code: str, fragment: str) -> None:
     err = _error(url)
     assert err.code == code and fragment in str(err)
+
+
+def test_data_url_base64_decodes_with_the_media(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server only checks a data URL's header and size; its base64 is decoded with the
+    image (in a preprocess worker when there is a pool), never on the event loop."""
+    url = data_url(png_bytes(size=(30, 20)))
+    calls: list[int] = []
+    real = media.base64.b64decode
+
+    def counted(*args: Any, **kwargs: Any) -> bytes:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(media.base64, "b64decode", counted)
+
+    async def fetch() -> Any:
+        async with _client() as client:
+            return await fetch_media_url(url, "image", MediaConfig(), client, param="p")
+
+    pending = _run(fetch())
+    assert calls == []
+    assert pending.decode(MediaConfig()).size == (30, 20) and calls == [1]
+    # Line-wrapped base64 (MIME style) still decodes (test_bad_sources: a bad payload fails).
+    head, payload = url.split(",", 1)
+    wrapped = head + "," + "\n".join(payload[i : i + 76] for i in range(0, len(payload), 76))
+    assert _run(_image(wrapped, MediaConfig())).size == (30, 20)
 
 
 def test_data_url_size_cap() -> None:
