@@ -346,7 +346,7 @@ class PendingMedia:
 
     The server fetches (async I/O, with the address guard) and hands these on; with a preprocess
     pool they are decoded in its worker processes, so the server process never runs the
-    decoders. Picklable: bytes and settings only.
+    decoders. Picklable: bytes (or a data URL's base64 text) and settings only.
     """
 
     kind: str  # "image" or "video"

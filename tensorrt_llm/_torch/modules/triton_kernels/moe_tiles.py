@@ -37,6 +37,9 @@ class MoETiles:
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"MoETiles.{name} must be a power of two >= 16, got {v}")
+        if self.down_num_warps is not None and self.down_num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"MoETiles.down_num_warps must be 1-16, a power of two, got "
+                             f"{self.down_num_warps}")  # fmt: skip
         if self.combine not in ("sum", "atomic"):
             raise ValueError(f"MoETiles.combine must be 'sum' or 'atomic', got {self.combine!r}")
 

@@ -205,6 +205,8 @@ def test_tiles_depend_on_the_token_class_only() -> None:
     assert pick_tiles(512, 9, 257).block_m == 64 and pick_tiles(64, 9, 257).block_m == 16
     with pytest.raises(ValueError, match="power of two"):
         MoETiles(16, 24, 16, 16, 16)
+    with pytest.raises(ValueError, match="down_num_warps"):
+        MoETiles(16, 16, 16, 16, 16, down_num_warps=3)
 
 
 def test_block_scaled_prefill_takes_wide_down_tiles() -> None:
