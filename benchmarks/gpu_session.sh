@@ -33,6 +33,10 @@
 #                       TRTLLM_FP8_BLOCK_GEMM=cublas (cuBLASLt from 16 rows)
 #   moe                 bench_moe.py at 1-128 tokens, with the router GEMM 257 vs 264 columns
 #   moefp8              bench_moe.py's block-FP8 grouped GEMM tiles at 1024-8192 prefill tokens
+#   prefillk [TREE]     the prefill kernels of the 35B-A3B wave for the tree at TREE (default .):
+#                       the varlen conv's tiles (bench_gdn.py, carried and fresh waves) and the
+#                       block-FP8 MoE tiles at 4096 / 8192 tokens (bench_moe.py); an A/B runs it
+#                       for `git archive BASE | tar -x -C ab_base` and for .
 #
 # Wheels: run ../shared/tools/gpu-wheels.sh here first and pass carry [".whl"].
 # NOTE: `timeout` runs programs, not shell functions: every step calls python3 directly.
@@ -181,6 +185,15 @@ moefp8)
     timeout -s ABRT 280 python3 benchmarks/bench_moe.py --tokens --router_tokens \
         --prefill_fp8_tokens 1024 4096 8192 --output "$OUT/moefp8.json" 2>&1 | quiet \
         | tee "$OUT/moefp8.log"
+    ;;
+prefillk)
+    tree=${2:-.}
+    (cd "$tree" && export PYTHONPATH=/tmp/site:$PWD && timeout -s ABRT 90 python3 \
+        benchmarks/bench_gdn.py --config benchmarks/configs/qwen3_6_35b_a3b.json --batches 1 \
+        --iters 30 2>&1 | grep -E "prefill_conv1d|Error" && timeout -s ABRT 150 python3 \
+        benchmarks/bench_moe.py --tokens --router_tokens --prefill_fp8_tokens 4096 8192 2>&1 \
+        | grep -E "===|table's|Error") | sed "s|^|$(basename "$(realpath "$tree")") |" \
+        | tee -a "$OUT/prefillk.log"
     ;;
 *)
     echo "unknown stage $STAGE" >&2
