@@ -190,7 +190,7 @@ prefillk)
     tree=${2:-.}
     (cd "$tree" && export PYTHONPATH=/tmp/site:$PWD && timeout -s ABRT 90 python3 \
         benchmarks/bench_gdn.py --config benchmarks/configs/qwen3_6_35b_a3b.json --batches 1 \
-        --iters 30 2>&1 | grep -E "prefill_conv1d|Error" && timeout -s ABRT 150 python3 \
+        --iters 30 2>&1 | grep -E "prefill_conv1d|Error"; timeout -s ABRT 150 python3 \
         benchmarks/bench_moe.py --tokens --router_tokens --prefill_fp8_tokens 4096 8192 2>&1 \
         | grep -E "===|table's|Error") | sed "s|^|$(basename "$(realpath "$tree")") |" \
         | tee -a "$OUT/prefillk.log"
