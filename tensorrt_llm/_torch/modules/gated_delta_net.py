@@ -52,7 +52,7 @@ from ..._utils import step_constant
 from ...mapping import Mapping as ParallelMapping
 from .causal_conv1d import CausalConv1d
 from .gated_delta_net_metadata import GatedDeltaNetMetadata, StateRows
-from .gated_delta_net_rows import rows_rule, short_rows_from
+from .gated_delta_net_rows import QKVPlanes, plane_rows, rows_rule, short_rows_from
 from .gated_delta_net_snapshot import split_prefill_rule, varlen_rule, write_conv_snapshots
 from .gated_delta_net_weights import (
     GATED_DELTA_NET_FUSED_PROJECTIONS,
@@ -63,7 +63,7 @@ from .gated_delta_net_weights import (
 )
 from .gated_delta_rule import fused_recurrent_gated_delta_rule
 from .triton_kernels import use_triton
-from .triton_kernels.causal_conv1d import causal_conv1d_update_, causal_conv1d_varlen
+from .triton_kernels.causal_conv1d import causal_conv1d_update_, causal_conv1d_varlen_planes
 from .triton_kernels.gated_rms_norm import rms_norm_gated, rms_norm_gated_torch
 from .triton_kernels.gdn_decode import gated_delta_rule_decode_, gdn_gates_torch
 
@@ -248,7 +248,7 @@ class GatedDeltaNet(nn.Module):
             span = slice(0, num_ctx_tokens)
             if metadata.snapshots:  # before the conv overwrites the initial states it reads
                 write_conv_snapshots(mixed_qkv[span], conv.rows(0, num_ctx), metadata)
-            x = self._prefill_conv(mixed_qkv[span], conv.rows(0, num_ctx), metadata, fused)
+            planes = self._prefill_conv(mixed_qkv[span], conv.rows(0, num_ctx), metadata, fused)
             # The context rows past `cut` (verify rows after a step's prefill chunks) run in
             # place token by token; the ones before it through the chunked rule.
             cut = short_rows_from(metadata, ssm.slots is not None and self.inplace_decode)
@@ -262,13 +262,14 @@ class GatedDeltaNet(nn.Module):
                     )
                 n_head = head.num_context_tokens
                 g, beta = gdn_gates_torch(a[:n_head], b[:n_head], self.A_log, self.dt_bias)
-                parts.append(self._prefill_rule(x[:n_head], g, beta, ssm.rows(0, cut), head))
+                x_head = plane_rows(planes, slice(0, n_head))
+                parts.append(self._prefill_rule(x_head, g, beta, ssm.rows(0, cut), head))
             if cut < num_ctx:
                 t0 = metadata.cu_seqlens[cut]
                 rest = slice(t0, num_ctx_tokens)
                 o = rows_rule(
-                    self, mixed_qkv[rest], x[t0:], a[rest], b[rest], conv, ssm, cut, metadata,
-                    fused,
+                    self, mixed_qkv[rest], plane_rows(planes, rest), a[rest], b[rest], conv, ssm,
+                    cut, metadata, fused,
                 )  # fmt: skip
                 parts.append(o)
         if metadata.num_decodes > 0:
@@ -287,15 +288,18 @@ class GatedDeltaNet(nn.Module):
 
     def _prefill_conv(
         self, x: torch.Tensor, conv: StateRows, metadata: GatedDeltaNetMetadata, fused: bool
-    ) -> torch.Tensor:
-        """Context tokens through the conv (SiLU included); writes each request's final state."""
+    ) -> QKVPlanes:
+        """Context tokens through the conv (SiLU included) as q, k, v planes `[T, width]`;
+        writes each request's final state. The Triton path writes each plane contiguous, as
+        fla's chunked kernel takes them (else it copies each)."""
         flags = metadata.has_initial_state
         if not fused:
             states = conv.read()
             out = self.conv1d(x, metadata.context_lens, states, flags)
             if conv.slots is not None:  # else `states` was a view of the caller's rows
                 conv.write(states)
-            return out
+            q, k, v = out.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+            return q, k, v
         init = flags_d = None
         if any(flags):
             # A copy: the kernel reads the initial states while it writes the final ones.
@@ -303,9 +307,10 @@ class GatedDeltaNet(nn.Module):
             flags_d = step_constant(tuple(int(f) for f in flags), torch.int32, x.device)
         slots = None if conv.slots is None else conv.slots[conv.lo : conv.hi]
         finals = conv.states if slots is not None else conv.read()
-        return causal_conv1d_varlen(
+        return causal_conv1d_varlen_planes(
             x, self.conv1d.weight[:, 0], self.conv1d.bias, metadata.context_lens,
             init, flags_d, finals, slots, self.conv1d.activation,
+            (self.key_dim, 2 * self.key_dim),
         )  # fmt: skip
 
     def _decode_conv(self, x: torch.Tensor, conv: StateRows, fused: bool) -> torch.Tensor:
@@ -322,9 +327,12 @@ class GatedDeltaNet(nn.Module):
             conv.write(states)
         return out
 
-    def _split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """conv output [T, conv_dim] -> q, k [T, Hk, K] and v [T, Hv, V]."""
-        q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    def _split_heads(self, x: torch.Tensor | QKVPlanes) -> QKVPlanes:
+        """conv output [T, conv_dim] or its q, k, v planes -> q, k [T, Hk, K] and v [T, Hv, V]."""
+        if isinstance(x, torch.Tensor):
+            q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        else:
+            q, k, v = x
         return (
             q.reshape(-1, self.num_k_heads, self.head_k_dim),
             k.reshape(-1, self.num_k_heads, self.head_k_dim),
@@ -333,7 +341,7 @@ class GatedDeltaNet(nn.Module):
 
     def _prefill_rule(
         self,
-        x: torch.Tensor,
+        x: QKVPlanes,
         g: torch.Tensor,
         beta: torch.Tensor,
         ssm: StateRows,

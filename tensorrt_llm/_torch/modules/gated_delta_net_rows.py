@@ -38,6 +38,14 @@ if TYPE_CHECKING:
 # point (tokens_per_block 32). Not measured yet at the crossover (bench_gdn.py times rows).
 RECURRENT_ROWS_MAX_TOKENS = 32
 
+# The conv output of a prefill as its q, k and v channel planes, each `[T, width]`.
+QKVPlanes = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def plane_rows(x: QKVPlanes, rows: slice) -> QKVPlanes:
+    """Token rows `rows` of each plane (views: a plane's row slice stays contiguous)."""
+    return x[0][rows], x[1][rows], x[2][rows]
+
 
 def short_rows_from(metadata: GatedDeltaNetMetadata, in_place: bool) -> int:
     """The first context row of the longest suffix of rows that continue a state, none longer
@@ -69,7 +77,7 @@ class RowsRecord:
     first: int  # the context row of the first recorded row
     lens: tuple[int, ...]
     conv_in: torch.Tensor  # [sum(lens), conv_dim] the conv's inputs
-    x: torch.Tensor  # [sum(lens), conv_dim] its outputs
+    x: QKVPlanes  # its outputs, [sum(lens), width] each
     a: torch.Tensor  # [sum(lens), Hv] raw gates
     b: torch.Tensor
     fused: bool
@@ -77,7 +85,7 @@ class RowsRecord:
 
 def _rule(
     layer: GatedDeltaNet,
-    x: torch.Tensor,
+    x: QKVPlanes,
     a: torch.Tensor,
     b: torch.Tensor,
     pool: torch.Tensor,
@@ -98,7 +106,7 @@ def _rule(
 def rows_rule(
     layer: GatedDeltaNet,
     conv_in: torch.Tensor,
-    x: torch.Tensor,
+    x: QKVPlanes,
     a: torch.Tensor,
     b: torch.Tensor,
     conv: StateRows,
@@ -107,7 +115,7 @@ def rows_rule(
     metadata: GatedDeltaNetMetadata,
     fused: bool,
 ) -> torch.Tensor:
-    """Context rows `first..` (conv inputs `conv_in`, conv output `x`, raw gates `a`, `b`)
+    """Context rows `first..` (conv inputs `conv_in`, conv output planes `x`, raw gates `a`, `b`)
     from their pool rows, updated in place; returns `[tokens, Hv, V]`. Recorded in
     `metadata.record` when that is set."""
     assert ssm.slots is not None
@@ -154,7 +162,7 @@ def replay_rows(
     keeps = [keep for _, keep in rows]
     if any(not 0 < keep <= lens[row - first] for row, keep in rows):
         raise ValueError(f"kept tokens of {list(rows)} must be in 1..the row's {lens}")
-    dev = records[0].x.device
+    dev = records[0].a.device
     tokens = [s + t for s, keep in zip(starts, keeps, strict=True) for t in range(keep)]
     width = records[0].conv.states.shape[-1]  # kernel - 1
     n = len(rows)
@@ -170,8 +178,8 @@ def replay_rows(
     slots_d = async_tensor_h2d(list(slots), torch.int64, dev)
     replay_cu = (0, *itertools.accumulate(keeps))
     for rec in records:
-        x, a, b = (t.index_select(0, tokens_d) for t in (rec.x, rec.a, rec.b))
-        _rule(rec.layer, x, a, b, rec.ssm.states, slots_d, replay_cu, rec.fused)
+        q, k, v, a, b = (t.index_select(0, tokens_d) for t in (*rec.x, rec.a, rec.b))
+        _rule(rec.layer, (q, k, v), a, b, rec.ssm.states, slots_d, replay_cu, rec.fused)
         pool = rec.conv.states
         initial = pool.index_select(0, slots_d).transpose(1, 2).reshape(n * width, -1)
         stacked = torch.cat([initial, rec.conv_in.to(pool.dtype)])

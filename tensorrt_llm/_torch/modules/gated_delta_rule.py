@@ -22,6 +22,7 @@ when fla imports and the tensors are on CUDA, else the references.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
@@ -289,6 +290,35 @@ def fla_available() -> bool:
     return _fla_ops() is not None
 
 
+# fla runs grouped value heads natively (q/k head `i // (Hv / Hk)` for value head i, the
+# repeat_interleave layout) from its GVA support (fla-org/flash-linear-attention#421, June
+# 2025); 0.4.0 is the first release we are sure carries it in both kernels. Older ones get
+# q and k expanded here, which costs a copy of each at Hv heads per layer and prefill step.
+FLA_NATIVE_GVA_VERSION = (0, 4)
+
+
+def fla_native_gva(version: str | None = None) -> bool:
+    """Whether the installed fla (or `version`) takes num_v_heads > num_k_heads as is."""
+    if version is None:
+        version = _fla_version()
+    numbers = []
+    for part in version.split(".")[:2]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            return False
+        numbers.append(int(digits))
+    return tuple(numbers) >= FLA_NATIVE_GVA_VERSION
+
+
+@lru_cache(maxsize=1)
+def _fla_version() -> str:
+    try:
+        import fla  # type: ignore[import-not-found]
+    except Exception:  # noqa: BLE001 - as _fla_ops: no usable fla
+        return "0"
+    return str(getattr(fla, "__version__", "0"))
+
+
 def _call_fla(
     op: Callable[..., _Result],
     q: torch.Tensor,
@@ -303,11 +333,11 @@ def _call_fla(
     use_qk_l2norm: bool,
     cu_seqlens: Sequence[int] | None,
     pass_host_offsets: bool = False,
+    expand_heads: bool = True,
 ) -> _Result:
     _validate(q, k, v, g, beta, initial_state, cu_seqlens)
     ratio = v.shape[2] // q.shape[2]
-    if ratio > 1:
-        # Expanded here so the call does not depend on the installed fla's grouped-head support.
+    if ratio > 1 and expand_heads:  # an fla without grouped value heads (`fla_native_gva`)
         q, k = q.repeat_interleave(ratio, dim=2), k.repeat_interleave(ratio, dim=2)
     offsets, extra = None, {}
     if cu_seqlens is not None:
@@ -355,7 +385,7 @@ def chunk_gated_delta_rule(
     if ops is not None:
         return _call_fla(
             ops[0], q, k, v, g, beta, initial_state, output_final_state, **opts,
-            pass_host_offsets=True,
+            pass_host_offsets=True, expand_heads=not fla_native_gva(),
         )  # fmt: skip
     return chunk_gated_delta_rule_ref(q, k, v, g, beta, initial_state, output_final_state, **opts)
 
@@ -380,7 +410,10 @@ def fused_recurrent_gated_delta_rule(
     opts = {"scale": scale, "use_qk_l2norm": use_qk_l2norm, "cu_seqlens": cu_seqlens}
     ops = _fla_ops() if q.is_cuda else None
     if ops is not None:
-        return _call_fla(ops[1], q, k, v, g, beta, initial_state, output_final_state, **opts)
+        return _call_fla(
+            ops[1], q, k, v, g, beta, initial_state, output_final_state, **opts,
+            expand_heads=not fla_native_gva(),
+        )  # fmt: skip
     return recurrent_gated_delta_rule_ref(
         q, k, v, g, beta, initial_state, output_final_state, **opts
     )

@@ -14,7 +14,8 @@ before the sequence start coming from its conv state `[dim, W - 1]` (zeros for a
   runs a gather and a float32 `addcmul_` over the whole `[T, dim]` slab per tap (~20 ms of an
   8k-token Qwen3.6-27B prefill). Initial states are read from one tensor and final states
   written to another: a sequence's first block reads its initial state while its last block
-  writes the final one, so the two must not alias.
+  writes the final one, so the two must not alias. `causal_conv1d_varlen_planes` writes the
+  output as three contiguous channel planes instead (q, k, v for fla's chunked kernel).
 NOTE: the decode kernel has no host sync and fixed shapes, so CUDA graphs capture it.
 """
 
@@ -113,10 +114,10 @@ def _conv_varlen_kernel(
     x_ptr, w_ptr, bias_ptr, init_ptr, has_init_ptr, final_ptr, final_rows_ptr, out_ptr,
     cu_ptr, block_seq_ptr, block_tok_ptr,
     dim, stride_xt, stride_wc, stride_in, stride_ic, stride_iw,
-    stride_fp, stride_fc, stride_fw, stride_ot,
+    stride_fp, stride_fc, stride_fw, stride_ot, num_tokens, split1, split2,
     WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_INIT: tl.constexpr, HAS_ROWS: tl.constexpr,
-    SILU: tl.constexpr,
+    SILU: tl.constexpr, PLANES: tl.constexpr,
 ):  # fmt: skip
     blk = tl.program_id(0)
     seq = tl.load(block_seq_ptr + blk).to(tl.int64)
@@ -156,7 +157,15 @@ def _conv_varlen_kernel(
             acc += sv.to(tl.float32) * w[None, :]
     if SILU:
         acc = acc * tl.sigmoid(acc)
-    o_ptrs = out_ptr + offs_t[:, None] * stride_ot + offs_c[None, :]
+    if PLANES:
+        # Channels [0, split1), [split1, split2), [split2, dim) each go to their own
+        # `[num_tokens, width]` plane, the planes one after another in `out`.
+        lo = tl.where(offs_c < split1, 0, tl.where(offs_c < split2, split1, split2))
+        hi = tl.where(offs_c < split1, split1, tl.where(offs_c < split2, split2, dim))
+        plane = lo.to(tl.int64) * num_tokens + (offs_c - lo)
+        o_ptrs = out_ptr + offs_t[:, None] * (hi - lo)[None, :] + plane[None, :]
+    else:
+        o_ptrs = out_ptr + offs_t[:, None] * stride_ot + offs_c[None, :]
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mt[:, None] & mc[None, :])
     if tok0 + BLOCK_T >= end:
         # The sequence's last block writes its final state: its last W - 1 inputs, taken from
@@ -214,6 +223,56 @@ def causal_conv1d_varlen(
     state goes to `final_states[final_rows[i]]` (`final_rows` None: row i), which must not
     alias `init_states`. Returns `[T, dim]` in x's dtype. `tiles`: (BLOCK_T, BLOCK_C,
     num_warps) in place of the module's (`benchmarks/bench_gdn.py` times candidates)."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    args = (x, weight, bias, seq_lens, init_states, has_initial_state, final_states, final_rows)
+    _launch_varlen(*args, activation, tiles, out, None)
+    return out
+
+
+def causal_conv1d_varlen_planes(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    seq_lens: tuple[int, ...],
+    init_states: torch.Tensor | None,
+    has_initial_state: torch.Tensor | None,
+    final_states: torch.Tensor,
+    final_rows: torch.Tensor | None,
+    activation: str | None,
+    splits: tuple[int, int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`causal_conv1d_varlen` with its output channels cut at `splits` into three planes, each
+    `[T, width]` and contiguous (Gated DeltaNet's q, k and v): fla's chunked kernel makes
+    its inputs contiguous, which costs a copy of each column slice of a `[T, dim]` output."""
+    s1, s2 = splits
+    dim = weight.shape[0]
+    if not 0 < s1 < s2 < dim:
+        raise ValueError(f"splits {splits} must cut the {dim} channels into three parts")
+    flat = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
+    args = (x, weight, bias, seq_lens, init_states, has_initial_state, final_states, final_rows)
+    _launch_varlen(*args, activation, None, flat, splits)
+    t = x.shape[0]
+    return (
+        flat[: t * s1].view(t, s1),
+        flat[t * s1 : t * s2].view(t, s2 - s1),
+        flat[t * s2 :].view(t, dim - s2),
+    )
+
+
+def _launch_varlen(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    seq_lens: tuple[int, ...],
+    init_states: torch.Tensor | None,
+    has_initial_state: torch.Tensor | None,
+    final_states: torch.Tensor,
+    final_rows: torch.Tensor | None,
+    activation: str | None,
+    tiles: tuple[int, int, int] | None,
+    out: torch.Tensor,
+    splits: tuple[int, int] | None,
+) -> None:
     dim, width = weight.shape
     if x.dim() != 2 or x.shape[1] != dim or x.stride(1) != 1:
         raise ValueError(f"x must be [T, {dim}] with contiguous columns, got {tuple(x.shape)}")
@@ -222,7 +281,7 @@ def causal_conv1d_varlen(
     if (init_states is None) != (has_initial_state is None):
         raise ValueError("init_states and has_initial_state come together")
     block_t, block_c, warps = tiles or (_VARLEN_BLOCK_T, _VARLEN_BLOCK_C, _VARLEN_WARPS)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    s1, s2 = splits if splits is not None else (dim, dim)
     cu, block_seq, block_tok = _block_tables(tuple(seq_lens), block_t, x.device)
     init = init_states if init_states is not None else final_states
     grid = (block_seq.shape[0], triton.cdiv(dim, block_c))
@@ -233,8 +292,9 @@ def causal_conv1d_varlen(
         cu, block_seq, block_tok,
         dim, x.stride(0), weight.stride(0), init.stride(0), init.stride(1), init.stride(2),
         final_states.stride(0), final_states.stride(1), final_states.stride(2), out.stride(0),
+        x.shape[0], s1, s2,
         WIDTH=width, BLOCK_T=block_t, BLOCK_C=block_c,
         HAS_BIAS=bias is not None, HAS_INIT=init_states is not None,
-        HAS_ROWS=final_rows is not None, SILU=activation == "silu", num_warps=warps,
+        HAS_ROWS=final_rows is not None, SILU=activation == "silu",
+        PLANES=splits is not None, num_warps=warps,
     )  # fmt: skip
-    return out

@@ -24,6 +24,7 @@ from tensorrt_llm._torch.modules.gated_delta_rule import (
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_ref,
     fla_available,
+    fla_native_gva,
     fused_recurrent_gated_delta_rule,
     recurrent_gated_delta_rule_ref,
 )
@@ -187,6 +188,40 @@ def test_fla_adapter_expands_heads_and_passes_offsets() -> None:
     assert len(calls) == 1 and calls[0].tolist() == [0, 4, 9]
     torch.testing.assert_close(o, o_ref)
     torch.testing.assert_close(s, s_ref)
+
+
+def test_fla_adapter_keeps_grouped_heads_for_a_native_fla() -> None:
+    """An fla with grouped value heads gets q and k at their own head count (no Hv-head copies),
+    and the result is the reference's (which maps value head i to q/k head i // r)."""
+    seen: list[tuple[int, int]] = []
+
+    def fake_chunk(q, k, v, g=None, beta=None, scale=None, initial_state=None,
+                   output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
+                   cu_seqlens_cpu=None):  # fmt: skip
+        seen.append((q.shape[2], v.shape[2]))
+        return chunk_gated_delta_rule_ref(
+            q, k, v, g, beta, initial_state, output_final_state, scale=scale,
+            use_qk_l2norm=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens.tolist(),
+        )  # fmt: skip
+
+    q, k, v, g, beta, state0 = _rule_inputs(1, 9, hk=2, hv=6)
+    state0 = state0.expand(2, -1, -1, -1)
+    kw = dict(scale=None, use_qk_l2norm=True, cu_seqlens=[0, 4, 9])
+    for expand in (False, True):
+        o, s = _call_fla(fake_chunk, q, k, v, g, beta, state0, True, **kw, expand_heads=expand)
+        o_ref, s_ref = chunk_gated_delta_rule_ref(q, k, v, g, beta, state0, True, **kw)
+        torch.testing.assert_close(o, o_ref)
+        torch.testing.assert_close(s, s_ref)
+    assert seen == [(2, 6), (6, 6)]
+
+
+@pytest.mark.parametrize(
+    ("version", "native"),
+    [("0.6.0", True), ("0.4.0", True), ("1.0.0rc1", True), ("0.3.2", False), ("0", False),
+     ("0.2.2.dev5", False), ("unknown", False)],
+)  # fmt: skip
+def test_fla_native_gva_by_version(version: str, native: bool) -> None:
+    assert fla_native_gva(version) is native
 
 
 def test_fla_chunk_calls_of_one_step_share_offset_tensors() -> None:

@@ -18,6 +18,7 @@ from tensorrt_llm._torch.modules.gated_delta_net import GatedDeltaNet, GatedDelt
 from tensorrt_llm._torch.modules.triton_kernels.causal_conv1d import (
     causal_conv1d_update_,
     causal_conv1d_varlen,
+    causal_conv1d_varlen_planes,
 )
 from tensorrt_llm._torch.modules.triton_kernels.gated_rms_norm import (
     rms_norm_gated,
@@ -90,6 +91,31 @@ def test_conv_varlen_matches_torch_prefill(activation: str | None) -> None:
     got = causal_conv1d_varlen(dev[0], dev[1], None, lens, None, None, dev[5], None, activation)
     torch.testing.assert_close(got.cpu(), want, **TIGHT)
     torch.testing.assert_close(dev[5].cpu()[: len(lens)], fresh, **TIGHT)
+
+
+def test_conv_varlen_planes_are_the_column_slices_contiguous() -> None:
+    """Three contiguous planes equal to the column slices of the plain output; the cuts (40,
+    90 of 200 channels) fall inside a 128-channel program, which then writes to two planes."""
+    gen = torch.Generator().manual_seed(4)
+    dim, width = 200, 4
+    lens, flags = (3, 70, 40), (True, False, True)
+    weight, b = torch.randn(dim, width, generator=gen), torch.randn(dim, generator=gen)
+    x = torch.randn(sum(lens), dim + 8, generator=gen)[:, :dim]
+    init = torch.randn(len(lens), dim, width - 1, generator=gen)
+    flags_d = torch.tensor([int(f) for f in flags], dtype=torch.int32)
+    dev = [t.to(DEVICE) for t in (x, weight, b, init, flags_d)]
+    want_finals, got_finals = (torch.zeros(3, dim, width - 1, device=DEVICE) for _ in range(2))
+    want = causal_conv1d_varlen(*dev[:3], lens, *dev[3:], want_finals, None, "silu")
+    planes = causal_conv1d_varlen_planes(
+        *dev[:3], lens, *dev[3:], got_finals, None, "silu", (40, 90)
+    )
+    for got, cols in zip(planes, (slice(0, 40), slice(40, 90), slice(90, dim)), strict=True):
+        assert got.is_contiguous()
+        torch.testing.assert_close(got.cpu(), want[:, cols].cpu(), **TIGHT)
+    assert planes[1].data_ptr() == planes[0].data_ptr() + planes[0].numel() * 4
+    torch.testing.assert_close(got_finals, want_finals, **TIGHT)
+    with pytest.raises(ValueError, match="three parts"):
+        causal_conv1d_varlen_planes(*dev[:3], lens, *dev[3:], got_finals, None, None, (90, 40))
 
 
 def test_gated_rms_norm_matches_torch_with_strided_gate() -> None:
