@@ -52,6 +52,7 @@ def serve_flags(args: argparse.Namespace, folder: Path) -> list[str]:
     flags = [str(folder), "--load_format", "dummy", "--dtype", args.dtype, "--device", args.device]
     flags += ["--max_seq_len", str(max_seq_len(args)), "--attn_backend", args.attn_backend]
     flags += ["--kv_cache_dtype", args.kv_cache_dtype]
+    flags += ["--mamba_ssm_cache_dtype", args.mamba_ssm_cache_dtype]
     if args.executor_mode:
         flags += ["--executor_mode", args.executor_mode]
     if args.quantization:

@@ -135,6 +135,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fp8: e4m3 KV cache (ours only)",
     )
     p.add_argument(
+        "--mamba_ssm_cache_dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="auto",
+        help="hybrid models' DeltaNet state (auto: float32; ours only)",
+    )
+    p.add_argument(
         "--enable_block_reuse",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -204,6 +210,7 @@ def _run_ours(
         kv_cache_free_gpu_memory_fraction=kv_fraction,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
         tensor_parallel_size=args.tp_size,
         **(
             ({"executor_mode": args.executor_mode} if args.executor_mode else {})

@@ -42,6 +42,7 @@ _LLM_FLAGS: tuple[str, ...] = (
     "attn_backend",
     "quantization",
     "kv_cache_dtype",
+    "mamba_ssm_cache_dtype",
     "load_format",
     "executor_mode",
     "generation_config",

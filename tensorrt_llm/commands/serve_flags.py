@@ -137,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--kv_cache_dtype", default=None, help="auto | fp8 (e4m3 KV cache)")
     p.add_argument(
+        "--mamba_ssm_cache_dtype",
+        default=None,
+        help="hybrid models' Gated DeltaNet state: auto (float32) | float32 | bfloat16 | float16",
+    )
+    p.add_argument(
         "--load_format",
         choices=("auto", "dummy"),
         default=None,

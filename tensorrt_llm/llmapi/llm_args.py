@@ -60,6 +60,15 @@ DTYPES: dict[str, torch.dtype | None] = {
 }
 DEVICES = ("auto", "cpu", "cuda")
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8": torch.float8_e4m3fn}
+# The Gated DeltaNet (SSM) state of hybrid models: "auto" keeps float32, the precision the
+# state accumulates in over a whole sequence; 16-bit halves its bytes (the decode step reads
+# and writes every running request's state in each DeltaNet layer).
+SSM_STATE_DTYPES: dict[str, torch.dtype] = {
+    "auto": torch.float32,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 # "flash_attn" is opt-in (never picked by "auto"): it needs the flash-attn package, which
 # neither of this project's machines has, so it is tested against a stand-in only.
 ATTN_BACKENDS = ("auto", "vanilla", "triton", "flash_attn")
@@ -127,6 +136,10 @@ class LlmArgs:
     # cached tokens and half the decode-attention traffic); values are stored unscaled and
     # saturate at +-448, which suits q/k-normed models such as Qwen3-VL and Qwen3.5.
     kv_cache_dtype: str = "auto"
+    # The element type of hybrid models' recurrent (SSM) state, `SSM_STATE_DTYPES`; anything
+    # but "auto" on a model without one is an error (TensorRT-LLM's
+    # `KvCacheConfig.mamba_ssm_cache_dtype`).
+    mamba_ssm_cache_dtype: str = "auto"
     # The overlap scheduler prepares step n+1 while step n runs on the device.
     disable_overlap_scheduler: bool = False
     # "auto" reads the checkpoint's safetensors; "dummy" fills random weights (benchmarks).
@@ -177,6 +190,7 @@ class LlmArgs:
         check_choice("load_format", self.load_format, ["auto", "dummy"])
         check_choice("quantization", self.quantization, QUANTIZATION_MODES)
         check_choice("kv_cache_dtype", self.kv_cache_dtype, list(KV_CACHE_DTYPES))
+        check_choice("mamba_ssm_cache_dtype", self.mamba_ssm_cache_dtype, list(SSM_STATE_DTYPES))
         check_choice("executor_mode", self.executor_mode, EXECUTOR_MODES)
         check_choice("generation_config", self.generation_config, GENERATION_CONFIG_MODES)
         _check_int("max_batch_size", self.max_batch_size, 1, allow_none=True)
@@ -255,6 +269,18 @@ class LlmArgs:
     def resolve_kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The KV cache's element type: the model dtype under 'auto'."""
         return KV_CACHE_DTYPES[self.kv_cache_dtype] or model_dtype
+
+    def resolve_ssm_state_dtype(self, text_config: Any) -> torch.dtype:
+        """The recurrent state's element type; a non-"auto" choice for a model that keeps no
+        such state is an error, not a silent no-op."""
+        layer_types = getattr(text_config, "layer_types", None) or []
+        if self.mamba_ssm_cache_dtype != "auto" and "linear_attention" not in layer_types:
+            raise ValueError(
+                f"mamba_ssm_cache_dtype={self.mamba_ssm_cache_dtype!r} applies to hybrid models' "
+                "Gated DeltaNet state; this checkpoint has no linear_attention layers (leave it "
+                "'auto')"
+            )
+        return SSM_STATE_DTYPES[self.mamba_ssm_cache_dtype]
 
     def resolve_max_seq_len(
         self, config_max_position_embeddings: int | None, kv_bounded: bool = False
@@ -336,6 +362,7 @@ class LlmArgs:
             device=device,
             dtype=dtype,
             kv_cache_dtype=self.resolve_kv_cache_dtype(dtype),
+            ssm_state_dtype=self.resolve_ssm_state_dtype(text_config),
             max_seq_len=max_seq_len,
             max_num_tokens=self.max_num_tokens,
             tokens_per_block=self.tokens_per_block,

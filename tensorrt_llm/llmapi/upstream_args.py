@@ -30,6 +30,8 @@ class KvCacheConfig:
     tokens_per_block: -> `tokens_per_block` (None: 32).
     enable_block_reuse: -> `enable_block_reuse` (prefix caching; None: on for full-attention
       models, off for now for hybrid ones, where True adds recurrent-state snapshots).
+    mamba_ssm_cache_dtype: -> `mamba_ssm_cache_dtype` (hybrid models' DeltaNet state: "auto"
+      is float32; "bfloat16" / "float16" halve its bytes).
     """
 
     free_gpu_memory_fraction: float | None = None
@@ -37,6 +39,7 @@ class KvCacheConfig:
     dtype: str = "auto"
     tokens_per_block: int | None = None
     enable_block_reuse: bool | None = None
+    mamba_ssm_cache_dtype: str = "auto"
 
     def __init__(
         self,
@@ -45,6 +48,7 @@ class KvCacheConfig:
         dtype: str = "auto",
         tokens_per_block: int | None = None,
         enable_block_reuse: bool | None = None,
+        mamba_ssm_cache_dtype: str = "auto",
         **unsupported: Any,
     ) -> None:
         # Upstream's KvCacheConfig has more knobs (partial reuse, host offload, attention
@@ -57,6 +61,7 @@ class KvCacheConfig:
             "dtype": dtype,
             "tokens_per_block": tokens_per_block,
             "enable_block_reuse": enable_block_reuse,
+            "mamba_ssm_cache_dtype": mamba_ssm_cache_dtype,
         }
         for field, value in values.items():
             object.__setattr__(self, field, value)  # frozen
@@ -76,6 +81,7 @@ _KV_FIELDS = {
     "dtype": "kv_cache_dtype",
     "tokens_per_block": "tokens_per_block",
     "enable_block_reuse": "enable_block_reuse",
+    "mamba_ssm_cache_dtype": "mamba_ssm_cache_dtype",
 }
 
 

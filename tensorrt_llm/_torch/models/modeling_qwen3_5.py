@@ -75,6 +75,7 @@ def _text_kwargs(model_config: ModelConfig) -> dict[str, Any]:
         "attn_backend": model_config.attn_backend,
         "max_num_seq_slots": model_config.max_num_seq_slots,
         "mapping": model_config.mapping,
+        "ssm_state_dtype": model_config.ssm_state_dtype,
     }
 
 

@@ -158,6 +158,7 @@ class Qwen3_5Model(nn.Module):
         attn_backend: str = "vanilla",
         max_num_seq_slots: int = 8,
         mapping: ParallelMapping | None = None,
+        ssm_state_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         layer_types = list(getattr(config, "layer_types", None) or [])
@@ -190,7 +191,7 @@ class Qwen3_5Model(nn.Module):
         self.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
         self.rotary_emb = build_rotary_embedding(config)
         gdns = [layer.linear_attn for layer in layers if layer.layer_type == "linear_attention"]
-        self.recurrent_states = RecurrentStateCache(gdns, max_num_seq_slots, dtype)
+        self.recurrent_states = RecurrentStateCache(gdns, max_num_seq_slots, dtype, ssm_state_dtype)
         # NOTE: plain objects (not submodules): they reach the pools through the cache module
         # at call time, so moving the model to its device moves what they use.
         rows = StepRows()
@@ -260,6 +261,7 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
         tie_word_embeddings: bool | None = None,
         max_num_seq_slots: int = 8,
         mapping: ParallelMapping | None = None,
+        ssm_state_dtype: torch.dtype = torch.float32,
     ) -> None:
         nn.Module.__init__(self)
         check_tensor_parallel(type(self), mapping)
@@ -271,6 +273,7 @@ class Qwen3_5TextForCausalLM(Qwen2TextForCausalLM):
             attn_backend=attn_backend,
             max_num_seq_slots=max_num_seq_slots,
             mapping=mapping,
+            ssm_state_dtype=ssm_state_dtype,
         )
         # The MTP head, set by `with_mtp` (modeling_qwen3_5_mtp.py) before loading; while it
         # is None the checkpoint's `mtp.*` tensors are skipped with one log line.

@@ -61,6 +61,7 @@ class QwenVLModelBase(nn.Module):
         if self.text_model_cls.is_hybrid:
             # Hybrid stacks keep per-seq-slot recurrent state; dense ones take no such kwarg.
             extra["max_num_seq_slots"] = model_config.max_num_seq_slots
+            extra["ssm_state_dtype"] = model_config.ssm_state_dtype
         self.llm = self.text_model_cls(
             text_config,
             dtype=model_config.torch_dtype,

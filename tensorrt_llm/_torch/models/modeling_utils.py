@@ -83,3 +83,5 @@ class ModelConfig:
     checkpoint_dir: str | None = None
     # This rank's place in a tensor-parallel engine (the default: one GPU, no sharding).
     mapping: ParallelMapping = field(default_factory=ParallelMapping)
+    # Hybrid models' recurrent (SSM) state element type (float32 unless the user asks).
+    ssm_state_dtype: torch.dtype = torch.float32

@@ -25,18 +25,23 @@ class RecurrentStateCache(nn.Module):
     """Conv and SSM state of every DeltaNet layer, one row per seq slot plus a dummy slot.
 
     NOTE: built with an explicit device so a meta-device build still allocates it; the SSM
-    state is float32 whatever the model dtype (it accumulates over the whole sequence).
+    state is `ssm_dtype` whatever the model dtype: float32 by default (it accumulates over the
+    whole sequence; the kernels compute in float32 and round once a step when it is 16-bit).
     """
 
     def __init__(
-        self, layers: Sequence[GatedDeltaNet], max_num_seq_slots: int, dtype: torch.dtype
+        self,
+        layers: Sequence[GatedDeltaNet],
+        max_num_seq_slots: int,
+        dtype: torch.dtype,
+        ssm_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         rows = slot_rows(max_num_seq_slots)
         self.num_layers = len(layers)
         for j, gdn in enumerate(layers):
             conv = torch.zeros(rows, *gdn.conv_state_shape, dtype=dtype, device="cpu")
-            ssm = torch.zeros(rows, *gdn.ssm_state_shape, dtype=torch.float32, device="cpu")
+            ssm = torch.zeros(rows, *gdn.ssm_state_shape, dtype=ssm_dtype, device="cpu")
             self.register_buffer(f"conv_{j}", conv, persistent=False)
             self.register_buffer(f"ssm_{j}", ssm, persistent=False)
 
@@ -49,7 +54,7 @@ class RecurrentStep:
     """One DeltaNet layer's view of a step: its state pools and the rows the batch uses."""
 
     conv_pool: torch.Tensor  # [slots + 1, conv_dim, kernel - 1]
-    ssm_pool: torch.Tensor  # [slots + 1, Hv, K, V] float32
+    ssm_pool: torch.Tensor  # [slots + 1, Hv, K, V] (float32 by default)
     slots: torch.Tensor  # [num_seqs] int64 on the pools' device, batch order
     metadata: GatedDeltaNetMetadata
 

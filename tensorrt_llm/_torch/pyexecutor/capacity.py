@@ -61,12 +61,17 @@ def typical_request_tokens(max_seq_len: int) -> int:
     return max(1, min(max_seq_len, TYPICAL_REQUEST_TOKENS))
 
 
-def recurrent_state_bytes_per_slot(text_config: Any, dtype: torch.dtype, tp_size: int = 1) -> int:
+def recurrent_state_bytes_per_slot(
+    text_config: Any,
+    dtype: torch.dtype,
+    tp_size: int = 1,
+    ssm_dtype: torch.dtype = torch.float32,
+) -> int:
     """Bytes of conv + SSM state one seq slot holds over every DeltaNet layer (0: none), on
     one of `tp_size` tensor-parallel ranks (each holds `1/tp` of the heads and channels).
 
-    NOTE: must match RecurrentStateCache (modeling_qwen3_next.py): conv rows in the model
-    dtype, SSM rows in float32; a test checks the two agree.
+    NOTE: must match RecurrentStateCache (qwen3_next_recurrent.py): conv rows in the model
+    dtype, SSM rows in `ssm_dtype`; a test checks the two agree.
     """
     layer_types = getattr(text_config, "layer_types", None) or []
     num_layers = sum(1 for t in layer_types if t == "linear_attention")
@@ -76,7 +81,7 @@ def recurrent_state_bytes_per_slot(text_config: Any, dtype: torch.dtype, tp_size
     k_dim, v_dim = text_config.linear_key_head_dim, text_config.linear_value_head_dim
     conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
     conv = conv_dim * (text_config.linear_conv_kernel_dim - 1) * dtype.itemsize
-    ssm = v_heads * k_dim * v_dim * torch.float32.itemsize
+    ssm = v_heads * k_dim * v_dim * ssm_dtype.itemsize
     return num_layers * (conv + ssm) // tp_size
 
 

@@ -167,6 +167,8 @@ class EngineConfig:
     recurrent_state_snapshot_bytes: int | None = None
     # MTP speculative decoding (spec_decode/config.py), checked against the checkpoint; None: off.
     speculative_config: MTPDecodingConfig | None = None
+    # Hybrid models' Gated DeltaNet state element type (LlmArgs.mamba_ssm_cache_dtype).
+    ssm_state_dtype: torch.dtype = torch.float32
     # This process's rank of a tensor-parallel engine (default: one GPU). Rank 0 runs the
     # executor (`create_py_executor`), the others `tp_worker.run_tp_worker`.
     mapping: Mapping = field(default_factory=Mapping)

@@ -66,6 +66,7 @@ def model_config_of(config: EngineConfig) -> ModelConfig:
         max_num_tokens=config.max_num_tokens,
         checkpoint_dir=config.checkpoint_dir,
         mapping=config.mapping,
+        ssm_state_dtype=config.ssm_state_dtype,
     )
 
 
@@ -153,8 +154,9 @@ def presize_hybrid(
     at the same point of their startup, before building the model (the conditions are the
     config's, the same on every rank)."""
     state = recurrent_state_bytes_per_slot(
-        config.text_config, model_config.torch_dtype, config.mapping.tp_size
-    )
+        config.text_config, model_config.torch_dtype, config.mapping.tp_size,
+        config.ssm_state_dtype,
+    )  # fmt: skip
     if config.max_batch_size is not None or config.device.type != "cuda" or not state:
         return None
     torch.cuda.empty_cache()

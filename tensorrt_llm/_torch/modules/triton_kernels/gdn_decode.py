@@ -10,7 +10,8 @@ HBM once in each direction.
 Per request n and value head hv (q/k head h = hv // (Hv / Hk)), with the state S: [K, V]:
     q, k <- l2norm(q), l2norm(k);   q <- scale * q
     S <- exp(g) * S;   u = beta * (v - S^T k);   S <- S + k u^T;   o = S^T q
-which is `recurrent_gated_delta_rule_ref` for one token.
+which is `recurrent_gated_delta_rule_ref` for one token. A 16-bit pool is read into float32
+and rounded once when written back.
 With `gates=(a, b, A_log, dt_bias)` instead of g and beta, each program also forms its head's
     beta = sigmoid(b),   g = -exp(A_log) * softplus(a + dt_bias)
 (rounded as `GatedDeltaNet`'s torch path: beta in b's dtype, g in float32), which saves the
@@ -28,6 +29,9 @@ from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
 
 # Same eps as `gated_delta_rule.l2_normalize` (fla and HF use it too).
 _L2_EPS = 1e-6
+# State pool element types: float32 (the default), or 16-bit where the user chose half the
+# state bytes (`mamba_ssm_cache_dtype`); the kernel computes in float32 either way.
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Value columns per program: the [K, BLOCK_V] float32 state slice lives in registers. From
 # `bench_gdn.py` on the H200 (27B dims): 64 columns are 11% faster than 32 at batch 64 (111.7
 # vs 125.4 us: longer contiguous runs of each state row) and equal at batch 16; small grids
@@ -111,7 +115,7 @@ def _gdn_decode_kernel(
     )  # fmt: skip
     s_mask = mk[:, None] & mv[None, :]
     if ROWS:
-        state = tl.load(s_ptrs, mask=s_mask, other=0.0)
+        state = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
         begin = tl.load(cu_ptr + n).to(tl.int64)
         end = tl.load(cu_ptr + n + 1).to(tl.int64)
         for t in range(begin, end):
@@ -130,10 +134,11 @@ def _gdn_decode_kernel(
             stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
             stride_gn, stride_bn, scale, eps, L2NORM, RAW_GATES,
         )  # fmt: skip
-        state = tl.load(s_ptrs, mask=s_mask, other=0.0)
+        state = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
         state, out = _gdn_step(state, q, k, v, g, beta)
         tl.store(o_ptr + n * stride_on + hv * stride_oh + offs_v, out.to(v.dtype), mask=mv)
-    tl.store(s_ptrs, state, mask=s_mask)
+    # A 16-bit pool is rounded here, once a step (a row's tokens run in float32 in between).
+    tl.store(s_ptrs, state.to(state_ptr.dtype.element_ty), mask=s_mask)
 
 
 def _check(
@@ -161,8 +166,11 @@ def _check(
         raise ValueError(
             f"state_pool must be [P, {num_v_heads}, {head_k}, {head_v}], got {state_pool.shape}"
         )
-    if state_pool.dtype != torch.float32 or state_pool.stride(-1) != 1:
-        raise ValueError("state_pool must be float32 and contiguous in its last dimension")
+    if state_pool.dtype not in STATE_DTYPES or state_pool.stride(-1) != 1:
+        raise ValueError(
+            f"state_pool must be one of {[str(d) for d in STATE_DTYPES]} and contiguous in its "
+            f"last dimension, got {state_pool.dtype}"
+        )
     rows = n if num_rows is None else num_rows
     if slots.shape != (rows,):
         raise ValueError(f"slots must be [{rows}], got {tuple(slots.shape)}")
@@ -193,7 +201,7 @@ def _recurrent_torch(
         *packed, initial, True, scale=scale, use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens
     )
     assert final is not None
-    state_pool.index_copy_(0, slots, final)
+    state_pool.index_copy_(0, slots, final.to(state_pool.dtype))
     return o[:, 0] if cu_seqlens is None else o[0]
 
 
@@ -293,7 +301,7 @@ def gated_delta_rule_decode_(
     """One token per request: `q, k: [N, Hk, K]`, `v: [N, Hv, V]`, `g, beta: [N, Hv]` (g is
     the log-decay) or, with g and beta None, `gates = (a, b, A_log, dt_bias)` (`[N, Hv]`,
     `[N, Hv]`, `[Hv]`, `[Hv]`) to form them in the kernel; request n's state is
-    `state_pool[slots[n]]` (`[P, Hv, K, V]`, float32), updated in place. Returns
+    `state_pool[slots[n]]` (`[P, Hv, K, V]`, float32 or 16-bit), updated in place. Returns
     `o: [N, Hv, V]` in v's dtype."""
     return _run(q, k, v, g, beta, state_pool, slots, scale, use_qk_l2norm, backend, gates, None)
 

@@ -51,6 +51,38 @@ def test_decode_updates_pool_rows_in_place(backend: str, l2: bool) -> None:
     assert torch.equal(pool_after[[0, 2, 5]], untouched)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [False, True])
+def test_16bit_pool_computes_in_float32_and_rounds_once(dtype: torch.dtype, rows: bool) -> None:
+    """A 16-bit state pool (`mamba_ssm_cache_dtype`): the state is read into float32, a row's
+    tokens all run in float32, and the pool gets the result rounded once: the float32
+    reference from the upcast pool, cast to the pool's dtype. The interpreter truncates
+    float32 -> bf16, so that case is held to one bf16 step."""
+    lens = (3, 1) if rows else (1, 1)
+    total = sum(lens)
+    q, k, v, g, beta, pool = _inputs(total, 2, 4, 16, 48, pool_rows=5, seed=6)
+    pool = pool.to(dtype)
+    slots = torch.tensor([3, 0])
+    cu = (0, *torch.tensor(lens).cumsum(0).tolist())
+    want_o, finals = recurrent_gated_delta_rule_ref(
+        q[None], k[None], v[None], g[None], beta[None], pool[slots].float(), True,
+        use_qk_l2norm=True, cu_seqlens=cu,
+    )  # fmt: skip
+    assert finals is not None
+    tol = dict(atol=1e-2, rtol=1e-2) if dtype == torch.bfloat16 else dict(atol=1e-3, rtol=1e-3)
+    for backend in ("torch", "triton"):
+        dev = [t.to(DEVICE) for t in (q, k, v, g, beta, pool.clone(), slots)]
+        if rows:
+            got = gated_delta_rule_rows_(*dev, cu, backend=backend)
+        else:
+            got = gated_delta_rule_decode_(*dev, backend=backend)
+        after = dev[5].cpu()
+        assert after.dtype == dtype
+        torch.testing.assert_close(got.cpu(), want_o[0], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(after[slots].float(), finals.to(dtype).float(), **tol)
+        assert torch.equal(after[[1, 2, 4]], pool[[1, 2, 4]])
+
+
 def test_strided_inputs_and_bad_shapes() -> None:
     """q/k/v as views of one packed projection (the layer's layout), then argument checks."""
     n, hk, hv, dk, dv = 2, 1, 2, 16, 16
@@ -83,6 +115,20 @@ def test_gpu_qwen3_6_sizes_bf16_match_torch_path() -> None:
     got = gated_delta_rule_decode_(q, k, v, g, beta, pool, slots, backend="triton")
     torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(pool, pool_ref, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_pool_matches_torch_path() -> None:
+    """A bfloat16 state pool at Qwen3.6-35B-A3B heads (16 k / 32 v of 128), 128 requests:
+    the kernel's once-a-step rounding against the torch path's."""
+    q, k, v, g, beta, pool = (t.cuda() for t in _inputs(128, 16, 32, 128, 128, pool_rows=130))
+    q, k, v, beta, pool = (t.bfloat16() for t in (q, k, v, beta, pool))
+    slots = torch.randperm(130, device="cuda")[:128]
+    pool_ref = pool.clone()
+    want = gated_delta_rule_decode_(q, k, v, g, beta, pool_ref, slots, backend="torch")
+    got = gated_delta_rule_decode_(q, k, v, g, beta, pool, slots, backend="triton")
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(pool.float(), pool_ref.float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
