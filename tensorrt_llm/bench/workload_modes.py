@@ -30,6 +30,7 @@ Rows = tuple[dict[str, float], list[dict[str, float]]]
 # The extra columns of --multi_turn / --max_tokens_dist runs (each row has those of its mode).
 _MODE_COLUMNS = (
     "prefix_hit_rate",
+    "later_turns_ttft_ms_p50",
     "stop_tokens_mean",
     "overshoot_tokens_mean",
     "peak_running",

@@ -16,6 +16,7 @@ from tensorrt_llm.bench.metrics import RequestTiming
 from tensorrt_llm.bench.multi_turn import (
     TurnSample,
     make_conversations,
+    run_row,
     summarize_turns,
     turn_messages,
 )
@@ -74,6 +75,19 @@ def test_turn_rows_count_requests_and_the_hit_rate() -> None:
     assert [(r["turn"], r["requests"]) for r in rows] == [(1, 2), (2, 2)]
     assert rows[0]["prefix_hit_rate"] == 0.0 and rows[1]["prefix_hit_rate"] == 140 / 220
     assert rows[1]["prompt_tokens_mean"] == 110 and rows[1]["ttft_ms_p50"] == pytest.approx(20.0)
+
+
+def test_run_row_pools_the_later_turns_ttft() -> None:
+    """Turns 2.. pooled: the p50 of all their requests, not a mean of per-turn p50s (turn 2 of
+    30 ms and turns 3, 4 of 10 ms pool to 10 ms; the per-turn mean would be 16.7)."""
+
+    def sample(turn: int, ttft_ms: float) -> TurnSample:
+        return TurnSample(turn, RequestTiming(0.0, ttft_ms / 1e3, 0.1, 4), 100, 50)
+
+    samples = [sample(1, 90.0), sample(2, 30.0), sample(3, 10.0), sample(4, 10.0)]
+    row = run_row(samples, wall=1.0, concurrency=1, peak=None)
+    assert row["later_turns_ttft_ms_p50"] == pytest.approx(10.0)
+    assert "later_turns_ttft_ms_p50" not in run_row(samples[:1], 1.0, 1, None)
 
 
 def test_stop_draws_are_seeded_and_within_bounds() -> None:
