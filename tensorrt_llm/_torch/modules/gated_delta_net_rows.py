@@ -9,17 +9,17 @@ the gates formed in it, and the same per-token arithmetic as the decode steps wi
 speculation. The rows the step's prefill chunks leave at the end of its context part (they
 come first) take this path; the rest keep the chunked rule.
 
-Rollback: a verify step records what each layer's rows path ran (`RowsRecord`); a request that
-rejected drafts gets its state from before the step back (spec_decode/rollback.py) and
-`replay_rows` runs just the recurrence again for its accepted tokens: the conv state is a
-gather of its last inputs, the SSM state one rows kernel a layer. No projection, attention or
-MLP runs again.
+Rollback: a verify step records what each layer's rows path ran (`RowsRecord`); for a request
+that rejected drafts `replay_rows` runs just the recurrence again for its accepted tokens, from
+the state saved before the step (spec_decode/rollback.py): the conv state is a gather of its
+last inputs, the SSM state one rows kernel a layer reading the recorded inputs in place. No
+projection, attention or MLP runs again, and the pool rows are not restored first.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,7 +27,13 @@ import torch
 
 from ..._utils import async_tensor_h2d
 from .gated_delta_net_metadata import GatedDeltaNetMetadata, StateRows
-from .triton_kernels.gdn_decode import gated_delta_rule_rows_, gdn_gates_torch
+from .triton_kernels.conv_rollback import causal_conv1d_rollback_
+from .triton_kernels.gdn_decode import (
+    Gates,
+    gated_delta_rule_replay_,
+    gated_delta_rule_rows_,
+    gdn_gates_torch,
+)
 
 if TYPE_CHECKING:
     from .gated_delta_net import GatedDeltaNet
@@ -146,12 +152,20 @@ def covers(records: list[RowsRecord], rows: Sequence[int], num_layers: int) -> b
 
 
 def replay_rows(
-    records: list[RowsRecord], rows: Sequence[tuple[int, int]], slots: Sequence[int]
+    records: list[RowsRecord],
+    rows: Sequence[tuple[int, int]],
+    slots: Sequence[int],
+    saved: Mapping[int, torch.Tensor],
+    saved_rows: Sequence[int],
 ) -> None:
     """Run each `(context row, tokens kept)` of `rows` again for its first tokens only, in
-    every recorded layer, from the states its pool rows `slots` hold now (restored to before
-    the step by the caller): the conv state is the last kernel - 1 inputs, the SSM state the
-    rows rule again. Every other pool row is untouched. The caller checks `covers` first."""
+    every recorded layer, from the states saved before the step: `saved[pool.data_ptr()]` is
+    the saved copy of a recorded pool's rows, row `saved_rows[i]` of it the state slot
+    `slots[i]` held. Each layer's SSM rows run the rows kernel over the recorded inputs in
+    place (`gated_delta_rule_replay_`) and its conv rows take the last kernel - 1 inputs
+    (`causal_conv1d_rollback_`): two launches a layer, the pool rows `slots` overwritten with
+    the states after the kept tokens. Every other pool row is untouched. The caller checks
+    `covers` first."""
     if not rows:
         return
     if not covers(records, [row for row, _ in rows], len(records)):
@@ -164,24 +178,27 @@ def replay_rows(
         raise ValueError(f"kept tokens of {list(rows)} must be in 1..the row's {lens}")
     dev = records[0].a.device
     tokens = [s + t for s, keep in zip(starts, keeps, strict=True) for t in range(keep)]
-    width = records[0].conv.states.shape[-1]  # kernel - 1
+    # One host-to-device copy for the four index vectors every layer shares.
     n = len(rows)
-    # Row r's conv state after `keep` tokens: entries keep.. keep + width - 1 of its initial
-    # state's columns followed by its inputs; gathered from [initial states; inputs] stacked.
-    picks = [
-        r * width + p if p < width else n * width + starts[r] + p - width
-        for r, keep in enumerate(keeps)
-        for p in range(keep, keep + width)
-    ]
-    tokens_d = async_tensor_h2d(tokens, torch.int64, dev)
-    picks_d = async_tensor_h2d(picks, torch.int64, dev)
-    slots_d = async_tensor_h2d(list(slots), torch.int64, dev)
+    packed = async_tensor_h2d([*tokens, *slots, *saved_rows, *starts, *keeps], torch.int64, dev)
+    tokens_d, slots_d, saved_d, starts_d, keeps_d = packed.split([len(tokens), n, n, n, n])
     replay_cu = (0, *itertools.accumulate(keeps))
     for rec in records:
-        q, k, v, a, b = (t.index_select(0, tokens_d) for t in (*rec.x, rec.a, rec.b))
-        _rule(rec.layer, (q, k, v), a, b, rec.ssm.states, slots_d, replay_cu, rec.fused)
-        pool = rec.conv.states
-        initial = pool.index_select(0, slots_d).transpose(1, 2).reshape(n * width, -1)
-        stacked = torch.cat([initial, rec.conv_in.to(pool.dtype)])
-        state = stacked.index_select(0, picks_d).view(n, width, -1).transpose(1, 2)
-        pool.index_copy_(0, slots_d, state)
+        layer = rec.layer
+        backend = "triton" if rec.fused else "torch"
+        q, k, v = layer._split_heads(rec.x)
+        if rec.fused:
+            gates: Gates | tuple[torch.Tensor, torch.Tensor] = (
+                rec.a, rec.b, layer.A_log, layer.dt_bias
+            )  # fmt: skip
+        else:
+            gates = gdn_gates_torch(rec.a, rec.b, layer.A_log, layer.dt_bias)
+        ssm, conv = rec.ssm.states, rec.conv.states
+        gated_delta_rule_replay_(
+            q, k, v, gates, ssm, slots_d, replay_cu, tokens_d,
+            (saved[ssm.data_ptr()], saved_d), backend=backend,
+        )  # fmt: skip
+        causal_conv1d_rollback_(
+            conv, slots_d, saved[conv.data_ptr()], saved_d, rec.conv_in, starts_d, keeps_d,
+            backend=backend,
+        )  # fmt: skip

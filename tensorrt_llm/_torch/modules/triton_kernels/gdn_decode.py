@@ -92,14 +92,18 @@ def _gdn_decode_kernel(
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
     stride_gn, stride_bn, stride_on, stride_oh,
     stride_sp, stride_sh, stride_sk,
-    a_log_ptr, dt_bias_ptr,
+    a_log_ptr, dt_bias_ptr, tok_ptr, init_ptr, init_rows_ptr, stride_ip, stride_ih, stride_ik,
     scale, eps,
     RATIO: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2NORM: tl.constexpr,
-    RAW_GATES: tl.constexpr, ROWS: tl.constexpr, USE_PDL: tl.constexpr,
+    RAW_GATES: tl.constexpr, ROWS: tl.constexpr, TOKEN_INDEX: tl.constexpr,
+    INIT: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     # ROWS: program n runs tokens cu[n]..cu[n + 1] of its request in order (verify rows of a
     # speculative step); else token n only, its loads issued before the state's.
+    # TOKEN_INDEX: packed token t reads the inputs' row tok[t] (a replay reads the verify
+    # step's recorded rows in place). INIT: the state starts from init[init_rows[n]] (a saved
+    # copy) instead of the pool row, which it still ends in.
     pdl_sync(USE_PDL)
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
@@ -115,12 +119,24 @@ def _gdn_decode_kernel(
     )  # fmt: skip
     s_mask = mk[:, None] & mv[None, :]
     if ROWS:
-        state = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
+        if INIT:
+            row = tl.load(init_rows_ptr + n).to(tl.int64)
+            i_ptrs = (
+                init_ptr + row * stride_ip + hv * stride_ih
+                + offs_k[:, None] * stride_ik + offs_v[None, :]
+            )  # fmt: skip
+            state = tl.load(i_ptrs, mask=s_mask, other=0.0).to(tl.float32)
+        else:
+            state = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
         begin = tl.load(cu_ptr + n).to(tl.int64)
         end = tl.load(cu_ptr + n + 1).to(tl.int64)
         for t in range(begin, end):
+            if TOKEN_INDEX:
+                src = tl.load(tok_ptr + t).to(tl.int64)
+            else:
+                src = t
             q, k, v, g, beta = _gdn_token(
-                q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t, h, hv,
+                q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, src, h, hv,
                 offs_k, offs_v, mk, mv,
                 stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
                 stride_gn, stride_bn, scale, eps, L2NORM, RAW_GATES,
@@ -187,12 +203,17 @@ def _recurrent_torch(
     scale: float,
     use_qk_l2norm: bool,
     cu_seqlens: tuple[int, ...] | None,
+    initial_from: InitialStates | None = None,
 ) -> torch.Tensor:
-    """The reference: each request's tokens in turn from its pool row, written back."""
+    """The reference: each request's tokens in turn from its pool row (or its saved copy in
+    `initial_from`), written back to the pool row."""
     # Imported here: gated_delta_rule imports the kernels package, not the other way round.
     from ..gated_delta_rule import recurrent_gated_delta_rule_ref
 
-    initial = state_pool.index_select(0, slots)
+    if initial_from is None:
+        initial = state_pool.index_select(0, slots)
+    else:
+        initial = initial_from[0].index_select(0, initial_from[1])
     if cu_seqlens is None:  # one token per request: a batch of N sequences of length 1
         packed = (q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None])
     else:  # the requests packed along T
@@ -215,6 +236,8 @@ def gdn_gates_torch(
 
 
 Gates = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+# (saved states [R, Hv, K, V], [N] int64 rows of them): where a row's state starts instead.
+InitialStates = tuple[torch.Tensor, torch.Tensor]
 
 
 def _run(
@@ -230,8 +253,11 @@ def _run(
     backend: str,
     gates: Gates | None,
     cu_seqlens: tuple[int, ...] | None,
+    token_index: torch.Tensor | None = None,
+    initial_from: InitialStates | None = None,
 ) -> torch.Tensor:
-    """`gated_delta_rule_decode_` (cu_seqlens None) and `gated_delta_rule_rows_`."""
+    """`gated_delta_rule_decode_` (cu_seqlens None), `gated_delta_rule_rows_` and
+    `gated_delta_rule_replay_` (token_index / initial_from)."""
     raw = gates is not None
     if raw != (g is None and beta is None):
         raise ValueError("pass either g and beta or gates=(a, b, A_log, dt_bias)")
@@ -241,24 +267,34 @@ def _run(
             raise ValueError(f"A_log and dt_bias must be [{v.shape[1]}]")
     assert g is not None and beta is not None
     num_rows = None
+    total = q.shape[0] if token_index is None else token_index.shape[0]
     if cu_seqlens is not None:
         num_rows = len(cu_seqlens) - 1
-        if num_rows < 0 or cu_seqlens[0] != 0 or cu_seqlens[-1] != q.shape[0]:
-            raise ValueError(f"cu_seqlens must run from 0 to T={q.shape[0]}, got {cu_seqlens}")
+        if num_rows < 0 or cu_seqlens[0] != 0 or cu_seqlens[-1] != total:
+            raise ValueError(f"cu_seqlens must run from 0 to T={total}, got {cu_seqlens}")
         if any(b <= a for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True)):
             raise ValueError(f"cu_seqlens must be increasing (no empty row), got {cu_seqlens}")
     _check(q, k, v, g, beta, state_pool, slots, num_rows)
+    if initial_from is not None and (
+        initial_from[0].shape[1:] != state_pool.shape[1:] or initial_from[1].shape != slots.shape
+    ):
+        raise ValueError(
+            f"initial states must be [R, {list(state_pool.shape[1:])}] with one row index per "
+            f"slot, got {tuple(initial_from[0].shape)} and {tuple(initial_from[1].shape)}"
+        )
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if not use_triton("gated_delta_rule_decode_", q.device, backend):
         if gates is not None:
             g, beta = gdn_gates_torch(*gates)
+        if token_index is not None:
+            q, k, v, g, beta = (t.index_select(0, token_index) for t in (q, k, v, g, beta))
         return _recurrent_torch(
-            q, k, v, g, beta, state_pool, slots, scale, use_qk_l2norm, cu_seqlens
+            q, k, v, g, beta, state_pool, slots, scale, use_qk_l2norm, cu_seqlens, initial_from
         )
     n, num_k_heads, head_k = q.shape
     num_v_heads, head_v = v.shape[1], v.shape[2]
-    out = torch.empty_like(v)
-    if n == 0:
+    out = v.new_empty(total, num_v_heads, head_v)
+    if n == 0 or total == 0:
         return out
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -270,16 +306,21 @@ def _run(
     rows = n if num_rows is None else num_rows
     block_v = _block_v(rows, num_v_heads, head_v)
     grid = (rows, num_v_heads, triton.cdiv(head_v, block_v))
+    init, init_rows = initial_from if initial_from is not None else (state_pool, slots)
+    if init.stride(-1) != 1:
+        raise ValueError("initial states must be contiguous in their last dimension")
     _gdn_decode_kernel[grid](
         q, k, v, g, beta, out, state_pool, slots, cu,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), beta.stride(0), out.stride(0), out.stride(1),
         state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
-        a_log_arg, dt_bias_arg,
+        a_log_arg, dt_bias_arg, token_index if token_index is not None else slots,
+        init, init_rows, init.stride(0), init.stride(1), init.stride(2),
         scale, _L2_EPS,
         RATIO=num_v_heads // num_k_heads, K=head_k, V=head_v,
         BLOCK_K=triton.next_power_of_2(head_k), BLOCK_V=block_v, L2NORM=use_qk_l2norm,
-        RAW_GATES=raw, ROWS=cu_seqlens is not None,
+        RAW_GATES=raw, ROWS=cu_seqlens is not None, TOKEN_INDEX=token_index is not None,
+        INIT=initial_from is not None,
         **pdl_launch_kwargs(q.device, grid[0] * grid[1] * grid[2]),
     )  # fmt: skip
     return out
@@ -329,3 +370,28 @@ def gated_delta_rule_rows_(
     return _run(
         q, k, v, g, beta, state_pool, slots, scale, use_qk_l2norm, backend, gates, cu_seqlens
     )
+
+
+def gated_delta_rule_replay_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gates: Gates | tuple[torch.Tensor, torch.Tensor],
+    state_pool: torch.Tensor,
+    slots: torch.Tensor,
+    cu_seqlens: tuple[int, ...],
+    token_index: torch.Tensor,
+    initial_from: InitialStates,
+    backend: str = "auto",
+) -> None:
+    """`gated_delta_rule_rows_` over rows of earlier inputs, from saved states: packed token t
+    is row `token_index[t]` of q, k, v and the gates (`(a, b, A_log, dt_bias)`, or `(g,
+    beta)`), and request n starts from `initial_from[0][initial_from[1][n]]` rather than its
+    pool row, which gets the final state. An MTP rollback's replay of the accepted tokens in
+    one launch a layer: no gathers of the recorded inputs, no restore of the pool rows."""
+    rest = (state_pool, slots, None, True, backend)
+    if len(gates) == 4:
+        _run(q, k, v, None, None, *rest, gates, cu_seqlens, token_index, initial_from)
+    else:
+        g, beta = gates
+        _run(q, k, v, g, beta, *rest, None, cu_seqlens, token_index, initial_from)

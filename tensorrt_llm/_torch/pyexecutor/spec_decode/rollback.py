@@ -9,10 +9,11 @@ the same positions: its KV writes repeat the verify's). Full acceptance costs th
 
 The replay runs the recurrence only where it can: a verify step records what each DeltaNet
 layer's in-place rows path ran (`AttentionMetadata.recurrent_record`), and a rejected row's
-accepted tokens go through just the conv gather and the rows kernel again
-(`gated_delta_net_rows.replay_rows`), not the whole model; under tensor parallelism every
-rank replays from its own record (tp_spec.py). Where a row was not recorded (a step whose
-rows took the chunked rule), the replay forward runs.
+accepted tokens go through just the conv gather and the rows kernel again, starting from the
+saved copies themselves (`replay_recorded` -> `gated_delta_net_rows.replay_rows`: two launches
+a layer, no restore), not the whole model; under tensor parallelism every rank replays from
+its own record (tp_spec.py). Where a row was not recorded (a step whose rows took the
+chunked rule), the rows are restored and the replay forward runs.
 
 NOTE: the other alternative, keeping the state after every position and selecting the
 accepted one, costs a state per position and layer (147 MiB a token for Qwen3.6-27B).
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...._utils import async_tensor_h2d
+from ...modules.gated_delta_net_rows import RowsRecord, replay_rows
 
 if TYPE_CHECKING:
     from ...models.engine_model import EngineModel
@@ -60,6 +62,21 @@ class RecurrentRollback:
             return None
         index = async_tensor_h2d(slots, torch.int64, self.pools[0].device)
         return StateSnapshot(list(slots), [pool.index_select(0, index) for pool in self.pools])
+
+    def replay_recorded(
+        self,
+        snapshot: StateSnapshot,
+        records: list[RowsRecord],
+        kept: list[tuple[int, int]],
+        slots: list[int],
+    ) -> None:
+        """The recurrence of each `(batch row, tokens kept)` of `kept` again, in every recorded
+        layer, from the saved rows of `slots` (a subset of the snapshot's): the pool rows end
+        as after the kept tokens, without a restore first."""
+        where = {slot: i for i, slot in enumerate(snapshot.slots)}
+        pairs = zip(self.pools, snapshot.rows, strict=True)
+        saved = {pool.data_ptr(): rows for pool, rows in pairs}
+        replay_rows(records, kept, slots, saved, [where[s] for s in slots])
 
     def restore(self, snapshot: StateSnapshot, slots: list[int]) -> None:
         """Write back the saved rows of `slots` (a subset of the snapshot's)."""

@@ -10,8 +10,9 @@ The step, top to bottom:
    (rejection.py); one host copy of both unless a row asks for logprobs;
 4. accept drafts and append tokens with the usual stop checks (acceptance.py);
 5. draft the next k tokens with the MTP head (mtp_drafter.py) from this step's hidden states;
-6. roll the recurrent state back for requests that rejected a draft: restore and replay (the
-   recurrence alone, from what the verify forward recorded, where it can; rollback.py).
+6. roll the recurrent state back for requests that rejected a draft: the recurrence alone
+   from the saved rows, over what the verify forward recorded, where it can; else restore
+   and a replay forward (rollback.py).
 
 KV rollback needs nothing: a request's length advances by the emitted tokens only, and the
 next step's writes overwrite the rejected positions.
@@ -32,12 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...._utils import async_tensor_h2d
-from ...modules.gated_delta_net_rows import (
-    RECORD_MAX_BYTES,
-    RowsRecord,
-    covers,
-    replay_rows,
-)
+from ...modules.gated_delta_net_rows import RECORD_MAX_BYTES, RowsRecord, covers
 from ..prompt_logprobs import attach, compute_prompt_logprobs
 from ..request_errors import RequestInputError
 from ..request_lifecycle import (
@@ -358,7 +354,6 @@ class SpecDecoder:
         if not replay or snapshot is None:
             return
         slots = [_slot(v.request) for _, v in replay]
-        self.rollback.restore(snapshot, slots)
         self.stats.num_replays += len(replay)
         # Not finished: every accepted token was emitted, the bonus token last.
         kept = [(first_row + i, len(v.emitted)) for i, v in replay]
@@ -366,8 +361,9 @@ class SpecDecoder:
         if records is not None and covers(records, [row for row, _ in kept], layers):
             if self.link is not None:
                 self.link.send_replay_rows(slots, kept)
-            replay_rows(records, kept, slots)
+            self.rollback.replay_recorded(snapshot, records, kept, slots)
             return
+        self.rollback.restore(snapshot, slots)
         rows = [
             ChunkRow(v.request, [v.token, *v.drafts[: len(v.emitted) - 1]], v.start)
             for _, v in replay

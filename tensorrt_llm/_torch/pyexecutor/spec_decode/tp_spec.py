@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...input_batch import InputBatch
-from ...modules.gated_delta_net_rows import RowsRecord, covers, replay_rows
+from ...modules.gated_delta_net_rows import RowsRecord, covers
 from ..tp_step_channel import SpecCommand
 from .mtp_drafter import DraftPlan, MTPDrafter
 from .rollback import RecurrentRollback, StateSnapshot
@@ -183,6 +183,5 @@ class SpecWorker:
             raise RuntimeError(
                 f"rank 0 replays rows {rows} this rank's verify forward did not record"
             )
-        self.rollback.restore(self.snapshot, restore_slots)
-        replay_rows(self.records, kept, restore_slots)
+        self.rollback.replay_recorded(self.snapshot, self.records, kept, restore_slots)
         self.snapshot = self.records = None

@@ -94,8 +94,13 @@ def _skip_worker_restore() -> None:
     def replay_rows(
         self: tp_spec.SpecWorker, restore_slots: list[int], kept: list[tuple[int, int]]
     ) -> None:
+        # From the rows as the verify step left them (the pools themselves as the "saved"
+        # copies), not from the saved ones.
+        from tensorrt_llm._torch.modules.gated_delta_net_rows import replay_rows as replay_from
+
         assert self.records is not None
-        tp_spec.replay_rows(self.records, kept, restore_slots)
+        current = {pool.data_ptr(): pool for pool in self.rollback.pools}
+        replay_from(self.records, kept, restore_slots, current, restore_slots)
 
     tp_spec.SpecWorker._replay = replay  # type: ignore[method-assign]
     tp_spec.SpecWorker._replay_rows = replay_rows  # type: ignore[method-assign]

@@ -118,6 +118,32 @@ def test_conv_varlen_planes_are_the_column_slices_contiguous() -> None:
         causal_conv1d_varlen_planes(*dev[:3], lens, *dev[3:], got_finals, None, None, (90, 40))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_rollback_takes_the_last_inputs_up_to_the_kept_token(dtype: torch.dtype) -> None:
+    """Rows keeping 1..5 of their inputs (kernel 4: the state is 3 columns): the state is
+    columns keep.. keep + 2 of [saved state | inputs], the Triton kernel's equal to the torch
+    path's and to that definition; other pool rows untouched."""
+    from tensorrt_llm._torch.modules.triton_kernels.conv_rollback import causal_conv1d_rollback_
+
+    gen = torch.Generator().manual_seed(8)
+    dim, width, n = 300, 4, 5
+    x = torch.randn(30, dim + 6, generator=gen).to(dtype)[:, :dim]  # strided rows
+    initial = torch.randn(n + 1, dim, width - 1, generator=gen).to(dtype)
+    pool = torch.randn(8, dim, width - 1, generator=gen).to(dtype)
+    slots, init_rows = torch.tensor([6, 0, 3, 7, 2]), torch.tensor([5, 1, 0, 2, 4])
+    starts, keeps = torch.tensor([0, 6, 12, 18, 24]), torch.tensor([1, 2, 3, 4, 5])
+    want = pool.clone()
+    for r in range(n):
+        joined = torch.cat([initial[init_rows[r]], x[starts[r] : starts[r] + 6].t()], dim=1)
+        want[slots[r]] = joined[:, keeps[r] : keeps[r] + width - 1]
+    for backend in ("torch", "triton"):
+        dev = [t.to(DEVICE) for t in (pool.clone(), slots, initial, init_rows, x, starts, keeps)]
+        causal_conv1d_rollback_(*dev, backend=backend)
+        assert torch.equal(dev[0].cpu(), want), backend
+    with pytest.raises(ValueError, match="like slots"):
+        causal_conv1d_rollback_(pool, slots, initial, init_rows[:2], x, starts, keeps)
+
+
 def test_gated_rms_norm_matches_torch_with_strided_gate() -> None:
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(5, 3, 48, generator=gen)
@@ -424,9 +450,10 @@ def test_short_continuing_rows_run_in_place_and_match_the_chunked_rule(
 @torch.no_grad()
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_replay_rows_equals_running_the_shorter_rows(backend: str) -> None:
-    """A recorded verify step (rows of 4, 1 and 3 tokens after a fresh prefill chunk), the
-    states of two rows put back, then `replay_rows` keeping 2 and 1 of their tokens: their
-    pool rows equal a step that ran just those tokens; the other rows keep the full step's."""
+    """A recorded verify step (rows of 4, 1 and 3 tokens after a fresh prefill chunk), then
+    `replay_rows` keeping 2 and 1 of two rows' tokens from their states saved before the step
+    (saved in another order than replayed; the pool rows are not put back first): their pool
+    rows equal a step that ran just those tokens; the other rows keep the full step's."""
     from tensorrt_llm._torch.modules.gated_delta_net_rows import covers, replay_rows
 
     layer = _layer(seed=3).to(DEVICE)
@@ -444,9 +471,10 @@ def test_replay_rows_equals_running_the_shorter_rows(backend: str) -> None:
     assert len(record) == 1 and record[0].first == 1 and record[0].lens == (4, 1, 3)
     assert covers(record, [1, 3], 1) and not covers(record, [0], 1)
     full_conv, full_ssm = conv.clone(), ssm.clone()
-    back = torch.tensor([4, 3], device=DEVICE)  # rows 1 and 3: their states before the step
-    conv[back], ssm[back] = conv0[back], ssm0[back]
-    replay_rows(record, [(1, 2), (3, 1)], [4, 3])
+    back = torch.tensor([4, 3], device=DEVICE)  # the slots of rows 1 and 3
+    saved_order = torch.tensor([3, 1, 4], device=DEVICE)  # slot 4 is saved row 2, slot 3 row 0
+    saved = {conv.data_ptr(): conv0[saved_order], ssm.data_ptr(): ssm0[saved_order]}
+    replay_rows(record, [(1, 2), (3, 1)], [4, 3], saved, [2, 0])
     # The reference: the two rows' kept tokens alone, from the states before the step.
     want_conv, want_ssm = conv0.clone(), ssm0.clone()
     short = GatedDeltaNetMetadata((2, 1), (True, True))
@@ -459,4 +487,4 @@ def test_replay_rows_equals_running_the_shorter_rows(backend: str) -> None:
         ssm[others], full_ssm[others]
     )
     with pytest.raises(ValueError, match="kept tokens"):
-        replay_rows(record, [(2, 2)], [1])
+        replay_rows(record, [(2, 2)], [1], saved, [0])
