@@ -12,8 +12,9 @@
 #                       an A/B runs it for `git archive BASE | tar -x -C ab_base` and for .
 #   mt27                issue 19: Qwen3.6-27B multi-turn, block reuse on, then off
 #   mtp27 / mtp27c32    issue 20: Qwen3.6-27B MTP bounds at c=1 / c=32 (oracle, then rejected)
-#   mtpphases [MODE]    issue 20: the 27B MTP step (c=1, osl 256, MODE rejected by default)
-#                       phase by phase per window of 32 steps (benchmarks/spec_step_phases.py)
+#   mtpphases [MODE] [TREE]  issue 20: the 27B MTP step (c=1, osl 256, MODE rejected by
+#                       default) phase by phase per window of 32 steps
+#                       (benchmarks/spec_step_phases.py), for the tree at TREE (default .)
 #   t1prof              issue 19: one turn-1 wave (27B, c=32) profiled with reuse on, then off
 #                       (TRTLLM_BENCH_PROFILE: op tables, device idle and busy timeline)
 #   b27 [CONC...]       issue 20: Qwen3.6-27B bf16 at the issue's command (osl 256; default
@@ -96,11 +97,13 @@ mtp27 | mtp27c32)
     ;;
 mtpphases)
     spec='{"decoding_type":"MTP","num_nextn_predict_layers":3}'
-    timeout -s ABRT 250 python3 benchmarks/spec_step_phases.py --window 32 -- \
+    tree=${3:-.}
+    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout -s ABRT 250 python3 \
+        benchmarks/spec_step_phases.py --window 32 -- \
         --config benchmarks/configs/qwen3_6_27b.json --isl 1000 --osl 256 --image_size 512 \
         --concurrency 1 --executor_mode inproc --no-enable_block_reuse \
-        --speculative_config "$spec" --draft_mode "${2:-rejected}" 2>&1 | quiet | tail -32 \
-        | tee -a "$OUT/mtpphases.log"
+        --speculative_config "$spec" --draft_mode "${2:-rejected}") 2>&1 | quiet | tail -32 \
+        | sed "s|^|$(basename "$(realpath "$tree")") |" | tee -a "$OUT/mtpphases.log"
     ;;
 t1prof)
     for reuse in enable no-enable; do
