@@ -67,3 +67,20 @@ def step_constant(
     shared: never write to it.
     """
     return async_tensor_h2d(list(values), dtype, device)
+
+
+def foreach_copy_(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
+    """`dst.copy_(src)` for each pair, one `torch._foreach_copy_` per dtype: CUDA's fused
+    multi-tensor copy takes only lists of one dtype and falls back to a copy (a memcpy
+    launch) per tensor otherwise, e.g. for a hybrid model's 16-bit conv rows next to its
+    float32 SSM rows."""
+    if len(dsts) != len(srcs):
+        raise ValueError(f"{len(dsts)} destinations for {len(srcs)} sources")
+    groups: dict[tuple[torch.dtype, torch.dtype], tuple[list[torch.Tensor], list[torch.Tensor]]]
+    groups = {}
+    for dst, src in zip(dsts, srcs, strict=True):
+        pair = groups.setdefault((dst.dtype, src.dtype), ([], []))
+        pair[0].append(dst)
+        pair[1].append(src)
+    for group_dsts, group_srcs in groups.values():
+        torch._foreach_copy_(group_dsts, group_srcs)

@@ -1,11 +1,11 @@
-"""Pinned-staging helpers."""
+"""Pinned-staging helpers and the grouped multi-tensor copy."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tensorrt_llm._utils import async_tensor_h2d, maybe_pin_memory, prefer_pinned
+from tensorrt_llm._utils import async_tensor_h2d, foreach_copy_, maybe_pin_memory, prefer_pinned
 
 
 def test_pin_is_noop_without_cuda_or_for_device_tensors() -> None:
@@ -43,3 +43,23 @@ def test_step_constant_is_built_once_per_values_dtype_and_device() -> None:
     assert a.tolist() == [0, 4, 9] and a.dtype == torch.long
     assert step_constant((0, 4, 9), torch.int32, cpu) is not a
     assert step_constant((0, 2, 9), torch.long, cpu).tolist() == [0, 2, 9]
+
+
+def test_foreach_copy_groups_by_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mixed bf16 / float32 pairs: one `_foreach_copy_` per dtype (CUDA fuses only a one-dtype
+    list), each pair copied exactly."""
+    calls: list[set[torch.dtype]] = []
+    real = torch._foreach_copy_
+
+    def spy(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+        calls.append({t.dtype for t in (*dsts, *srcs)})
+        real(dsts, srcs)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", spy)
+    srcs = [torch.randn(3, 4).to(d) for d in (torch.bfloat16, torch.float32) * 3]
+    dsts = [torch.zeros_like(t) for t in srcs]
+    foreach_copy_(dsts, srcs)
+    assert sorted(calls, key=str) == [{torch.bfloat16}, {torch.float32}]
+    assert all(torch.equal(d, s) for d, s in zip(dsts, srcs, strict=True))
+    with pytest.raises(ValueError, match="destinations"):
+        foreach_copy_(dsts[:1], srcs)

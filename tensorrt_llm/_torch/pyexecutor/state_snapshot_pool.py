@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..._utils import foreach_copy_
 from .block_hash import BlockKey
 
 SNAPSHOT_SAVE = 0  # seq slot rows -> pool entry
@@ -123,12 +124,12 @@ class RecurrentSnapshotPool:
 
     # ---- copies ------------------------------------------------------------------------------
     def _copy_in(self, entry: int, seq_slot: int) -> None:
-        torch._foreach_copy_([s[entry] for s in self._store], [t[seq_slot] for t in self._slots])
+        foreach_copy_([s[entry] for s in self._store], [t[seq_slot] for t in self._slots])
         if self.copy_log is not None:
             self.copy_log.append((SNAPSHOT_SAVE, entry, seq_slot))
 
     def _copy_out(self, entry: int, seq_slot: int) -> None:
-        torch._foreach_copy_([t[seq_slot] for t in self._slots], [s[entry] for s in self._store])
+        foreach_copy_([t[seq_slot] for t in self._slots], [s[entry] for s in self._store])
         if self.copy_log is not None:
             self.copy_log.append((SNAPSHOT_RESTORE, entry, seq_slot))
 

@@ -1,0 +1,46 @@
+"""`RecurrentRollback`'s saved rows: row-by-row multi-tensor copies for a few slots, a gather
+per pool for many; both give the slots' rows as they were, and `restore` puts them back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tensorrt_llm._torch.pyexecutor.spec_decode import rollback as rollback_module
+from tensorrt_llm._torch.pyexecutor.spec_decode.rollback import RecurrentRollback
+
+
+class _Model:
+    """The per-slot state a hybrid model exposes: 16-bit conv rows, float32 SSM rows."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.state = {}
+        for j in range(3):
+            conv = torch.randn(7, 12, 3, generator=gen).bfloat16()
+            ssm = torch.randn(7, 2, 4, 5, generator=gen)
+            self.state[f"recurrent.conv_{j}"], self.state[f"recurrent.ssm_{j}"] = conv, ssm
+
+    def per_slot_state(self) -> dict[str, torch.Tensor]:
+        return self.state
+
+
+@pytest.mark.parametrize("by_row", [True, False])
+def test_save_copies_the_rows_and_restore_puts_them_back(
+    by_row: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rollback_module, "SAVE_BY_ROW_MAX_SLOTS", 16 if by_row else 0)
+    model = _Model()
+    rollback = RecurrentRollback(model)  # type: ignore[arg-type]
+    before = {n: t.clone() for n, t in model.state.items()}
+    snapshot = rollback.save([5, 1, 3])
+    assert snapshot is not None and snapshot.slots == [5, 1, 3]
+    for pool, rows in zip(rollback.pools, snapshot.rows, strict=True):
+        assert rows.dtype == pool.dtype and torch.equal(rows, pool[[5, 1, 3]])
+    for t in model.state.values():
+        t.add_(1)  # the verify step writes the rows
+    rollback.restore(snapshot, [3, 5])
+    for name, t in model.state.items():
+        assert torch.equal(t[[3, 5]], before[name][[3, 5]])
+        assert torch.equal(t[1], (before[name][1].float() + 1).to(t.dtype))  # not restored
+    assert rollback.save([]) is None
