@@ -15,6 +15,7 @@ from typing import Any, cast
 import torch
 
 from ...inputs.multimodal import MultimodalParams
+from ..config_utils import is_hybrid_model
 from ..models.modeling_auto import get_model_class
 from ..models.vision_embedding_cache import VisionEmbeddingCache
 from ..quantization import QuantConfig
@@ -333,4 +334,9 @@ def startup_summary(
         f"piecewise_graphs={piecewise.buckets[-1] if piecewise is not None else 'off'} "
         f"quantization={quant} overlap={not config.disable_overlap_scheduler} "
         f"block_reuse={config.enable_block_reuse}"
+        + (
+            f" ssm_state={str(config.ssm_state_dtype).removeprefix('torch.')}"
+            if is_hybrid_model(config.pretrained_config)
+            else ""
+        )
     )

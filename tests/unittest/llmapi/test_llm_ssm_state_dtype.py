@@ -8,6 +8,7 @@ for a model without recurrent state, or an unknown one, is an error.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprob
 
 
 def _run(ssm_dtype: str) -> tuple[list[Any], dict[str, torch.Tensor]]:
+    # (the engine's startup line names the state dtype: test_startup_line_names_the_state_dtype)
     with LLM(
         str(get_or_build_demo_checkpoint("qwen3_5")),
         device="cpu",
@@ -76,3 +78,16 @@ def test_choice_errors() -> None:
         kv_cache_config={"mamba_ssm_cache_dtype": "float16"},
     )
     assert args.to_engine_config().ssm_state_dtype == torch.float16
+
+
+def test_startup_line_names_the_state_dtype(caplog: pytest.LogCaptureFixture) -> None:
+    from tensorrt_llm._torch.pyexecutor.py_executor_creator import create_py_executor
+    from tensorrt_llm.inputs.registry import create_input_processor
+
+    ckpt = str(get_or_build_demo_checkpoint("qwen3_5"))
+    args = LlmArgs(model=ckpt, device="cpu", max_batch_size=2, mamba_ssm_cache_dtype="bfloat16")
+    logger = "tensorrt_llm._torch.pyexecutor.py_executor_creator"
+    with caplog.at_level(logging.INFO, logger=logger):
+        create_py_executor(args.to_engine_config(), create_input_processor(ckpt)).shutdown()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine ready:")]
+    assert len(lines) == 1 and lines[0].endswith(" ssm_state=bfloat16")
