@@ -178,10 +178,9 @@ def replay_rows(
         raise ValueError(f"kept tokens of {list(rows)} must be in 1..the row's {lens}")
     dev = records[0].a.device
     tokens = [s + t for s, keep in zip(starts, keeps, strict=True) for t in range(keep)]
-    # One host-to-device copy for the four index vectors every layer shares.
-    n = len(rows)
-    packed = async_tensor_h2d([*tokens, *slots, *saved_rows, *starts, *keeps], torch.int64, dev)
-    tokens_d, slots_d, saved_d, starts_d, keeps_d = packed.split([len(tokens), n, n, n, n])
+    tokens_d, slots_d, saved_d, starts_d, keeps_d = _index_vectors(
+        [tokens, list(slots), list(saved_rows), starts, keeps], dev
+    )
     replay_cu = (0, *itertools.accumulate(keeps))
     for rec in records:
         layer = rec.layer
@@ -202,3 +201,16 @@ def replay_rows(
             conv, slots_d, saved[conv.data_ptr()], saved_d, rec.conv_in, starts_d, keeps_d,
             backend=backend,
         )  # fmt: skip
+
+
+def _index_vectors(vectors: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """int64 device vectors from one host-to-device copy, each starting 16-byte aligned (two
+    elements): Triton specializes a pointer argument on that alignment, and a view at an odd
+    element offset would compile another variant of the kernel mid-serving."""
+    flat: list[int] = []
+    starts = []
+    for v in vectors:
+        starts.append(len(flat))
+        flat += v + [0] * (len(v) % 2)
+    packed = async_tensor_h2d(flat, torch.int64, device)
+    return [packed[s : s + len(v)] for s, v in zip(starts, vectors, strict=True)]

@@ -86,24 +86,24 @@ def _gdn_step(state, q, k, v, g, beta):
     return state, tl.sum(state * q[:, None], 0)
 
 
-@triton_jit
+@triton_jit(do_not_specialize=("use_index", "use_init"))
 def _gdn_decode_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, slots_ptr, cu_ptr,
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
     stride_gn, stride_bn, stride_on, stride_oh,
     stride_sp, stride_sh, stride_sk,
     a_log_ptr, dt_bias_ptr, tok_ptr, init_ptr, init_rows_ptr, stride_ip, stride_ih, stride_ik,
-    scale, eps,
+    scale, eps, use_index, use_init,
     RATIO: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2NORM: tl.constexpr,
-    RAW_GATES: tl.constexpr, ROWS: tl.constexpr, TOKEN_INDEX: tl.constexpr,
-    INIT: tl.constexpr, USE_PDL: tl.constexpr,
+    RAW_GATES: tl.constexpr, ROWS: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     # ROWS: program n runs tokens cu[n]..cu[n + 1] of its request in order (verify rows of a
     # speculative step); else token n only, its loads issued before the state's.
-    # TOKEN_INDEX: packed token t reads the inputs' row tok[t] (a replay reads the verify
-    # step's recorded rows in place). INIT: the state starts from init[init_rows[n]] (a saved
-    # copy) instead of the pool row, which it still ends in.
+    # ROWS with use_index: packed token t reads the inputs' row tok[t] (a replay reads the
+    # verify step's recorded rows in place); with use_init: the state starts from
+    # init[init_rows[n]] (a saved copy) instead of the pool row, which it still ends in. Both
+    # are runtime flags, so a replay runs the verify rows' compiled variant.
     pdl_sync(USE_PDL)
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
@@ -119,7 +119,7 @@ def _gdn_decode_kernel(
     )  # fmt: skip
     s_mask = mk[:, None] & mv[None, :]
     if ROWS:
-        if INIT:
+        if use_init != 0:
             row = tl.load(init_rows_ptr + n).to(tl.int64)
             i_ptrs = (
                 init_ptr + row * stride_ip + hv * stride_ih
@@ -131,7 +131,7 @@ def _gdn_decode_kernel(
         begin = tl.load(cu_ptr + n).to(tl.int64)
         end = tl.load(cu_ptr + n + 1).to(tl.int64)
         for t in range(begin, end):
-            if TOKEN_INDEX:
+            if use_index != 0:
                 src = tl.load(tok_ptr + t).to(tl.int64)
             else:
                 src = t
@@ -316,11 +316,10 @@ def _run(
         state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
         a_log_arg, dt_bias_arg, token_index if token_index is not None else slots,
         init, init_rows, init.stride(0), init.stride(1), init.stride(2),
-        scale, _L2_EPS,
+        scale, _L2_EPS, int(token_index is not None), int(initial_from is not None),
         RATIO=num_v_heads // num_k_heads, K=head_k, V=head_v,
         BLOCK_K=triton.next_power_of_2(head_k), BLOCK_V=block_v, L2NORM=use_qk_l2norm,
-        RAW_GATES=raw, ROWS=cu_seqlens is not None, TOKEN_INDEX=token_index is not None,
-        INIT=initial_from is not None,
+        RAW_GATES=raw, ROWS=cu_seqlens is not None,
         **pdl_launch_kwargs(q.device, grid[0] * grid[1] * grid[2]),
     )  # fmt: skip
     return out

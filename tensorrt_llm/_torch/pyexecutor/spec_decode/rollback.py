@@ -28,6 +28,8 @@ import torch
 
 from ...._utils import async_tensor_h2d, foreach_copy_
 from ...modules.gated_delta_net_rows import RowsRecord, replay_rows
+from ...modules.triton_kernels import use_triton
+from ...modules.triton_kernels.conv_rollback import causal_conv1d_rollback_
 
 if TYPE_CHECKING:
     from ...models.engine_model import EngineModel
@@ -58,6 +60,26 @@ class RecurrentRollback:
                 f"{type(model).__name__} keeps no recurrent state ({RECURRENT_PREFIX}*): MTP "
                 "speculation here is built for the Qwen3.5 / Qwen3.6 hybrid stacks"
             )
+        self._compile_conv_rollback(state)
+
+    def _compile_conv_rollback(self, state: dict[str, torch.Tensor]) -> None:
+        """Launch the conv-state rollback kernel once per pool shape on the dummy slot (its
+        state is never read), so the first rejected draft compiles nothing mid-serving. The
+        replay's recurrence runs the verify rows' own compiled kernel."""
+        done = set()
+        for name, pool in state.items():
+            key = (pool.dtype, tuple(pool.shape[1:]))
+            if not name.startswith(f"{RECURRENT_PREFIX}conv_") or key in done:
+                continue
+            done.add(key)
+            if not use_triton("causal_conv1d_rollback_", pool.device, "auto"):
+                continue
+            dummy = pool.shape[0] - 1  # seq_slots.py: the last row
+            width = pool.shape[-1] + 1
+            index = torch.full((2,), dummy, dtype=torch.int64, device=pool.device)[:1]
+            zero, one = torch.zeros_like(index), torch.ones_like(index)
+            x = pool.new_zeros(width, pool.shape[1])
+            causal_conv1d_rollback_(pool, index, pool[dummy:].clone(), zero, x, zero, one)
 
     def save(self, slots: list[int]) -> StateSnapshot | None:
         """Copy the rows of `slots` (None when there are none)."""

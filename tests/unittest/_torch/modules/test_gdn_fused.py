@@ -144,6 +144,17 @@ def test_conv_rollback_takes_the_last_inputs_up_to_the_kept_token(dtype: torch.d
         causal_conv1d_rollback_(pool, slots, initial, init_rows[:2], x, starts, keeps)
 
 
+def test_replay_index_vectors_start_16_byte_aligned() -> None:
+    """Odd lengths are padded: every vector's pointer stays 16-byte aligned (one Triton
+    specialization for any token count) and holds exactly its values."""
+    from tensorrt_llm._torch.modules.gated_delta_net_rows import _index_vectors
+
+    vectors = [[5, 6, 7], [1], [2, 3], [9, 8, 7, 6, 5]]
+    got = _index_vectors(vectors, torch.device(DEVICE))
+    assert [t.tolist() for t in got] == vectors
+    assert all(t.data_ptr() % 16 == 0 and t.dtype == torch.int64 for t in got)
+
+
 def test_gated_rms_norm_matches_torch_with_strided_gate() -> None:
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(5, 3, 48, generator=gen)

@@ -44,3 +44,25 @@ def test_save_copies_the_rows_and_restore_puts_them_back(
         assert torch.equal(t[[3, 5]], before[name][[3, 5]])
         assert torch.equal(t[1], (before[name][1].float() + 1).to(t.dtype))  # not restored
     assert rollback.save([]) is None
+
+
+def test_the_conv_rollback_kernel_is_compiled_on_the_dummy_slot_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the Triton path runs (CUDA; forced here under the interpreter), building the
+    rollback launches the conv kernel once per pool shape, writing the dummy slot alone."""
+    launches: list[int] = []
+    real = rollback_module.causal_conv1d_rollback_
+
+    def spy(pool: torch.Tensor, slots: torch.Tensor, *args: torch.Tensor) -> None:
+        launches.append(int(slots[0]))
+        real(pool, slots, *args, backend="triton")
+
+    monkeypatch.setattr(rollback_module, "use_triton", lambda *args: True)
+    monkeypatch.setattr(rollback_module, "causal_conv1d_rollback_", spy)
+    model = _Model()
+    before = {n: t.clone() for n, t in model.state.items()}
+    RecurrentRollback(model)  # type: ignore[arg-type]
+    assert launches == [6]  # three conv pools of one shape: one launch, on the last row
+    for name, t in model.state.items():
+        assert torch.equal(t[:6], before[name][:6])
