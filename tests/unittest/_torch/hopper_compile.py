@@ -24,6 +24,7 @@ from triton.compiler import ASTSource
 from tensorrt_llm._torch.attention_backend.triton_kernels import decode, kv_store, prefill
 from tensorrt_llm._torch.modules.triton_kernels import (
     activation,
+    conv_rollback,
     fp8_block,
     fp8_block_gemm,
     fp8_quant,
@@ -177,6 +178,8 @@ def _more_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any],
     gdn_types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "o_ptr")}
     gdn_types.update(state_ptr="*fp32", slots_ptr="*i64", cu_ptr="*i64", scale="fp32", eps="fp32")
     gdn_types.update(a_log_ptr="*bf16", dt_bias_ptr="*bf16")
+    # The MTP replay's inputs (token index, saved states and their rows): runtime flags.
+    gdn_types.update(tok_ptr="*i64", init_ptr="*fp32", init_rows_ptr="*i64")
     # rows: each program loops over a row's tokens (MTP verify rows, gated_delta_net_rows.py).
     # Decode takes 64 value columns from 1024 request-heads on (`gdn_decode._block_v`).
     for raw, rows, block_v in (
@@ -209,13 +212,21 @@ def _more_variants() -> Iterator[tuple[str, Any, dict[str, str], dict[str, Any],
         out_ptr="*bf16", has_init_ptr="*i32", final_rows_ptr="*i64", cu_ptr="*i32",
         block_seq_ptr="*i32", block_tok_ptr="*i32",
     )  # fmt: skip
-    for init, rows in ((False, False), (True, True)):
+    # planes: q, k, v written as three contiguous planes (the layer's prefill).
+    for init, rows, planes in ((False, False, False), (True, True, False), (True, True, True)):
         cx = dict(
             WIDTH=4, BLOCK_T=gdn_conv._VARLEN_BLOCK_T, BLOCK_C=gdn_conv._VARLEN_BLOCK_C,
-            HAS_BIAS=init, HAS_INIT=init, HAS_ROWS=rows, SILU=True,
+            HAS_BIAS=init, HAS_INIT=init, HAS_ROWS=rows, SILU=True, PLANES=planes,
         )  # fmt: skip
-        name = f"conv1d varlen init={init} rows={rows}"
+        name = f"conv1d varlen init={init} rows={rows} planes={planes}"
         yield name, gdn_conv._conv_varlen_kernel, varlen_types, cx, {}
+    # The MTP rollback's conv state (conv_rollback.py): bf16 pool rows, saved rows, inputs.
+    rollback_types = {n: "*bf16" for n in ("pool_ptr", "init_ptr", "x_ptr")}
+    rollback_types.update(
+        slots_ptr="*i64", init_rows_ptr="*i64", starts_ptr="*i64", keeps_ptr="*i64"
+    )
+    cx = dict(WIDTH=4, BLOCK_C=conv_rollback._BLOCK_C)
+    yield "conv1d rollback", conv_rollback._conv_rollback_kernel, rollback_types, cx, {}
     norm_types = {n: "*bf16" for n in ("x_ptr", "z_ptr", "w_ptr", "out_ptr")}
     norm_types["eps"] = "fp32"
     for round_y in (False, True):
