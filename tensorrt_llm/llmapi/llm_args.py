@@ -270,11 +270,12 @@ class LlmArgs:
         """The KV cache's element type: the model dtype under 'auto'."""
         return KV_CACHE_DTYPES[self.kv_cache_dtype] or model_dtype
 
-    def resolve_ssm_state_dtype(self, text_config: Any) -> torch.dtype:
-        """The recurrent state's element type; a non-"auto" choice for a model that keeps no
-        such state is an error, not a silent no-op."""
-        layer_types = getattr(text_config, "layer_types", None) or []
-        if self.mamba_ssm_cache_dtype != "auto" and "linear_attention" not in layer_types:
+    def resolve_ssm_state_dtype(self, config: Any) -> torch.dtype:
+        """The recurrent state's element type for the checkpoint whose HF `config` this is; a
+        non-"auto" choice for a model that keeps no such state is an error, not a no-op."""
+        from .._torch.config_utils import is_hybrid_model
+
+        if self.mamba_ssm_cache_dtype != "auto" and not is_hybrid_model(config):
             raise ValueError(
                 f"mamba_ssm_cache_dtype={self.mamba_ssm_cache_dtype!r} applies to hybrid models' "
                 "Gated DeltaNet state; this checkpoint has no linear_attention layers (leave it "
@@ -362,7 +363,7 @@ class LlmArgs:
             device=device,
             dtype=dtype,
             kv_cache_dtype=self.resolve_kv_cache_dtype(dtype),
-            ssm_state_dtype=self.resolve_ssm_state_dtype(text_config),
+            ssm_state_dtype=self.resolve_ssm_state_dtype(config),
             max_seq_len=max_seq_len,
             max_num_tokens=self.max_num_tokens,
             tokens_per_block=self.tokens_per_block,

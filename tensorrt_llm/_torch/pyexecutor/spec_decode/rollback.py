@@ -76,7 +76,7 @@ class RecurrentRollback:
                 continue
             dummy = pool.shape[0] - 1  # seq_slots.py: the last row
             width = pool.shape[-1] + 1
-            index = torch.full((2,), dummy, dtype=torch.int64, device=pool.device)[:1]
+            index = torch.full((1,), dummy, dtype=torch.int64, device=pool.device)
             zero, one = torch.zeros_like(index), torch.ones_like(index)
             x = pool.new_zeros(width, pool.shape[1])
             causal_conv1d_rollback_(pool, index, pool[dummy:].clone(), zero, x, zero, one)
