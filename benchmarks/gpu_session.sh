@@ -32,6 +32,10 @@
 #                       of each and their ratio (CONFIG: qwen3_6_35b_a3b, the default, or 27b)
 #   blk8                issue 16: Qwen3-VL-8B fp8_block at c=32/128, GEMM choice auto, then
 #                       TRTLLM_FP8_BLOCK_GEMM=cublas (cuBLASLt from 16 rows)
+#   blk8tree [TREE]     issue 16: Qwen3-VL-8B fp8_block at c=1/32/128 (GEMM choice auto, in
+#                       process) for the tree at TREE (default .): the A/B of a block-GEMM change
+#   fusedq              issue 16: tune_fp8_block.py at 1-64 rows over Qwen3-VL-8B's projections
+#                       (the GEMM quantising its rows vs the group quantisation + GEMM)
 #   moe                 bench_moe.py at 1-128 tokens, with the router GEMM 257 vs 264 columns
 #   moefp8              bench_moe.py's block-FP8 grouped GEMM tiles at 1024-8192 prefill tokens
 #   prefillk [TREE]     the prefill kernels of the 35B-A3B wave for the tree at TREE (default .):
@@ -178,6 +182,20 @@ blk8)
             --executor_mode inproc --output "$OUT/blk8_$gemm.json" 2>&1 | quiet | tail -4 \
             | sed "s/^/$gemm /" | tee -a "$OUT/blk8.log"
     done
+    ;;
+blk8tree)
+    tree=${2:-.}
+    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout -s ABRT 280 python3 -m \
+        tensorrt_llm.commands.bench --config benchmarks/configs/qwen3_vl_8b.json --isl 1000 \
+        --osl 1000 --image_size 512 --concurrency 1 32 128 --quantization fp8_block \
+        --kv_cache_dtype fp8 --executor_mode inproc \
+        --output "$OUT/blk8_$(basename "$(realpath "$tree")").json") 2>&1 | quiet | tail -5 \
+        | sed "s|^|$(basename "$(realpath "$tree")") |" | tee -a "$OUT/blk8tree.log"
+    ;;
+fusedq)
+    timeout -s ABRT 250 python3 benchmarks/tune_fp8_block.py --rows 1 16 32 64 --shapes 8b.qkv \
+        8b.o 8b.gate_up 8b.down --output "$OUT/fusedq.json" 2>&1 | quiet \
+        | grep -E "best|M  *[0-9]+ |Error" | tee "$OUT/fusedq.log"
     ;;
 moe)
     timeout -s ABRT 250 python3 benchmarks/bench_moe.py --tokens 1 16 64 128 \
