@@ -11,6 +11,7 @@
 #   std [TREE]          the standard Qwen3-VL-8B benchmark of the tree at TREE (default: .);
 #                       an A/B runs it for `git archive BASE | tar -x -C ab_base` and for .
 #   mt27                issue 19: Qwen3.6-27B multi-turn, block reuse on, then off
+#   mt8                 issue 19: the same workload on Qwen3-VL-8B (bf16), reuse on, then off
 #   mtp27 / mtp27c32    issue 20: Qwen3.6-27B MTP bounds at c=1 / c=32 (oracle, then rejected)
 #   mtpphases [MODE] [TREE]  issue 20: the 27B MTP step (c=1, osl 256, MODE rejected by
 #                       default) phase by phase per window of 32 steps
@@ -85,6 +86,14 @@ mt27)
             --config benchmarks/configs/qwen3_6_27b.json --image_size 512 --executor_mode inproc \
             --isl 1000 --osl 50 --multi_turn 4 --turn_tokens 800 --concurrency 32 $reuse \
             --output "$OUT/mt27${reuse#--}.json" 2>&1 | quiet | tail -20 | tee -a "$OUT/mt27.log"
+    done
+    ;;
+mt8)
+    for reuse in --enable_block_reuse --no-enable_block_reuse; do
+        timeout -s ABRT 200 python3 -m tensorrt_llm.commands.bench \
+            --config benchmarks/configs/qwen3_vl_8b.json --image_size 512 --executor_mode inproc \
+            --isl 1000 --osl 50 --multi_turn 4 --turn_tokens 800 --concurrency 32 $reuse \
+            --output "$OUT/mt8${reuse#--}.json" 2>&1 | quiet | tail -12 | tee -a "$OUT/mt8.log"
     done
     ;;
 mtp27 | mtp27c32)
