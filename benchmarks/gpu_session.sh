@@ -80,20 +80,14 @@ std)
         --kv_cache_dtype fp8 --output "$OUT/std_$(basename "$(realpath "$tree")").json") 2>&1 \
         | quiet | tail -20 | tee "$OUT/std.log"
     ;;
-mt27)
+mt27 | mt8)
+    config=qwen3_6_27b
+    [ "$STAGE" = mt8 ] && config=qwen3_vl_8b
     for reuse in --enable_block_reuse --no-enable_block_reuse; do
         timeout -s ABRT 280 python3 -m tensorrt_llm.commands.bench \
-            --config benchmarks/configs/qwen3_6_27b.json --image_size 512 --executor_mode inproc \
+            --config "benchmarks/configs/$config.json" --image_size 512 --executor_mode inproc \
             --isl 1000 --osl 50 --multi_turn 4 --turn_tokens 800 --concurrency 32 $reuse \
-            --output "$OUT/mt27${reuse#--}.json" 2>&1 | quiet | tail -20 | tee -a "$OUT/mt27.log"
-    done
-    ;;
-mt8)
-    for reuse in --enable_block_reuse --no-enable_block_reuse; do
-        timeout -s ABRT 200 python3 -m tensorrt_llm.commands.bench \
-            --config benchmarks/configs/qwen3_vl_8b.json --image_size 512 --executor_mode inproc \
-            --isl 1000 --osl 50 --multi_turn 4 --turn_tokens 800 --concurrency 32 $reuse \
-            --output "$OUT/mt8${reuse#--}.json" 2>&1 | quiet | tail -12 | tee -a "$OUT/mt8.log"
+            --output "$OUT/$STAGE${reuse#--}.json" 2>&1 | quiet | tail -20 | tee -a "$OUT/$STAGE.log"
     done
     ;;
 mtp27 | mtp27c32)
