@@ -26,7 +26,12 @@ _REPORT = re.compile(
 )
 
 
-def _serve(ckpt: str) -> dict[str, Any]:
+# MTP with three drafts a step: the verify rows, the head's passes and (the tiny head's
+# drafts are mostly rejected) the rollback run in served steps too.
+_MTP = {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
+
+
+def _serve(ckpt: str, mtp: bool = False) -> dict[str, Any]:
     """Child process: start the engine with the compile guard on, serve the waves."""
     from tensorrt_llm._torch.modules.gated_delta_rule import fla_available
     from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
@@ -42,7 +47,13 @@ def _serve(ckpt: str) -> dict[str, Any]:
     logging.getLogger("tensorrt_llm._torch.pyexecutor.warmup").addHandler(handler)
     logging.getLogger("tensorrt_llm._torch.pyexecutor.warmup").setLevel(logging.INFO)
     proc = create_input_processor(ckpt)
-    args = LlmArgs(model=ckpt, device="cuda", max_batch_size=MAX_BATCH, max_num_tokens=MAX_TOKENS)
+    args = LlmArgs(
+        model=ckpt,
+        device="cuda",
+        max_batch_size=MAX_BATCH,
+        max_num_tokens=MAX_TOKENS,
+        speculative_config=_MTP if mtp else None,
+    )
     executor = create_py_executor(args.to_engine_config(), proc)
     errors: list[str] = []
     rid = 0
@@ -78,10 +89,10 @@ def _serve(ckpt: str) -> dict[str, Any]:
     }
 
 
-def _start(ckpt: Path, cache_dir: Path) -> dict[str, Any]:
+def _start(ckpt: Path, cache_dir: Path, mtp: bool = False) -> dict[str, Any]:
     env = dict(os.environ, TRTLLM_FAIL_ON_STEP_COMPILE="1", TRTLLM_CACHE_DIR=str(cache_dir))
     out = subprocess.run(
-        [sys.executable, __file__, str(ckpt)],
+        [sys.executable, __file__, str(ckpt), *(["mtp"] if mtp else [])],
         env=env,
         capture_output=True,
         text=True,
@@ -114,6 +125,21 @@ def test_no_step_compiles_after_warmup_and_second_start_reads_cache(
     assert second["autotunes"] == 0  # every key came from the disk cache
     if first["fla"]:
         assert first["autotunes"] > 0 and second["loaded"] >= first["autotunes"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_no_step_compiles_with_mtp_speculation(family: str, tmp_path: Path) -> None:
+    from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
+
+    ckpt = write_tiny_checkpoint(
+        family,
+        tmp_path / "ckpt",
+        text_config={"linear_num_value_heads": 8},
+        mtp_num_hidden_layers=1,
+    )
+    served = _start(ckpt, tmp_path / "cache", mtp=True)
+    assert served["errors"] == [] and served["steps"] > 0
 
 
 @pytest.mark.gpu
@@ -172,4 +198,4 @@ def test_a_real_compile_in_a_served_step_fails_that_step(
 
 
 if __name__ == "__main__":
-    print(json.dumps(_serve(sys.argv[1])))
+    print(json.dumps(_serve(sys.argv[1], mtp=sys.argv[2:] == ["mtp"])))
