@@ -113,15 +113,13 @@ def _shape_rows(name: str, n: int, k: int, rows: tuple[int, ...]) -> list[dict[s
             "table": _rotating(gemm, row_major, bf16, block),
             "table, m-major scales": _rotating(gemm, m_major, bf16, block),
         }
-        if m <= fbg.FUSED_QUANT_MAX_ROWS:  # the table's kernel quantising the rows itself
-            t["table, fused quant"] = _rotating(gemm, [(x, None, *b) for b in blocks], bf16, block)
         if cublas_unsupported(x.device, n, k, block) is None:
             t["cublas"] = _rotating(cublas_block_fp8_gemm, m_major, bf16)
         for tiles, splits in _candidates(m):
             t[_label(tiles, splits)] = _rotating(gemm, row_major, bf16, block, None, tiles, splits)
         cands = {key: v for key, v in t.items() if key[0] == "m" and v is not None}
         best = min(cands, key=lambda key: cands[key]) if cands else None
-        fixed = ("per-channel fp8 linear", "group quant", "table", "table, fused quant", "cublas")
+        fixed = ("per-channel fp8 linear", "group quant", "table", "cublas")
         print(f"{name:12s} M {m:5d} best {best} {cands.get(best or '', 0):8.1f} us | "
               + "  ".join(f"{key} {t[key]:.1f}" for key in fixed if t.get(key) is not None),
               flush=True)  # fmt: skip

@@ -18,11 +18,12 @@ import torch.nn.functional as F
 from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
 from .fp8_block import (
     FP8_DTYPE,
+    group_quant_values,
     group_scales,
     pad_group_quant,
     per_token_group_quant_fp8_torch,
 )
-from .fp8_quant import e4m3_row_scale, group_quant_values
+from .fp8_quant import e4m3_row_scale
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _BLOCK = 1024

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
-from .fp8_block_gemm import FUSED_QUANT_MAX_ROWS, triton_block_fp8_gemm
-from .fp8_quant import FP8_MAX, e4m3_row_scale, group_quant_values
+from .fp8_block_gemm import triton_block_fp8_gemm
+from .fp8_quant import FP8_MAX, e4m3_row_scale, e4m3_saturate
 
 FP8_DTYPE = torch.float8_e4m3fn
 BLOCK_SIZE = (128, 128)  # (bn, bk) of the Qwen releases
@@ -158,9 +158,20 @@ def _group_quant_kernel(
     tl.store(scale_ptrs, scale, mask=groups < num_groups)
 
 
+@triton_jit
+def group_quant_values(x, scale):
+    # `x [..., groups, GROUP]` over its group scales `[..., groups]`, saturated to e4m3's
+    # range: the one rounding every group-quantising kernel shares, so fused and separate
+    # quantisation give the reference's bytes.
+    # NOTE: an IEEE-rounded division, as torch's: Triton's `/` on fp32 is the approximate
+    # `div.full` (2 ulp), which put about one e4m3 byte in a million on the other side of a
+    # rounding boundary on the H200 (4M-element inputs differed, 1M-element ones did not).
+    return e4m3_saturate(tl.math.div_rn(x, tl.broadcast_to(tl.expand_dims(scale, -1), x.shape)))
+
+
 def _check_gemm_args(
     xq: torch.Tensor,
-    x_scale: torch.Tensor | None,
+    x_scale: torch.Tensor,
     wq: torch.Tensor,
     w_scale_inv: torch.Tensor,
     block: tuple[int, int],
@@ -174,7 +185,7 @@ def _check_gemm_args(
         raise ValueError(f"block_fp8_gemm: block sizes must be positive, got {block}")
     check_block_scales(wq, w_scale_inv, block, "block_fp8_gemm wq")
     want = (xq.shape[0], _blocks(xq.shape[1], block[1]))
-    if x_scale is not None and tuple(x_scale.shape) != want:
+    if tuple(x_scale.shape) != want:
         raise ValueError(
             f"block_fp8_gemm: x_scale has shape {tuple(x_scale.shape)}, expected {want} "
             f"(one scale per row and {block[1]}-column group)"
@@ -289,14 +300,6 @@ def fp8_block_linear(
     if not use_triton("fp8_block_gemm", x.device, backend):
         return fp8_block_linear_torch(x, wq, w_scale_inv, bias, block)
     rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] <= FUSED_QUANT_MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16):
-        # Decode sizes: the GEMM quantises the rows itself (one launch, not two).
-        _check_gemm_args(rows, None, wq, w_scale_inv, block)
-        _triton_block_k(block[1])
-        out = triton_block_fp8_gemm(
-            rows.contiguous(), None, wq.contiguous(), w_scale_inv, x.dtype, block, bias
-        )
-    else:
-        xq, x_scale = per_token_group_quant_fp8(rows, block[1], backend)
-        out = block_fp8_gemm(xq, x_scale, wq, w_scale_inv, x.dtype, block, backend, bias)
+    xq, x_scale = per_token_group_quant_fp8(rows, block[1], backend)
+    out = block_fp8_gemm(xq, x_scale, wq, w_scale_inv, x.dtype, block, backend, bias)
     return out.reshape(*x.shape[:-1], wq.shape[0])

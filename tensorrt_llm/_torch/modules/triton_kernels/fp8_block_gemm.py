@@ -2,10 +2,6 @@
 with e4m3 operands, 1 x bk activation scales and bn x bk weight scales, its tile table and its
 split-K plan for decode sizes.
 
-At decode sizes (`FUSED_QUANT_MAX_ROWS`) the kernels take the 16-bit activation and quantise
-its groups themselves, so a projection is one launch instead of two (the group quantisation's
-own launch and its write and read of the quantised rows).
-
 Every row count (M) is a runtime argument (`do_not_specialize`), and the tile choice depends
 only on the M bucket of `_GEMM_TILES`, so a batch size seen for the first time while serving
 reuses a variant compiled at warm-up (graph capture covers every bucket) instead of stalling the
@@ -20,19 +16,6 @@ from functools import cache
 import torch
 
 from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit
-from .fp8_quant import e4m3_row_scale, group_quant_values
-
-
-@triton_jit
-def _quantised_tile(ptrs, mask_m, mask_k, dtype):
-    # One [BLOCK_M, BLOCK_K] tile of 16-bit activation rows quantised as
-    # `_group_quant_kernel` does (the K tile is one scale group): (e4m3 tile, row scales).
-    # Every N tile's program quantises the same rows again; at the decode sizes that take
-    # this path (`FUSED_QUANT_MAX_ROWS`) that is a few KiB of L2 reads and cheap arithmetic
-    # against a launch of its own and an HBM round trip of the quantised rows.
-    x = tl.load(ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-    scale = e4m3_row_scale(tl.max(tl.abs(x), axis=1), mask_m)
-    return group_quant_values(x, scale).to(dtype), scale
 
 
 @triton_jit(do_not_specialize=("rows", "tiles_per_split"))
@@ -41,8 +24,7 @@ def _block_fp8_gemm_kernel(
     rows, cols, depth, tiles_per_split,
     stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_cm, stride_cs,
     W_BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP_M: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QUANT_A: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_sync(USE_PDL)
     # grid: (cdiv(N, BLOCK_N) * cdiv(M, BLOCK_M), splits). A [M, K] e4m3 with scales
@@ -51,8 +33,7 @@ def _block_fp8_gemm_kernel(
     # Programs walk GROUP_M row tiles down before moving right, so that at prefill sizes the
     # weight tiles a wave reads stay in L2 for the next row tiles (GROUP_M = 1: N fastest).
     # With splits > 1, program z sums K tiles [z * tiles_per_split, ...) into fp32 partials
-    # at c + z * stride_cs, which `_split_k_sum_kernel` adds up. QUANT_A: A is the 16-bit
-    # activation itself, each K tile quantised here (`_quantised_tile`; a_scale_ptr unused).
+    # at c + z * stride_cs, which `_split_k_sum_kernel` adds up.
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(cols, BLOCK_N)
     m_tiles = tl.cdiv(rows, BLOCK_M)
@@ -77,12 +58,9 @@ def _block_fp8_gemm_kernel(
     for tile in range(first, last):
         k0 = tile * BLOCK_K
         mask_k = offs_k < depth - k0
+        a = tl.load(a_ptrs + k0, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         b = tl.load(b_ptrs + k0, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        if QUANT_A:
-            a, a_scale = _quantised_tile(a_ptrs + k0, mask_m, mask_k, b.dtype)
-        else:
-            a = tl.load(a_ptrs + k0, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            a_scale = tl.load(a_scale_ptrs + tile * stride_ask, mask=mask_m, other=0.0)
+        a_scale = tl.load(a_scale_ptrs + tile * stride_ask, mask=mask_m, other=0.0)
         b_scale = tl.load(b_scale_ptrs + tile * stride_bsk, mask=mask_n, other=0.0)
         acc += tl.dot(a, b) * a_scale[:, None] * b_scale[None, :]
     if HAS_BIAS:
@@ -97,15 +75,14 @@ def _block_fp8_gemm_swap_kernel(
     rows, cols, depth, tiles_per_split,
     stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_cm, stride_cs,
     W_BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QUANT_A: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_sync(USE_PDL)
     # `_block_fp8_gemm_kernel` with the operands swapped, for decode row counts: the tile is
     # C^T = W_tile [BLOCK_N, BK] @ X_tile^T [BK, BLOCK_M], so the weight rows fill the MMA's
     # long side (64+ rows on Hopper) and the few tokens its short one, instead of padding a
     # handful of tokens up to the MMA height. grid: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M),
-    # splits); split-K partials and QUANT_A as in the other kernel.
+    # splits); split-K partials as in the other kernel.
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(2)
@@ -114,7 +91,6 @@ def _block_fp8_gemm_swap_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = b_ptr + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :]
     x_ptrs = a_ptr + offs_m[None, :] * stride_am + offs_k[:, None]
-    x_rows = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]  # QUANT_A: token-major
     x_scale_ptrs = a_scale_ptr + offs_m * stride_asm
     w_scale_ptrs = b_scale_ptr + (offs_n // W_BLOCK_N) * stride_bsn
     first = split * tiles_per_split
@@ -124,12 +100,8 @@ def _block_fp8_gemm_swap_kernel(
         k0 = tile * BLOCK_K
         mask_k = offs_k < depth - k0
         w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-        if QUANT_A:
-            x_tile, x_scale = _quantised_tile(x_rows + k0, mask_m, mask_k, w.dtype)
-            x = tl.trans(x_tile)
-        else:
-            x = tl.load(x_ptrs + k0, mask=mask_k[:, None] & mask_m[None, :], other=0.0)
-            x_scale = tl.load(x_scale_ptrs + tile * stride_ask, mask=mask_m, other=0.0)
+        x = tl.load(x_ptrs + k0, mask=mask_k[:, None] & mask_m[None, :], other=0.0)
+        x_scale = tl.load(x_scale_ptrs + tile * stride_ask, mask=mask_m, other=0.0)
         w_scale = tl.load(w_scale_ptrs + tile * stride_bsk, mask=mask_n, other=0.0)
         acc += tl.dot(w, x) * w_scale[:, None] * x_scale[None, :]
     if HAS_BIAS:
@@ -185,10 +157,6 @@ _GEMM_TILES = (
     GemmTiles(256, 64, 128, 4, 3, True),
     GemmTiles(1 << 62, 64, 128, 4, 3, False, 8),
 )
-# Row counts up to this quantise the activation inside the GEMM (the Triton buckets of the
-# "auto" choice, below cuBLASLt's `CUBLAS_MIN_ROWS`); larger ones keep the separate kernel,
-# whose result every N tile would otherwise recompute for many more rows.
-FUSED_QUANT_MAX_ROWS = 64
 _MAX_SPLITS = 16
 _INTERPRETER_SMS = 132  # an H100/H200's SM count, so CPU tests exercise the same split logic
 
@@ -228,7 +196,7 @@ def fixed_split(k_tiles: int, splits: int) -> tuple[int, int]:
 
 def triton_block_fp8_gemm(
     xq: torch.Tensor,
-    x_scale: torch.Tensor | None,
+    x_scale: torch.Tensor,
     wq: torch.Tensor,
     w_scale_inv: torch.Tensor,
     out_dtype: torch.dtype,
@@ -238,9 +206,7 @@ def triton_block_fp8_gemm(
     splits: int | None = None,
 ) -> torch.Tensor:
     """The Triton path of `fp8_block.block_fp8_gemm` (arguments checked there). `tiles` and
-    `splits` override the table's launch (the tuning script measures alternatives).
-    `x_scale=None`: `xq` is the 16-bit activation and the kernel quantises its 1 x bk groups
-    itself, with the bytes `per_token_group_quant_fp8` would give."""
+    `splits` override the table's launch (the tuning script measures alternatives)."""
     bn, block_k = block
     rows, depth = xq.shape
     cols = wq.shape[0]
@@ -258,27 +224,25 @@ def triton_block_fp8_gemm(
         splits, per_split = fixed_split(k_tiles, splits)
     target = out if splits == 1 else torch.empty(splits, rows, cols, device=xq.device)
     n_tiles, m_tiles = triton.cdiv(cols, tiles.block_n), triton.cdiv(rows, tiles.block_m)
-    quant_a = x_scale is None
-    scale_arg = w_scale_inv if x_scale is None else x_scale  # (QUANT_A: never read)
     strides = (
-        xq.stride(0), scale_arg.stride(0), scale_arg.stride(1), wq.stride(0),
+        xq.stride(0), x_scale.stride(0), x_scale.stride(1), wq.stride(0),
         w_scale_inv.stride(0), w_scale_inv.stride(1),
         target.stride(-2), target.stride(0) if splits > 1 else 0,
     )  # fmt: skip
     bias_arg = bias if bias is not None else w_scale_inv
     launch = dict(
         W_BLOCK_N=bn, HAS_BIAS=bias is not None and splits == 1, BLOCK_M=tiles.block_m,
-        BLOCK_N=tiles.block_n, BLOCK_K=block_k, QUANT_A=quant_a, num_warps=tiles.num_warps,
+        BLOCK_N=tiles.block_n, BLOCK_K=block_k, num_warps=tiles.num_warps,
         num_stages=tiles.num_stages, **pdl_launch_kwargs(xq.device, n_tiles * m_tiles * splits),
     )  # fmt: skip
     if tiles.swap_ab:
         _block_fp8_gemm_swap_kernel[(n_tiles, m_tiles, splits)](
-            xq, scale_arg, wq, w_scale_inv, target, bias_arg, rows, cols, depth, per_split,
+            xq, x_scale, wq, w_scale_inv, target, bias_arg, rows, cols, depth, per_split,
             *strides, **launch,
         )  # fmt: skip
     else:
         _block_fp8_gemm_kernel[(n_tiles * m_tiles, splits)](
-            xq, scale_arg, wq, w_scale_inv, target, bias_arg, rows, cols, depth, per_split,
+            xq, x_scale, wq, w_scale_inv, target, bias_arg, rows, cols, depth, per_split,
             *strides, GROUP_M=tiles.group_m, **launch,
         )  # fmt: skip
     if splits > 1:

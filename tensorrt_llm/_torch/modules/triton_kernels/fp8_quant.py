@@ -29,17 +29,6 @@ def e4m3_saturate(x):
     return tl.minimum(tl.maximum(x, -448.0), 448.0)
 
 
-@triton_jit
-def group_quant_values(x, scale):
-    # `x [..., groups, GROUP]` over its group scales `[..., groups]`, saturated to e4m3's
-    # range: the one rounding every group-quantising kernel shares, so fused and separate
-    # quantisation give the reference's bytes.
-    # NOTE: an IEEE-rounded division, as torch's: Triton's `/` on fp32 is the approximate
-    # `div.full` (2 ulp), which put about one e4m3 byte in a million on the other side of a
-    # rounding boundary on the H200 (4M-element inputs differed, 1M-element ones did not).
-    return e4m3_saturate(tl.math.div_rn(x, tl.broadcast_to(tl.expand_dims(scale, -1), x.shape)))
-
-
 @triton_jit(do_not_specialize=("n_rows",))
 def _quant_rows_kernel(
     x_ptr,

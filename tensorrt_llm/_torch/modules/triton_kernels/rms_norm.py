@@ -19,11 +19,12 @@ import torch
 
 from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit, use_triton
 from .fp8_block import (
+    group_quant_values,
     group_scales,
     pad_group_quant,
     per_token_group_quant_fp8_torch,
 )
-from .fp8_quant import e4m3_row_scale, e4m3_saturate, group_quant_values, quantize_rows
+from .fp8_quant import e4m3_row_scale, e4m3_saturate, quantize_rows
 from .fp8_scale import scale_outer_torch
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

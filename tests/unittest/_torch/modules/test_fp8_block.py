@@ -121,53 +121,6 @@ def test_explicit_tiles_grouped_rows_and_splits(m_major: bool) -> None:
         assert _max_rel(got, want.to(DEV)) < GEMM_RTOL
 
 
-@pytest.mark.parametrize("rows", [5, 40])
-def test_gemm_quantising_its_rows_equals_separate_quantisation(rows: int) -> None:
-    # x_scale=None: the GEMM quantises the 16-bit rows per K tile itself. Same bytes as the
-    # group-quantisation kernel, so the same output bit for bit, for every kernel (plain,
-    # grouped rows, swapped operands) with and without split-K, partial last K group included.
-    x = _exact_e4m3_input(rows, 300, 128, torch.bfloat16)
-    x[0, :128] = 0  # an all-zero group: the 1e-12 scale floor
-    x[1] *= -3.0  # rows of other scales
-    gen = torch.Generator().manual_seed(11)
-    wq, ws = fb.quantize_weight_fp8_block(torch.randn(200, 300, generator=gen) * 0.05)
-    x, wq, ws = x.to(DEV), wq.to(DEV), ws.to(DEV)
-    xq, xs = fb.per_token_group_quant_fp8(x, 128, backend="triton")
-    ref_q, ref_s = fb.per_token_group_quant_fp8_torch(x, 128)
-    want = fb.block_fp8_gemm_torch(ref_q, ref_s, wq, ws, torch.float32)
-    plain = fbg.GemmTiles(64, 16, 32, 4, 2, True)
-    grouped = fbg.GemmTiles(64, 16, 32, 4, 2, True, group_m=2)
-    swapped = fbg.GemmTiles(64, 16, 64, 4, 2, True, swap_ab=True)
-    for tiles, splits in itertools.product((plain, grouped, swapped), (1, 2)):
-        args = (wq, ws, torch.bfloat16, (128, 128), None, tiles, splits)
-        fused = fbg.triton_block_fp8_gemm(x, None, *args)
-        separate = fbg.triton_block_fp8_gemm(xq, xs, *args)
-        assert torch.equal(fused, separate), (tiles, splits)
-        assert _max_rel(fused, want) < 1e-2  # one bf16 rounding
-
-
-def test_linear_quantises_inside_the_gemm_at_decode_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Up to FUSED_QUANT_MAX_ROWS rows the linear is one launch (no group-quantisation kernel);
-    # above it the rows are quantised first. Both match the torch reference.
-    gen = torch.Generator().manual_seed(2)
-    wq, ws = fb.quantize_weight_fp8_block(torch.randn(96, 256, generator=gen) * 0.05)
-    wq, ws = wq.to(DEV), ws.to(DEV)
-    calls: list[int] = []
-    quant = fb.per_token_group_quant_fp8
-
-    def counting(x: torch.Tensor, *args: object, **kwargs: object) -> object:
-        calls.append(x.shape[0])
-        return quant(x, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(fb, "per_token_group_quant_fp8", counting)
-    for rows in (1, fbg.FUSED_QUANT_MAX_ROWS, fbg.FUSED_QUANT_MAX_ROWS + 1):
-        x = _exact_e4m3_input(rows, 256, 128, torch.bfloat16).to(DEV)
-        got = fb.fp8_block_linear(x, wq, ws, backend="triton")
-        want = fb.fp8_block_linear_torch(x, wq, ws)
-        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=1e-2)
-    assert calls == [fbg.FUSED_QUANT_MAX_ROWS + 1]
-
-
 def test_fixed_split_leaves_no_split_empty() -> None:
     assert fbg.fixed_split(3, 2) == (2, 2)
     assert fbg.fixed_split(96, 16) == (16, 6)
@@ -213,11 +166,6 @@ def test_gpu_real_sizes(rows: int, cols: int, depth: int) -> None:
     assert _max_rel(got, want) < GPU_GEMM_RTOL
     out = fb.fp8_block_linear(x, wq, ws)  # "auto": Triton on CUDA
     assert _max_rel(out, want) < 1e-2
-    if rows <= fbg.FUSED_QUANT_MAX_ROWS:  # the GEMM quantising its rows: the same bits
-        tiles = fbg.gemm_tiles(rows)
-        fused = fbg.triton_block_fp8_gemm(x, None, wq, ws, torch.bfloat16, (128, 128), None, tiles)
-        separate = fbg.triton_block_fp8_gemm(q, s, wq, ws, torch.bfloat16, (128, 128), None, tiles)
-        assert torch.equal(fused, separate)
 
 
 @pytest.mark.gpu
