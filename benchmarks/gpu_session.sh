@@ -35,8 +35,7 @@
 #                       TRTLLM_FP8_BLOCK_GEMM=cublas (cuBLASLt from 16 rows)
 #   blk8tree [TREE]     issue 16: Qwen3-VL-8B fp8_block at c=1/32/128 (GEMM choice auto, in
 #                       process) for the tree at TREE (default .): the A/B of a block-GEMM change
-#   fusedq              issue 16: tune_fp8_block.py at 1-64 rows over Qwen3-VL-8B's projections
-#                       (the GEMM quantising its rows vs the group quantisation + GEMM)
+#   tunedec             issue 16: tune_fp8_block.py at 1-64 rows over Qwen3-VL-8B's projections
 #   moe                 bench_moe.py at 1-128 tokens, with the router GEMM 257 vs 264 columns
 #   moefp8              bench_moe.py's block-FP8 grouped GEMM tiles at 1024-8192 prefill tokens
 #   prefillk [TREE]     the prefill kernels of the 35B-A3B wave for the tree at TREE (default .):
@@ -195,10 +194,10 @@ blk8tree)
         --output "$OUT/blk8_$(basename "$(realpath "$tree")").json") 2>&1 | quiet | tail -5 \
         | sed "s|^|$(basename "$(realpath "$tree")") |" | tee -a "$OUT/blk8tree.log"
     ;;
-fusedq)
+tunedec)
     timeout -s ABRT 250 python3 benchmarks/tune_fp8_block.py --rows 1 16 32 64 --shapes 8b.qkv \
-        8b.o 8b.gate_up 8b.down --output "$OUT/fusedq.json" 2>&1 | quiet \
-        | grep -E "best|M  *[0-9]+ |Error" | tee "$OUT/fusedq.log"
+        8b.o 8b.gate_up 8b.down --output "$OUT/tunedec.json" 2>&1 | quiet \
+        | grep -E "best|M  *[0-9]+ |Error" | tee "$OUT/tunedec.log"
     ;;
 moe)
     timeout -s ABRT 250 python3 benchmarks/bench_moe.py --tokens 1 16 64 128 \
