@@ -42,7 +42,10 @@ _TILE_BYTES = 32768
 _MAX_BLOCK_N = 128
 
 
-@triton.jit(do_not_specialize=["req_offset", "num_splits"])
+# NOTE: `stride_bt` (the block table's width) is a runtime value: callers pass tables as wide
+# as their step's longest row (the MTP head's), and a width of 1 or a multiple of 16 would
+# each compile a variant of their own inside a served step.
+@triton.jit(do_not_specialize=["req_offset", "num_splits", "stride_bt"])
 def _decode_split_kernel(
     q_ptr,
     out_ptr,

@@ -15,7 +15,10 @@ import triton.language as tl
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# NOTE: `stride_bt` (the block table's width) is a runtime value, as in decode.py: the MTP
+# head's tables are as wide as its step's longest row, and a width of 1 or a multiple of 16
+# would compile another variant inside a served step.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
     q_ptr,
     out_ptr,

@@ -343,3 +343,20 @@ def _capture(
         return out
 
     return replay
+
+
+def test_block_table_width_compiles_no_variant_of_its_own() -> None:
+    # The MTP head's block tables are as wide as its step's longest row, so their stride
+    # takes every value; Triton specialises an int argument equal to 1 or divisible by 16
+    # unless told not to, which compiled new kernel variants inside served MTP steps (the
+    # warm-up's steps had other widths).
+    from tensorrt_llm._torch.attention_backend.triton_kernels import decode, prefill
+
+    for kernel in (prefill._prefill_kernel, decode._decode_split_kernel):
+        # Under the interpreter the decorator's arguments sit in `kwargs`; Triton keeps the
+        # names given, or their positions, by version.
+        given = getattr(kernel, "do_not_specialize", None)
+        if given is None:
+            given = kernel.kwargs.get("do_not_specialize", ())
+        unspecialized = {kernel.arg_names[i] if isinstance(i, int) else i for i in given}
+        assert "stride_bt" in unspecialized, kernel.fn.__name__
