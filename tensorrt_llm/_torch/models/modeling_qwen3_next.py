@@ -138,11 +138,8 @@ class HybridDecoderLayer(nn.Module):
             if recurrent.gdn is not self.linear_attn:
                 raise ValueError("the recurrent state handed to a layer is another layer's")
             # No reader was given: the norm returned a 16-bit tensor.
-            gdn = self.linear_attn
-            proj = gdn.project(cast(torch.Tensor, normed))
-            # Only `mix` is the split point: the projections around it run in the pieces.
-            mixed = run_split(recurrent, *proj, attn_metadata=attn_metadata)
-            hidden_states = gdn.out_proj(mixed)
+            normed16 = cast(torch.Tensor, normed)
+            hidden_states = run_split(recurrent, normed16, attn_metadata=attn_metadata)
         else:
             hidden_states = self.self_attn(normed, cos_sin, attn_metadata, defer_output_scale=True)
         return mlp_after_norm(self.post_attention_layernorm, self.mlp, hidden_states, residual)

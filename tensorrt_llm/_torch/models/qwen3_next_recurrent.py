@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..attention_backend import AttentionMetadata
-from ..modules.gated_delta_net import GatedDeltaNet, GatedDeltaNetMetadata, GDNProjections
+from ..modules.gated_delta_net import GatedDeltaNet, GatedDeltaNetMetadata
 from ..seq_slots import slot_rows
 
 
@@ -58,11 +58,10 @@ class RecurrentStep:
     slots: torch.Tensor  # [num_seqs] int64 on the pools' device, batch order
     metadata: GatedDeltaNetMetadata
 
-    def run(self, gdn: GatedDeltaNet, proj: GDNProjections) -> torch.Tensor:
-        """The layer's `mix` on the batch's rows (its input projections given): it reads and
-        writes both state pools by slot; `[T, value_dim]`, out_proj left to the caller."""
-        return gdn.mix(
-            proj, self.conv_pool, self.ssm_pool, self.metadata,
+    def run(self, gdn: GatedDeltaNet, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Run the layer on the batch's rows: it reads and writes both state pools by slot."""
+        return gdn(
+            hidden_states, self.conv_pool, self.ssm_pool, self.metadata,
             ssm_slots=self.slots, conv_slots=self.slots,
         )  # fmt: skip
 
@@ -104,12 +103,10 @@ class StepRows:
 
 
 class DeltaNetMixer:
-    """One DeltaNet layer's `mix` as a split point of piecewise graphs (`run_split`): the
-    conv, the delta rule and the gated norm run eagerly on the step's real rows and metadata,
-    so the varlen chunk kernels' host-side indices and the per-slot pools stay out of the
-    graphs. The input projections before it and the out_proj after it are row-wise and run
-    in the pieces (an eager mixer of a 27B layer was 2-4 more launches and their host work
-    for each of 48 layers in every prefill, mixed and MTP verify step)."""
+    """One DeltaNet layer as a split point of piecewise graphs (`run_split`): the whole mixer
+    (projections, conv, chunked rule, gated norm, out_proj) runs eagerly on the step's real
+    rows and metadata, so the pieces around it only hand over `[T, hidden]` in and out; the
+    varlen chunk kernels' host-side indices and the per-slot pools stay out of the graphs."""
 
     def __init__(
         self, gdn: GatedDeltaNet, states: RecurrentStateCache, index: int, rows: StepRows
@@ -120,19 +117,12 @@ class DeltaNetMixer:
         self.rows = rows
 
     def forward(
-        self,
-        z: torch.Tensor,
-        mixed_qkv: torch.Tensor,
-        b: torch.Tensor,
-        a: torch.Tensor,
-        attn_metadata: AttentionMetadata,
+        self, hidden_states: torch.Tensor, attn_metadata: AttentionMetadata
     ) -> torch.Tensor:
-        """The layer's projections `[T, width]` (`GDNProjections`, z first: the output has its
-        width) -> `[n, value_dim]`, n the step's real tokens (T may be a padded bucket under
-        piecewise graphs; the rows past n are not run)."""
-        meta, slots = self.rows.of(attn_metadata, z.device)
-        proj = GDNProjections(z, mixed_qkv, b, a)
-        if z.shape[0] > meta.num_tokens:
-            proj = GDNProjections(*(x[: meta.num_tokens] for x in proj))
+        """`[T, hidden]` -> `[n, hidden]`, n the step's real tokens (T may be a padded
+        bucket under piecewise graphs; the rows past n are not run)."""
+        meta, slots = self.rows.of(attn_metadata, hidden_states.device)
+        if hidden_states.shape[0] > meta.num_tokens:
+            hidden_states = hidden_states[: meta.num_tokens]
         conv_pool, ssm_pool = self.states.pools(self.index)
-        return RecurrentStep(conv_pool, ssm_pool, slots, meta).run(self.gdn, proj)
+        return RecurrentStep(conv_pool, ssm_pool, slots, meta).run(self.gdn, hidden_states)

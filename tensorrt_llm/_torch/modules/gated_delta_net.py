@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +71,6 @@ __all__ = [
     "FUSED_KERNELS_ENV",
     "GATED_DELTA_NET_FUSED_PROJECTIONS",
     "INPLACE_DECODE_ENV",
-    "GDNProjections",
     "GatedDeltaNet",
     "GatedDeltaNetMetadata",
     "RMSNormGated",
@@ -87,17 +86,6 @@ INPLACE_DECODE_ENV = "TRTLLM_GDN_INPLACE_DECODE"
 # "0" (then: the torch chains, ~25 more small kernels per layer and decode step). The gates
 # fuse into the recurrence only with the in-place decode above.
 FUSED_KERNELS_ENV = "TRTLLM_GDN_FUSED"
-
-
-class GDNProjections(NamedTuple):
-    """A step's input projections of one layer, `[T, width]` each (views of one GEMM's
-    output). `z`, the output gate, comes first: it has the width of `mix`'s output, which
-    piecewise graphs read off a split op's first input (attention_backend/piecewise.py)."""
-
-    z: torch.Tensor  # [T, value_dim]
-    mixed_qkv: torch.Tensor  # [T, conv_dim] the conv's input
-    b: torch.Tensor  # [T, Hv] raw beta gate
-    a: torch.Tensor  # [T, Hv] raw decay gate
 
 
 class RMSNormGated(nn.Module):
@@ -202,20 +190,21 @@ class GatedDeltaNet(nn.Module):
 
     def _check_inputs(
         self,
-        proj: GDNProjections,
+        hidden_states: torch.Tensor,
         conv_states: torch.Tensor,
         ssm_states: torch.Tensor,
         metadata: GatedDeltaNetMetadata,
         ssm_slots: torch.Tensor | None,
         conv_slots: torch.Tensor | None,
     ) -> None:
-        tokens = proj.mixed_qkv.shape[0]
-        widths = (self.value_dim, self.conv_dim, self.num_v_heads, self.num_v_heads)
-        for name, x, width in zip(GDNProjections._fields, proj, widths, strict=True):
-            if x.dim() != 2 or tuple(x.shape) != (tokens, width):
-                raise ValueError(f"{name} must be [{tokens}, {width}], got {tuple(x.shape)}")
-        if tokens != metadata.num_tokens:
-            raise ValueError(f"{tokens} tokens but the metadata describes {metadata.num_tokens}")
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
+            raise ValueError(
+                f"hidden_states must be [T, {self.hidden_size}], got {tuple(hidden_states.shape)}"
+            )
+        if hidden_states.shape[0] != metadata.num_tokens:
+            raise ValueError(
+                f"{hidden_states.shape[0]} tokens but the metadata describes {metadata.num_tokens}"
+            )
         for name, states, shape, slots in (
             ("conv_states", conv_states, self.conv_state_shape, conv_slots),
             ("ssm_states", ssm_states, self.ssm_state_shape, ssm_slots),
@@ -238,19 +227,13 @@ class GatedDeltaNet(nn.Module):
         conv_slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[T, hidden] -> [T, hidden]; conv_states and ssm_states are updated in place
-        (each is the pool addressed by `conv_slots` / `ssm_slots` when those are given):
-        `out_proj(mix(project(hidden_states)))`."""
-        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
-            raise ValueError(
-                f"hidden_states must be [T, {self.hidden_size}], got {tuple(hidden_states.shape)}"
-            )
-        proj = self.project(hidden_states)
-        mixed = self.mix(proj, conv_states, ssm_states, metadata, ssm_slots, conv_slots)
-        return self.out_proj(mixed)
-
-    def project(self, hidden_states: torch.Tensor) -> GDNProjections:
-        """The input projections of `[T, hidden]`: row-wise, so under piecewise graphs they
-        run inside the pieces, with the out_proj after `mix` (the layer's split point)."""
+        (each is the pool addressed by `conv_slots` / `ssm_slots` when those are given)."""
+        self._check_inputs(hidden_states, conv_states, ssm_states, metadata, ssm_slots, conv_slots)
+        ssm, conv = StateRows(ssm_states, ssm_slots), StateRows(conv_states, conv_slots)
+        if metadata.num_tokens == 0:
+            return hidden_states.new_empty(0, self.hidden_size)
+        fused = use_triton("gated_delta_net", hidden_states.device, self.kernel_backend)
+        num_ctx, num_ctx_tokens = metadata.num_contexts, metadata.num_context_tokens
         # Prepared once after loading (`fuse_in_projections_`); read, never decided, here.
         fused_w = self.in_proj_fused
         if fused_w is not None:
@@ -260,27 +243,6 @@ class GatedDeltaNet(nn.Module):
             qkvz = self.in_proj_qkvz(hidden_states)
             mixed_qkv, z = qkvz.split([self.conv_dim, self.value_dim], -1)
             b, a = self.in_proj_ba(hidden_states).chunk(2, dim=-1)
-        return GDNProjections(z, mixed_qkv, b, a)
-
-    def mix(
-        self,
-        proj: GDNProjections,
-        conv_states: torch.Tensor,
-        ssm_states: torch.Tensor,
-        metadata: GatedDeltaNetMetadata,
-        ssm_slots: torch.Tensor | None = None,
-        conv_slots: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The part of the layer that depends on the step's sequences and states: the conv,
-        the delta rule and the gated RMSNorm, `[T, value_dim]` (what out_proj takes). The
-        states are updated in place as in `forward`."""
-        self._check_inputs(proj, conv_states, ssm_states, metadata, ssm_slots, conv_slots)
-        ssm, conv = StateRows(ssm_states, ssm_slots), StateRows(conv_states, conv_slots)
-        z, mixed_qkv, b, a = proj
-        if metadata.num_tokens == 0:
-            return z.new_empty(0, self.value_dim)
-        fused = use_triton("gated_delta_net", z.device, self.kernel_backend)
-        num_ctx, num_ctx_tokens = metadata.num_contexts, metadata.num_context_tokens
         parts = []
         if num_ctx > 0:
             span = slice(0, num_ctx_tokens)
@@ -317,7 +279,7 @@ class GatedDeltaNet(nn.Module):
             parts.append(self._decode_rule(x, a[span], b[span], rows, fused))
         core = parts[0] if len(parts) == 1 else torch.cat(parts)
         gate = z.reshape(-1, self.num_v_heads, self.head_v_dim)
-        return self.norm(core, gate, "triton" if fused else "torch")
+        return self.out_proj(self.norm(core, gate, "triton" if fused else "torch"))
 
     def fuse_in_projections_(self) -> bool:
         """The post-load step that joins in_proj_qkvz and in_proj_ba into one GEMM

@@ -144,35 +144,6 @@ def test_hybrid_and_moe_stacks_split_at_their_mixers(tmp_path: Path) -> None:
             gdn_layers[0](x, None, None, None, other)
 
 
-def test_deltanet_projections_run_in_the_pieces(tmp_path: Path) -> None:
-    """A DeltaNet layer's split op takes its input projections (z first: the op's output has
-    its width) and returns the gated-normed rule output: the GEMMs before and after it (in
-    and out projections) are row-wise and run in the pieces, not eagerly between them."""
-    model = _model("qwen3_5", tmp_path)
-    stack = model.llm.model
-    spec = model.piecewise_stack()
-    gdn = stack.mixers[0].gdn
-    tokens = 5
-    seen: list[tuple[tuple[int, ...], ...]] = []
-    out_proj_calls: list[int] = []
-    gdn.out_proj.register_forward_hook(lambda *_: out_proj_calls.append(1))
-
-    def handler(op, inputs, _md):
-        if isinstance(op, DeltaNetMixer):
-            seen.append(tuple(tuple(x.shape) for x in inputs))
-        return torch.zeros_like(inputs[0])
-
-    embeds = torch.randn(tokens, spec.hidden_size, dtype=spec.dtype)
-    cos_sin = torch.zeros(tokens, spec.cos_sin_width, dtype=spec.cos_sin_dtype)
-    with split_handler(handler):
-        stack(None, inputs_embeds=embeds, cos_sin=cos_sin)
-    assert len(seen) == len(stack.mixers)
-    hv = gdn.num_v_heads
-    assert seen[0] == ((tokens, gdn.value_dim), (tokens, gdn.conv_dim), (tokens, hv), (tokens, hv))
-    # The handler never runs the op, so an out_proj inside it would not run at all.
-    assert out_proj_calls == [1]
-
-
 def test_a_text_llm_runs_piecewise_once_registered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
