@@ -53,6 +53,7 @@ def serve_flags(args: argparse.Namespace, folder: Path) -> list[str]:
     flags += ["--max_seq_len", str(max_seq_len(args)), "--attn_backend", args.attn_backend]
     flags += ["--kv_cache_dtype", args.kv_cache_dtype]
     flags += ["--mamba_ssm_cache_dtype", args.mamba_ssm_cache_dtype]
+    flags += ["--stream_interval", str(args.stream_interval)]
     if args.executor_mode:
         flags += ["--executor_mode", args.executor_mode]
     if args.quantization:

@@ -141,6 +141,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="hybrid models' DeltaNet state (auto: float32; ours only)",
     )
     p.add_argument(
+        "--stream_interval",
+        type=int,
+        default=1,
+        help="the engine's responses carry a stream's tokens N at a time after the first "
+        "(ours only; in process and --served)",
+    )
+    p.add_argument(
         "--enable_block_reuse",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -211,6 +218,7 @@ def _run_ours(
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
+        stream_interval=args.stream_interval,
         tensor_parallel_size=args.tp_size,
         **(
             ({"executor_mode": args.executor_mode} if args.executor_mode else {})

@@ -43,6 +43,7 @@ _LLM_FLAGS: tuple[str, ...] = (
     "quantization",
     "kv_cache_dtype",
     "mamba_ssm_cache_dtype",
+    "stream_interval",
     "load_format",
     "executor_mode",
     "generation_config",

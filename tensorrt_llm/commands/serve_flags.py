@@ -142,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="hybrid models' Gated DeltaNet state: auto (float32) | float32 | bfloat16 | float16",
     )
     p.add_argument(
+        "--stream_interval",
+        type=int,
+        default=None,
+        help="after its first token a stream gets its new tokens every N tokens (default 1: "
+        "each token); larger values cut the server's per-token work at high concurrency",
+    )
+    p.add_argument(
         "--load_format",
         choices=("auto", "dummy"),
         default=None,

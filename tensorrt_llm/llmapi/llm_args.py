@@ -142,6 +142,11 @@ class LlmArgs:
     mamba_ssm_cache_dtype: str = "auto"
     # The overlap scheduler prepares step n+1 while step n runs on the device.
     disable_overlap_scheduler: bool = False
+    # TensorRT-LLM's (and vLLM's --stream-interval): after a request's first token the engine
+    # sends its new tokens every `stream_interval` tokens (the last response whatever it
+    # holds). 1 streams every token; larger values cut the per-token work of the front end
+    # and the engine's responses at high concurrency, at the cost of burstier streams.
+    stream_interval: int = 1
     # "auto" reads the checkpoint's safetensors; "dummy" fills random weights (benchmarks).
     load_format: str = "auto"
     # Max items per prompt for each modality, e.g. {"image": 4, "video": 1}; None = unlimited.
@@ -195,6 +200,7 @@ class LlmArgs:
         check_choice("generation_config", self.generation_config, GENERATION_CONFIG_MODES)
         _check_int("max_batch_size", self.max_batch_size, 1, allow_none=True)
         _check_int("max_num_tokens", self.max_num_tokens, 1)
+        _check_int("stream_interval", self.stream_interval, 1)
         normalize_cuda_graph_config(self)
         _check_int("max_seq_len", self.max_seq_len, 1, allow_none=True)
         _check_int("kv_cache_max_tokens", self.kv_cache_max_tokens, 1, allow_none=True)
@@ -364,6 +370,7 @@ class LlmArgs:
             dtype=dtype,
             kv_cache_dtype=self.resolve_kv_cache_dtype(dtype),
             ssm_state_dtype=self.resolve_ssm_state_dtype(config),
+            stream_interval=self.stream_interval,
             max_seq_len=max_seq_len,
             max_num_tokens=self.max_num_tokens,
             tokens_per_block=self.tokens_per_block,

@@ -169,6 +169,8 @@ class EngineConfig:
     speculative_config: MTPDecodingConfig | None = None
     # Hybrid models' Gated DeltaNet state element type (LlmArgs.mamba_ssm_cache_dtype).
     ssm_state_dtype: torch.dtype = torch.float32
+    # Output tokens a running request's response waits for after its first (LlmArgs's).
+    stream_interval: int = 1
     # This process's rank of a tensor-parallel engine (default: one GPU). Rank 0 runs the
     # executor (`create_py_executor`), the others `tp_worker.run_tp_worker`.
     mapping: Mapping = field(default_factory=Mapping)

@@ -69,9 +69,16 @@ class PyExecutor:
         seq_slot_manager: SeqSlotManager,
         max_seq_len: int = 4096,
         on_step: Callable[[ExecutorStats], None] | None = None,
+        stream_interval: int = 1,
     ) -> None:
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
+        # A running request's response carries its first token at once, then waits for this
+        # many new tokens (EngineConfig.stream_interval); its last response goes out whatever
+        # it holds.
+        self.stream_interval = stream_interval
         self.model_engine = model_engine
         self.scheduler = scheduler
         self.sampler = sampler
@@ -356,7 +363,7 @@ class PyExecutor:
         rid = req.request_id
         sent = self._num_sent.get(rid, 0)
         new = req.output_token_ids[sent:]
-        if not new and not req.is_finished:
+        if not req.is_finished and (not new or (sent and len(new) < self.stream_interval)):
             return
         self._num_sent[rid] = sent + len(new)
         self._deliver(self._callbacks.get(rid), response_of(req, new))

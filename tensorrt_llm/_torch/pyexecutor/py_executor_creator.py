@@ -299,7 +299,9 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     if device.type == "cuda":
         torch.cuda.empty_cache()
     executor_cls = PyExecutor if config.disable_overlap_scheduler else OverlapPyExecutor
-    executor = executor_cls(engine, scheduler, sampler, kv, slots, max_seq_len)
+    executor = executor_cls(
+        engine, scheduler, sampler, kv, slots, max_seq_len, stream_interval=config.stream_interval
+    )
     # Cheap until the first guided request (xgrammar and its tokenizer info load lazily).
     executor.guided_decoder = GuidedDecoder(
         getattr(input_processor, "tokenizer", None), engine.vocab_size

@@ -174,12 +174,16 @@ def test_serve_flags_leave_server_defaults_alone(tiny_config: Path, tmp_path: Pa
     assert pairs["--dtype"] == "float32" and pairs["--device"] == "cpu"
     for unset in ("--max_batch_size", "--max_num_tokens", "--kv_cache_free_gpu_memory_fraction"):
         assert unset not in flags
-    given = parse_args(["--config", str(tiny_config), *_TINY, "--max_batch_size", "64"])
+    given = parse_args(
+        ["--config", str(tiny_config), *_TINY, "--max_batch_size", "64", "--stream_interval", "4"]
+    )
     given_flags = serve_flags(given, tmp_path)
-    assert dict(zip(given_flags[1::2], given_flags[2::2], strict=True))["--max_batch_size"] == "64"
+    given_pairs = dict(zip(given_flags[1::2], given_flags[2::2], strict=True))
+    assert given_pairs["--max_batch_size"] == "64" and given_pairs["--stream_interval"] == "4"
     # The mapped flags are ones trtllm-serve accepts, and reach LLM(...).
     kwargs = llm_kwargs(serve_parse_args(given_flags))
     assert kwargs["load_format"] == "dummy" and kwargs["max_batch_size"] == 64
+    assert kwargs["stream_interval"] == 4
     with pytest.raises(SystemExit, match="no CUDA-graph flags"):
         serve_flags(parse_args(["--config", str(tiny_config), "--no_cuda_graph"]), tmp_path)
 

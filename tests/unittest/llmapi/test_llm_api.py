@@ -154,6 +154,28 @@ def test_streaming_reassembles_to_greedy(llm: Any, image: Image.Image) -> None:
     )
 
 
+def test_stream_interval_streams_the_same_tokens_in_fewer_updates(ckpt: Path) -> None:
+    """stream_interval=4 (the engine in its own process): the first token alone, then the
+    tokens four at a time, the last update with the rest; the same tokens and text."""
+    params = SamplingParams(max_tokens=11, temperature=0.0, ignore_eos=True)
+    with LLM(str(ckpt), max_batch_size=2, max_seq_len=128, stream_interval=4) as llm:
+        want = llm.generate("Once upon a time", params).outputs[0]
+
+        async def stream() -> tuple[list[int], list[int]]:
+            counts, ids = [], []
+            async for part in llm.generate_async("Once upon a time", params, streaming=True):
+                counts.append(len(part.outputs[0].token_ids))
+                ids += part.outputs[0].token_ids_diff
+            return counts, ids
+
+        counts, ids = asyncio.run(stream())
+    # An update may merge several responses (the consumer was late), never split one.
+    assert counts[-1] == 11 and set(counts) <= {1, 5, 9, 11}, counts
+    assert ids == want.token_ids
+    with pytest.raises(ValueError, match="stream_interval"):
+        LLM(str(ckpt), stream_interval=0)
+
+
 def test_stop_string_cuts_text(llm: Any) -> None:
     full = llm.generate("Once upon a time", SamplingParams(max_tokens=16, temperature=0.0))
     text = full.outputs[0].text

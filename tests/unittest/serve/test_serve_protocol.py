@@ -213,6 +213,7 @@ def test_cli_parsing(tmp_path: object) -> None:
         "enable_block_reuse": False
     }
     assert llm_kwargs(parse_args(["ckpt", "--enable_block_reuse"])) == {"enable_block_reuse": True}
+    assert llm_kwargs(parse_args(["ckpt", "--stream_interval", "8"])) == {"stream_interval": 8}
     assert "enable_block_reuse" not in llm_kwargs(parse_args(["ckpt"]))
     assert llm_kwargs(parse_args(["ckpt", "--enable_chunked_prefill"])) == {
         "enable_chunked_prefill": True

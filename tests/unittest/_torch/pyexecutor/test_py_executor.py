@@ -139,13 +139,17 @@ def make_executor(
     max_seq_len: int = 32,
     on_step: Callable[[ExecutorStats], None] | None = None,
     start: bool = True,
+    stream_interval: int = 1,
 ) -> tuple[PyExecutor, FakeEngine]:
     engine = FakeEngine()
     kv = KVCacheManager(1, 1, 2, TPB, NUM_BLOCKS, max_blocks_per_seq=8, dtype=torch.float32)
     slots = SeqSlotManager(max_batch_size)
     scheduler = SimpleScheduler(max_batch_size, max_num_tokens, chunked, kv, slots)
     sampler = TorchSampler(VOCAB, "cpu")
-    executor = PyExecutor(engine, scheduler, sampler, kv, slots, max_seq_len, on_step=on_step)
+    executor = PyExecutor(
+        engine, scheduler, sampler, kv, slots, max_seq_len, on_step=on_step,
+        stream_interval=stream_interval,
+    )  # fmt: skip
     if start:
         executor.start()
     return executor, engine
@@ -233,6 +237,24 @@ def test_chunked_prefill_samples_only_final_chunk() -> None:
     assert chunks == [(0, 4), (4, 4), (8, 2)]
     # One response per generated token; nothing was emitted for the non-final chunks.
     assert [len(r.new_token_ids) for r in col.responses[0]] == [1, 1, 1]
+
+
+def test_stream_interval_sends_the_first_token_then_every_n() -> None:
+    # The first token at once (TTFT), then responses of 3 tokens, the last one with the rest
+    # (10 = 1 + 3 + 3 + 3; 8 = 1 + 3 + 3 + 1, finished early by its end id); the tokens are
+    # those of stream_interval=1.
+    ex, _ = make_executor(stream_interval=3)
+    col = Collector()
+    submit(ex, col, 1, [4], max_tokens=10)
+    submit(ex, col, 2, [1], max_tokens=20, end_id=9)  # tokens 2..9
+    assert col.wait(1).finish_reason == "length" and col.wait(2).finish_reason == "stop"
+    ex.shutdown()
+    assert [len(r.new_token_ids) for r in col.responses[1]] == [1, 3, 3, 3]
+    assert col.tokens(1) == expected([4], 10)
+    assert [len(r.new_token_ids) for r in col.responses[2]] == [1, 3, 3, 1]
+    assert col.tokens(2) == list(range(2, 10))
+    with pytest.raises(ValueError, match="stream_interval must be >= 1"):
+        make_executor(stream_interval=0, start=False)
 
 
 def test_chunking_does_not_perturb_seeded_sampling() -> None:
