@@ -26,7 +26,15 @@ import numpy as np
 from ..sampling_params import SamplingParams
 from .metrics import RequestTiming, summarize
 from .peak import LLM_INTERVAL_S, SERVED_INTERVAL_S, PeakSampler, llm_running, served_running
-from .served import CHAT_PATH, ServedTarget, chat_body, stage_means, stage_sums, stream_timing
+from .served import (
+    CHAT_PATH,
+    ServedTarget,
+    chat_body,
+    scrape,
+    stage_means,
+    stage_sums,
+    stream_timing,
+)
 from .sse_client import StreamResult, post_stream
 from .workload import Workload
 
@@ -136,7 +144,7 @@ def run_early_stop_served(
 ) -> dict[str, float]:
     """The served row: as in process, plus the server's stage means (no overshoot column)."""
     bodies = [chat_body(target, c, workload.osl, workload.ignore_eos) for c in contents]
-    before = stage_sums(target)
+    before = stage_sums(scrape(target))
     reader = served_running(target.host, target.port)
     with PeakSampler(reader, SERVED_INTERVAL_S) as peak:
         start = time.perf_counter()
@@ -150,5 +158,5 @@ def run_early_stop_served(
         timings.append(timing)
     row = _row(timings, stops, wall, concurrency, peak.peak)
     row["isl_mean"] = float("nan")  # a closed stream reports no usage
-    row.update(stage_means(before, stage_sums(target)))
+    row.update(stage_means(before, stage_sums(scrape(target))))
     return row

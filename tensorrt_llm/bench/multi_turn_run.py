@@ -33,6 +33,7 @@ from .served import (
     ServedTarget,
     messages_body,
     png_data_url,
+    scrape,
     stage_means,
     stage_sums,
     stream_timing,
@@ -211,12 +212,12 @@ def run_multi_turn_served(
         target, config, workload, words, first_words, spec, concurrency
     )
     reader = served_running(target.host, target.port)
-    before = stage_sums(target)
+    before = stage_sums(scrape(target))
     with PeakSampler(reader, SERVED_INTERVAL_S) as peak:
         start = time.perf_counter()
         samples = asyncio.run(_served_all(target, conversations, workload))
         wall = time.perf_counter() - start
     row = run_row(samples, wall, concurrency, peak.peak)
     row["isl_mean"] = float(np.mean([s.prompt_tokens for s in samples]))  # every turn's
-    row.update(stage_means(before, stage_sums(target)))
+    row.update(stage_means(before, stage_sums(scrape(target))))
     return row, summarize_turns(samples, concurrency)

@@ -203,14 +203,30 @@ def stream_timing(res: StreamResult) -> RequestTiming:
     return RequestTiming(res.start, first, res.end, res.completion_tokens, res.last_token)
 
 
-def stage_sums(target: ServedTarget) -> dict[str, tuple[float, float]] | None:
-    """{stage: (sum s, count)} from the server's /metrics; None if it has none."""
+def scrape(target: ServedTarget) -> dict[str, float] | None:
+    """The server's /metrics samples ({'name{labels}': value}); None if it has none."""
     from ..serve.metrics import parse_prometheus
 
     body = get_body(target.host, target.port, "/metrics")
-    if body is None:
+    return None if body is None else parse_prometheus(body.decode())
+
+
+def server_cpu_pct(
+    before: dict[str, float] | None, after: dict[str, float] | None, wall_s: float
+) -> float:
+    """The server process's CPU time over the wave's wall time, in % of one core (nan when
+    the server does not report it): near 100 the front end, not the GPU, sets the pace."""
+    from ..serve.metrics import PROCESS_CPU
+
+    if before is None or after is None or PROCESS_CPU not in before or PROCESS_CPU not in after:
+        return float("nan")
+    return 100.0 * (after[PROCESS_CPU] - before[PROCESS_CPU]) / wall_s
+
+
+def stage_sums(samples: dict[str, float] | None) -> dict[str, tuple[float, float]] | None:
+    """{stage: (sum s, count)} from a /metrics scrape (None: the server has none)."""
+    if samples is None:
         return None
-    samples = parse_prometheus(body.decode())
     out = {}
     for stage in STAGES:
         sums = [v for k, v in samples.items() if _is_stage(k, "sum", stage)]
@@ -247,17 +263,21 @@ def run_served_concurrency(
     """One row of the table, over HTTP; the bodies are encoded before the clock starts.
 
     The row also carries the server's own mean time per stage before the first token
-    (`STAGE_COLUMNS`, from its /metrics around the wave): where the TTFT goes."""
+    (`STAGE_COLUMNS`, from its /metrics around the wave): where the TTFT goes; and the
+    server process's CPU share during the wave (`server_cpu_pct`)."""
     bodies = [
         chat_body(target, c, workload.osl, workload.ignore_eos, workload.guided_json)
         for c in contents
     ]
-    before = stage_sums(target)
+    before = scrape(target)
     start = time.perf_counter()
     results = asyncio.run(_run_wave(target, bodies, concurrency))
-    row = summarize([stream_timing(r) for r in results], time.perf_counter() - start, concurrency)
+    wall = time.perf_counter() - start
+    after = scrape(target)
+    row = summarize([stream_timing(r) for r in results], wall, concurrency)
     row["isl_mean"] = float(np.mean([r.prompt_tokens for r in results]))
-    row.update(stage_means(before, stage_sums(target)))
+    row.update(stage_means(stage_sums(before), stage_sums(after)))
+    row["server_cpu_pct"] = server_cpu_pct(before, after, wall)
     return row
 
 

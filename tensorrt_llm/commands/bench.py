@@ -54,7 +54,7 @@ from ..bench.workload_modes import (
     wave_served,
 )
 
-_SERVED_COLUMNS = (*_COLUMNS, "isl_mean", *STAGE_COLUMNS)
+_SERVED_COLUMNS = (*_COLUMNS, "isl_mean", *STAGE_COLUMNS, "server_cpu_pct")
 # In-process defaults of knobs that the served mode leaves to trtllm-serve unless given.
 _INPROCESS_MAX_NUM_TOKENS = 8192
 _INPROCESS_KV_FRACTION = 0.8

@@ -11,10 +11,12 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 PREFIX = "trtllm_"
+PROCESS_CPU = "process_cpu_seconds_total"
 TTFT_BUCKETS = (
     0.001,
     0.005,
@@ -289,6 +291,15 @@ class ServerMetrics:
                 "Largest delay of the server's asyncio loop over the last second.",
             )
             out.append(f"{name}{_labels(base)} {_num(self.event_loop_lag_s)}")
+            # Prometheus's standard process metric (no prefix): the front end's own CPU, which
+            # `trtllm-bench --served` turns into the server's CPU share during a wave.
+            out.append(
+                f"# HELP {PROCESS_CPU} Total user and system CPU time of the server "
+                "process in seconds (all its threads: the engine loop's too with executor_mode "
+                "inproc, not the engine process's)."
+            )
+            out.append(f"# TYPE {PROCESS_CPU} counter")
+            out.append(f"{PROCESS_CPU} {_num(time.process_time())}")
             for metric, help_text, hist in (
                 ("time_to_first_token_seconds", "Time to first token.", self.ttft),
                 ("inter_token_latency_seconds", "Time between output tokens.", self.itl),

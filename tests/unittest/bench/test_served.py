@@ -99,6 +99,7 @@ def test_served_child_and_in_process_side_by_side(
         assert all(t > 0 for t in stages[:4]) and all(t >= 0 for t in stages[4:]), stages
         assert sum(stages[:4]) <= row["ttft_ms_p99"]
         assert sum(stages[4:]) <= stages[2] + stages[3] + 1e-6
+        assert row["server_cpu_pct"] > 0.0  # the child's own CPU over the wave
     ratios = result["served_vs_inprocess"]
     assert [r["concurrency"] for r in ratios] == [1, 2]
     for ratio, served, ours in zip(ratios, result["served"], result["ours"], strict=True):

@@ -100,8 +100,12 @@ def test_media_error_survives_pickling() -> None:
     assert (str(error), error.param, error.code) == ("bad", "messages.0.content.1", "corrupt_media")
 
 
-def test_event_loop_lag_is_exported(pooled: ServeHandle) -> None:
+def test_event_loop_lag_and_process_cpu_are_exported(pooled: ServeHandle) -> None:
     assert metric(pooled.metrics(), "trtllm_event_loop_lag_seconds") >= 0.0
+    # Prometheus's standard process counter: this process's CPU so far, growing.
+    first = metric(pooled.metrics(), "process_cpu_seconds_total")
+    sum(i * i for i in range(300_000))  # some CPU in this process between the scrapes
+    assert 0.0 < first < metric(pooled.metrics(), "process_cpu_seconds_total")
 
 
 def test_default_pool_size(monkeypatch: Any) -> None:
