@@ -27,6 +27,8 @@
 #                       shares the GIL with the engine loop and the c=128 wave varies 10-15%)
 #   a3bserved [QUANT]   the same model through a trtllm-serve child (the figure users see),
 #                       c=32/128, osl 256, FP8 KV cache
+#   srv8 [N...]         Qwen3-VL-8B fp8 through trtllm-serve at c=128, osl 1000, once per
+#                       --stream_interval N (default 1 4): throughput, ITL and server_cpu_pct
 #   a3bprof [QUANT]     one c=128 prefill wave of 35B-A3B (osl 8) under TRTLLM_BENCH_PROFILE
 #                       (op tables, device busy timeline, one timeline line per request)
 #   fresh32 [CONFIG]    issue 20: the same c=32 wave (osl 64) in two fresh processes, TTFT p50
@@ -149,6 +151,16 @@ a3bserved)
         --concurrency 32 128 --kv_cache_dtype fp8 "${qflag[@]}" \
         --output "$OUT/a3bserved_$quant.json" 2>&1 | quiet | tail -12 \
         | tee -a "$OUT/a3bserved.log"
+    ;;
+srv8)
+    shift
+    for n in "${@:-1}" $([ $# -eq 0 ] && echo 4); do
+        timeout -s ABRT 280 python3 -m tensorrt_llm.commands.bench --served \
+            --config benchmarks/configs/qwen3_vl_8b.json --isl 1000 --osl 1000 --image_size 512 \
+            --concurrency 128 --quantization fp8 --kv_cache_dtype fp8 --stream_interval "$n" \
+            --output "$OUT/srv8_si$n.json" 2>&1 | quiet | tail -4 | sed "s/^/si=$n /" \
+            | tee -a "$OUT/srv8.log"
+    done
     ;;
 a3bprof)
     quant=${2:-fp8_block}
