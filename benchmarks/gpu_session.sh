@@ -8,6 +8,8 @@
 #   tests-a/-b/-c       the GPU-marked test files in three thirds (the whole set needs ~15
 #                       min); each stops itself at 500 s: give the `run` call timeout_s 560.
 #                       The full log stays in $OUT; the tail names each failure (-rf).
+#   mtpwarm             issue 20: no served MTP step compiles (test_warmup_gpu.py -k mtp, the two
+#                       tiny Qwen3.5 checkpoints under TRTLLM_FAIL_ON_STEP_COMPILE=1)
 #   std [TREE]          the standard Qwen3-VL-8B benchmark of the tree at TREE (default: .);
 #                       an A/B runs it for `git archive BASE | tar -x -C ab_base` and for .
 #   mt27                issue 19: Qwen3.6-27B multi-turn, block reuse on, then off
@@ -72,6 +74,11 @@ tests-a | tests-b | tests-c)
     # The progress lines, the failures and the summary (a cut run: the test it was in).
     grep -E '^[.FEsx]+ |^(FAILED|ERROR)|passed|failed|File "/.*/tests/' "$OUT/$STAGE.log" \
         | tail -40
+    ;;
+mtpwarm)
+    timeout -s ABRT 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rf --tb=line \
+        tests/unittest/_torch/pyexecutor/test_warmup_gpu.py -k mtp 2>&1 | quiet \
+        | grep -v "^  " | tail -12 | cut -c1-3000 | tee "$OUT/mtpwarm.log"
     ;;
 std)
     tree=${2:-.}
