@@ -4,11 +4,11 @@
         [--serve_args "--stream_interval 4"]
 
 Starts `trtllm-serve` on a tiny Qwen3-VL checkpoint on the CPU (the engine in its own process,
-the default), sends `--streams` concurrent streaming chat requests of `--max_tokens` tokens
-(`ignore_eos`), and reads the server process's user + system CPU time from /proc around each
-round. The engine's process is not counted: the figure is the front end's work per token (HTTP,
-detokenizing, SSE chunks, socket writes), what limits a large batch of streams once the GPU is
-fast enough. Linux only (/proc).
+the default; `bench/served.py`'s child), sends `--streams` concurrent streaming chat requests of
+`--max_tokens` tokens (`ignore_eos`), and reads the server process's CPU time
+(`process_cpu_seconds_total` of its /metrics) around each round. The engine's process is not
+counted: the figure is the front end's work per token (HTTP, detokenizing, SSE chunks, socket
+writes), what limits a large batch of streams once the GPU is fast enough.
 """
 
 from __future__ import annotations
@@ -16,29 +16,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shlex
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
+from tensorrt_llm.bench.served import ServedTarget, scrape, served_target
+from tensorrt_llm.serve.metrics import PROCESS_CPU
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(target: ServedTarget) -> float:
+    """The server process's CPU seconds so far, from its /metrics."""
+    samples = scrape(target)
+    if samples is None or PROCESS_CPU not in samples:
+        raise SystemExit(f"the server reports no {PROCESS_CPU}")
+    return samples[PROCESS_CPU]
 
 
-async def stream(client: httpx.AsyncClient, url: str, model: str, i: int, max_tokens: int) -> int:
+async def stream(client: httpx.AsyncClient, target: ServedTarget, i: int, max_tokens: int) -> int:
     """One streaming chat request; the number of content chunks it got."""
     body = {
-        "model": model,
+        "model": target.model,
         "messages": [{"role": "user", "content": f"tell me story number {i}"}],
         "max_tokens": max_tokens,
         "stream": True,
@@ -46,7 +47,8 @@ async def stream(client: httpx.AsyncClient, url: str, model: str, i: int, max_to
         "temperature": 0,
     }
     chunks = 0
-    async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
+    url = f"http://{target.host}:{target.port}/v1/chat/completions"
+    async with client.stream("POST", url, json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if line.startswith("data: {"):
@@ -55,15 +57,15 @@ async def stream(client: httpx.AsyncClient, url: str, model: str, i: int, max_to
     return chunks
 
 
-async def run_round(url: str, model: str, pid: int, streams: int, max_tokens: int) -> dict:
+async def run_round(target: ServedTarget, streams: int, max_tokens: int) -> dict:
     limits = httpx.Limits(max_connections=streams + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        await stream(client, url, model, -1, 4)  # warm
-        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+        await stream(client, target, -1, 4)  # warm
+        cpu0, t0 = cpu_seconds(target), time.perf_counter()
         chunks = await asyncio.gather(
-            *(stream(client, url, model, i, max_tokens) for i in range(streams))
+            *(stream(client, target, i, max_tokens) for i in range(streams))
         )
-        cpu1, t1 = cpu_seconds(pid), time.perf_counter()
+        cpu1, t1 = cpu_seconds(target), time.perf_counter()
     tokens = streams * max_tokens
     return {
         "seconds": t1 - t0,
@@ -73,45 +75,23 @@ async def run_round(url: str, model: str, pid: int, streams: int, max_tokens: in
     }
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"trtllm-serve exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit("trtllm-serve did not become healthy")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--streams", type=int, default=32)
     p.add_argument("--max_tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--port", type=int, default=8137)
     p.add_argument("--serve_args", default="", help="extra trtllm-serve flags, one string")
     p.add_argument("--output", help="write the rounds as JSON here")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_tiny_checkpoint("qwen3_vl", Path(tmp) / "ckpt")
-        cmd = [sys.executable, "-m", "tensorrt_llm.commands.serve", str(ckpt), "--device", "cpu"]
-        cmd += ["--port", str(args.port), "--max_batch_size", str(args.streams)]
-        cmd += shlex.split(args.serve_args)
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{args.port}"
-        try:
-            wait_healthy(url, proc)
+        flags = [str(ckpt), "--device", "cpu", "--max_batch_size", str(args.streams)]
+        flags += shlex.split(args.serve_args)
+        with served_target(None, flags, Path(tmp) / "serve.log", 300.0) as target:
             rounds = [
-                asyncio.run(run_round(url, "ckpt", proc.pid, args.streams, args.max_tokens))
+                asyncio.run(run_round(target, args.streams, args.max_tokens))
                 for _ in range(args.rounds)
             ]
-        finally:
-            proc.terminate()
-            proc.wait(60)
     for r in rounds:
         print(
             f"{args.streams} streams x {args.max_tokens} tokens in {r['seconds']:.2f} s: server "
