@@ -110,6 +110,17 @@ def is_hybrid_model(config: Mapping[str, Any] | Any) -> bool:
     return "linear_attention" in layer_types
 
 
+def checkpoint_ssm_state_dtype(config: Mapping[str, Any] | Any) -> str | None:
+    """The recurrent state dtype the checkpoint asks for (`mamba_ssm_dtype`, which Qwen3.5 /
+    3.6 releases set to "float32"), or None when it names none. The text config's value wins
+    over a top-level one, as vLLM reads it."""
+    for cfg in (_text_config_dict(config), _as_dict(config)):
+        value = cfg.get("mamba_ssm_dtype")
+        if value is not None:
+            return str(value).removeprefix("torch.")
+    return None
+
+
 def has_vision_tower(config_dict: Mapping[str, Any] | Any) -> bool:
     """False for text LLMs and for `language_model_only: true` VL checkpoints."""
     cfg = _as_dict(config_dict)

@@ -138,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--mamba_ssm_cache_dtype",
         choices=["auto", "float32", "bfloat16", "float16"],
         default="auto",
-        help="hybrid models' DeltaNet state (auto: float32; ours only)",
+        help="hybrid models' DeltaNet state (auto: the checkpoint's mamba_ssm_dtype, else float32)",
     )
     p.add_argument(
         "--stream_interval",

@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mamba_ssm_cache_dtype",
         default=None,
-        help="hybrid models' Gated DeltaNet state: auto (float32) | float32 | bfloat16 | float16",
+        help="hybrid models' Gated DeltaNet state: auto (the checkpoint's mamba_ssm_dtype, else "
+        "float32) | float32 | bfloat16 | float16",
     )
     p.add_argument(
         "--stream_interval",

@@ -60,9 +60,10 @@ DTYPES: dict[str, torch.dtype | None] = {
 }
 DEVICES = ("auto", "cpu", "cuda")
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8": torch.float8_e4m3fn}
-# The Gated DeltaNet (SSM) state of hybrid models: "auto" keeps float32, the precision the
-# state accumulates in over a whole sequence; 16-bit halves its bytes (the decode step reads
-# and writes every running request's state in each DeltaNet layer).
+# The Gated DeltaNet (SSM) state of hybrid models: "auto" takes the checkpoint's
+# `mamba_ssm_dtype` and else float32, the precision the state accumulates in over a whole
+# sequence; 16-bit halves its bytes (the decode step reads and writes every running request's
+# state in each DeltaNet layer).
 SSM_STATE_DTYPES: dict[str, torch.dtype] = {
     "auto": torch.float32,
     "float32": torch.float32,
@@ -277,9 +278,10 @@ class LlmArgs:
         return KV_CACHE_DTYPES[self.kv_cache_dtype] or model_dtype
 
     def resolve_ssm_state_dtype(self, config: Any) -> torch.dtype:
-        """The recurrent state's element type for the checkpoint whose HF `config` this is; a
-        non-"auto" choice for a model that keeps no such state is an error, not a no-op."""
-        from .._torch.config_utils import is_hybrid_model
+        """The recurrent state's element type for the checkpoint whose HF `config` this is
+        ("auto": its `mamba_ssm_dtype`, else float32); a non-"auto" choice for a model that
+        keeps no such state is an error, not a no-op."""
+        from .._torch.config_utils import checkpoint_ssm_state_dtype, is_hybrid_model
 
         if self.mamba_ssm_cache_dtype != "auto" and not is_hybrid_model(config):
             raise ValueError(
@@ -287,6 +289,16 @@ class LlmArgs:
                 "Gated DeltaNet state; this checkpoint has no linear_attention layers (leave it "
                 "'auto')"
             )
+        if self.mamba_ssm_cache_dtype == "auto" and is_hybrid_model(config):
+            wanted = checkpoint_ssm_state_dtype(config)
+            if wanted is not None:
+                if wanted == "auto" or wanted not in SSM_STATE_DTYPES:
+                    choices = [c for c in SSM_STATE_DTYPES if c != "auto"]
+                    raise ValueError(
+                        f"the checkpoint's config.json sets mamba_ssm_dtype={wanted!r}; "
+                        f"supported: {choices} (or override it with mamba_ssm_cache_dtype)"
+                    )
+                return SSM_STATE_DTYPES[wanted]
         return SSM_STATE_DTYPES[self.mamba_ssm_cache_dtype]
 
     def resolve_max_seq_len(

@@ -31,7 +31,7 @@ class KvCacheConfig:
     enable_block_reuse: -> `enable_block_reuse` (prefix caching; None: on for full-attention
       models, off for now for hybrid ones, where True adds recurrent-state snapshots).
     mamba_ssm_cache_dtype: -> `mamba_ssm_cache_dtype` (hybrid models' DeltaNet state: "auto"
-      is float32; "bfloat16" / "float16" halve its bytes).
+      is the checkpoint's `mamba_ssm_dtype`, else float32; "bfloat16" / "float16" halve its bytes).
     """
 
     free_gpu_memory_fraction: float | None = None

@@ -3,12 +3,16 @@
 The pools take the chosen dtype, the capacity arithmetic counts its bytes, and generation
 stays close to the float32 state's: the kernels compute in float32 and round the state once
 a step, so the log-probabilities of the same greedy tokens move by rounding only. A choice
-for a model without recurrent state, or an unknown one, is an error.
+for a model without recurrent state, or an unknown one, is an error. "auto" takes the
+checkpoint's `mamba_ssm_dtype` (the Qwen3.5 / 3.6 releases set "float32").
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,3 +95,36 @@ def test_startup_line_names_the_state_dtype(caplog: pytest.LogCaptureFixture) ->
         create_py_executor(args.to_engine_config(), create_input_processor(ckpt)).shutdown()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine ready:")]
     assert len(lines) == 1 and lines[0].endswith(" ssm_state=bfloat16")
+
+
+def _with_config_field(tmp_path: Path, where: str, value: str) -> str:
+    """A copy of the tiny Qwen3.5 checkpoint whose config.json sets `mamba_ssm_dtype` in
+    `where` ("text_config" or "top")."""
+    src = get_or_build_demo_checkpoint("qwen3_5")
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    (cfg["text_config"] if where == "text_config" else cfg)["mamba_ssm_dtype"] = value
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
+@pytest.mark.parametrize("where", ["text_config", "top"])
+def test_auto_takes_the_checkpoints_mamba_ssm_dtype(tmp_path: Path, where: str) -> None:
+    ckpt = _with_config_field(tmp_path, where, "bfloat16")
+    assert LlmArgs(model=ckpt).to_engine_config().ssm_state_dtype == torch.bfloat16
+    # An explicit choice wins over the checkpoint's.
+    explicit = LlmArgs(model=ckpt, mamba_ssm_cache_dtype="float32").to_engine_config()
+    assert explicit.ssm_state_dtype == torch.float32
+    # Without the field "auto" stays float32.
+    plain = LlmArgs(model=str(get_or_build_demo_checkpoint("qwen3_5"))).to_engine_config()
+    assert plain.ssm_state_dtype == torch.float32
+
+
+def test_unknown_checkpoint_mamba_ssm_dtype_is_an_error(tmp_path: Path) -> None:
+    ckpt = _with_config_field(tmp_path, "text_config", "float8_e4m3fn")
+    with pytest.raises(ValueError, match="mamba_ssm_dtype='float8_e4m3fn'"):
+        LlmArgs(model=ckpt).to_engine_config()
+    # The user can still override it.
+    args = LlmArgs(model=ckpt, mamba_ssm_cache_dtype="float32")
+    assert args.to_engine_config().ssm_state_dtype == torch.float32
