@@ -93,8 +93,9 @@ def _gemm_us(layer: GatedDeltaNet, batch: int, fused: bool, iters: int) -> float
 
 
 def _recurrence_us(layer: GatedDeltaNet, batch: int, iters: int) -> dict[str, float]:
-    """The decode recurrence kernel alone (gates formed in it), for each value-column tile:
-    `_BLOCK_V` is the one knob of its grid (batch x Hv x V / BLOCK_V programs)."""
+    """The decode recurrence kernel alone (gates formed in it), for each value-column tile and
+    warp count (`_BLOCK_V`, `_NUM_WARPS`: the grid is batch x Hv x V / BLOCK_V programs), over
+    a float32 pool (the default) and a bfloat16 one (`mamba_ssm_cache_dtype`)."""
     device = layer.dt_bias.device
     hk, hv, dk, dv = layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim
     q = torch.randn(batch, hk, dk, device=device).bfloat16()
@@ -102,25 +103,28 @@ def _recurrence_us(layer: GatedDeltaNet, batch: int, iters: int) -> dict[str, fl
     v = torch.randn(batch, hv, dv, device=device).bfloat16()
     a = torch.randn(batch, hv, device=device).bfloat16()
     b = torch.randn(batch, hv, device=device).bfloat16()
-    pool = torch.randn(batch + 1, hv, dk, dv, device=device) * 0.1
     slots = torch.arange(1, batch + 1, device=device)
     gates = (a, b, layer.A_log.detach(), layer.dt_bias.detach())
     out: dict[str, float] = {}
-    default = gdn_decode._BLOCK_V
+    defaults = gdn_decode._BLOCK_V, gdn_decode._NUM_WARPS
     try:
-        for block_v in (16, 32, 64, 128):
-            gdn_decode._BLOCK_V = block_v
-            out[f"block_v={block_v}"] = round(
-                graph_time_us(
-                    lambda: gdn_decode.gated_delta_rule_decode_(
-                        q, k, v, None, None, pool, slots, gates=gates
-                    ),
-                    iters,
-                ),
-                1,
-            )
+        for dtype in (torch.float32, torch.bfloat16):
+            pool = (torch.randn(batch + 1, hv, dk, dv, device=device) * 0.1).to(dtype)
+            for block_v in (16, 32, 64, 128):
+                for warps in (1, 2, 4, 8):
+                    gdn_decode._BLOCK_V, gdn_decode._NUM_WARPS = block_v, warps
+                    name = f"{str(dtype)[6:]} block_v={block_v} warps={warps}"
+                    out[name] = round(
+                        graph_time_us(
+                            lambda pool=pool: gdn_decode.gated_delta_rule_decode_(
+                                q, k, v, None, None, pool, slots, gates=gates
+                            ),
+                            iters,
+                        ),
+                        1,
+                    )
     finally:
-        gdn_decode._BLOCK_V = default
+        gdn_decode._BLOCK_V, gdn_decode._NUM_WARPS = defaults
     return out
 
 

@@ -15,8 +15,9 @@ At H 2048, 256 routed experts + the fused shared expert (I 512), top-8, bf16, fo
 - the fused router GEMM alone at `--router_tokens` rows: its E + 1 = 257 output columns
   against a weight padded to 264 rows (16-byte rows: in the c=128 prefill profile at f7b8d2a
   the 257-column GEMM ran as a `cutlass_75` kernel, 157 us a call).
-- with `--prefill_fp8_tokens`, the grouped GEMMs of block-FP8 experts (shared expert fused, as
-  a -FP8 release loads) at prefill token counts over larger tiles (`_PREFILL_*`), each checked
+- with `--fp8_block_tokens` (alias `--prefill_fp8_tokens`), the grouped GEMMs of block-FP8
+  experts (shared expert fused, as a -FP8 release loads) at those token counts over the
+  candidates (`_DECODE_*` up to 512 tokens, `_PREFILL_*` above) and the table's tiles, each checked
   against the table's tiles' output: the table's last bucket has never been measured.
 Read it as: per M, copy the fastest gate_up and down tiles into `moe_tiles.TILE_TABLE` (and
 set `GEMV_MAX_TOKENS` to the largest power-of-two M where GEMV wins).
@@ -177,17 +178,35 @@ def router_gemm(tokens: tuple[int, ...]) -> list[dict[str, float]]:
     return rows
 
 
-# Prefill candidates for block-FP8 experts (the K tile is the 128-wide scale block there):
-# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each is the table's last bucket.
+# Candidates for block-FP8 experts (the K tile is the 128-wide scale block there):
+# (BLOCK_M, BLOCK_N, num_warps, num_stages). Steps of more than 512 tokens take the prefill
+# lists; smaller ones (decode batches: at 128 tokens nearly every expert is read once, so
+# the GEMMs are weight-read bound) the decode lists. The table's own tiles are always timed.
 _PREFILL_GATE_UP = ((64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 8, 3),
                     (128, 64, 8, 3), (128, 128, 8, 3))  # fmt: skip
 _PREFILL_DOWN = ((64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 8, 4), (64, 256, 8, 3),
                  (128, 64, 8, 3), (128, 128, 8, 3))  # fmt: skip
+_DECODE_GATE_UP = ((16, 32, 4, 4), (16, 64, 4, 3), (16, 64, 4, 4), (16, 128, 4, 3),
+                   (16, 128, 8, 3), (32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3),
+                   (64, 128, 4, 3), (64, 128, 8, 3))  # fmt: skip
+_DECODE_DOWN = ((16, 32, 4, 4), (16, 64, 4, 3), (16, 64, 4, 4), (16, 128, 4, 3),
+                (16, 128, 8, 3), (16, 256, 8, 3), (32, 64, 4, 3), (32, 128, 4, 3),
+                (32, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3),
+                (64, 256, 8, 3))  # fmt: skip
+_DECODE_MAX_TOKENS = 512
 
 
-def _prefill_tiles(cfg: tuple[int, int, int, int], combine: str = "sum") -> MoETiles:
+def _block_tiles(cfg: tuple[int, int, int, int], combine: str = "sum") -> MoETiles:
     block_m, n, warps, stages = cfg
     return MoETiles(block_m, n, 128, n, 128, warps, stages, combine)
+
+
+def _table_cfgs(m: int) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """The table's (gate_up, down) tiles for a block-FP8 step of m tokens, as candidates."""
+    t = pick_tiles(m, TOP_K + 1, E + 1, block_scaled=True)
+    down_warps = t.down_num_warps or t.num_warps
+    return (t.block_m, t.gate_up_n, t.num_warps, t.num_stages), (
+        t.block_m, t.down_n, down_warps, t.num_stages)  # fmt: skip
 
 
 def _same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -195,10 +214,11 @@ def _same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2, msg=lambda m: f"{what}: {m}")
 
 
-def prefill_fp8(tokens: tuple[int, ...]) -> list[dict[str, object]]:
+def block_fp8(tokens: tuple[int, ...]) -> list[dict[str, object]]:
     """The grouped GEMMs of block-FP8 experts (the -FP8 release's layout, shared expert fused)
-    at prefill token counts over `_PREFILL_*`: each kernel alone, on the layout of its
-    BLOCK_M; the down figure includes its k-sum ("sum") or atomics."""
+    at each token count over the candidates (`_PREFILL_*` / `_DECODE_*`) and the table's
+    tiles: each kernel alone, on the layout of its BLOCK_M; the down figure includes its k-sum
+    ("sum") or atomics."""
     moe = _moe()
     assert moe.fuse_shared_expert_()
     experts = moe.experts
@@ -212,36 +232,43 @@ def prefill_fp8(tokens: tuple[int, ...]) -> list[dict[str, object]]:
         t0 = time.time()
         x = torch.randn(m, H, device=DEVICE, dtype=torch.bfloat16, generator=gen)
         weights, ids, _ = moe.gate.route(x)
+        table_gu, table_dn = _table_cfgs(m)
+        decode = m <= _DECODE_MAX_TOKENS
+        gate_ups = list(
+            dict.fromkeys([table_gu, *(_DECODE_GATE_UP if decode else _PREFILL_GATE_UP)])
+        )
+        downs = list(dict.fromkeys([table_dn, *(_DECODE_DOWN if decode else _PREFILL_DOWN)]))
         us: dict[str, float] = {}
         best: dict[int, float] = {}
-        for block_m in sorted({cfg[0] for cfg in _PREFILL_GATE_UP + _PREFILL_DOWN}):
+        out: torch.Tensor | None = None  # the first layout's output: every tile must give it
+        for block_m in sorted({cfg[0] for cfg in gate_ups + downs}):
             layout = fm.moe_align_block_size(ids, E + 1, block_m)
-            gate_up = [c for c in _PREFILL_GATE_UP if c[0] == block_m]
-            act = fm.gate_up_silu(x, w1, layout, k, _prefill_tiles(gate_up[0]), scales)
-            down = [c for c in _PREFILL_DOWN if c[0] == block_m]
-            out = fm.down_weighted(act, w2, layout, weights, _prefill_tiles(down[0]), scales)
+            gate_up = [c for c in gate_ups if c[0] == block_m] or [(block_m, 64, 4, 3)]
+            down = [c for c in downs if c[0] == block_m] or [(block_m, 64, 4, 3)]
+            act_m = fm.gate_up_silu(x, w1, layout, k, _block_tiles(gate_up[0]), scales)
+            if out is None:
+                out = fm.down_weighted(act_m, w2, layout, weights, _block_tiles(down[0]), scales)
             for cfg in gate_up:
-                fn = partial(fm.gate_up_silu, x, w1, layout, k, _prefill_tiles(cfg), scales)
-                _same(fn(), act, f"gate_up {cfg}")  # a tile that computes wrong is no choice
+                fn = partial(fm.gate_up_silu, x, w1, layout, k, _block_tiles(cfg), scales)
+                _same(fn(), act_m, f"gate_up {cfg}")
                 us[f"gate_up {_fmt(cfg)}"] = graph_time_us(fn)
             for cfg in down:
                 for combine in ("sum", "atomic"):
-                    tiles = _prefill_tiles(cfg, combine)
-                    fn = partial(fm.down_weighted, act, w2, layout, weights, tiles, scales)
-                    _same(fn(), out, f"down {cfg} {combine}")
+                    tiles = _block_tiles(cfg, combine)
+                    fn = partial(fm.down_weighted, act_m, w2, layout, weights, tiles, scales)
+                    _same(fn(), out, f"down {cfg} {combine}")  # a wrong tile is no choice
                     us[f"down {_fmt(cfg)} {combine}"] = graph_time_us(fn)
             gu = min(v for n, v in us.items() if n.startswith(f"gate_up {block_m}/"))
             dn = min(v for n, v in us.items() if n.startswith(f"down {block_m}/"))
             best[block_m] = gu + dn
-        table = (
-            us["gate_up " + _fmt(_PREFILL_GATE_UP[0])]
-            + us["down " + _fmt(_PREFILL_DOWN[0]) + " sum"]
-        )
-        row = {"tokens": m, "us": us, "table us": table, "best us by BLOCK_M": best}
-        print(f"\n=== prefill fp8_block M {m} (pairs {m * k}, {time.time() - t0:.1f} s)")
+        table = us["gate_up " + _fmt(table_gu)] + us["down " + _fmt(table_dn) + " sum"]
+        row = {"tokens": m, "us": us, "table us": table, "best us by BLOCK_M": best,
+               "table tiles": [table_gu, table_dn]}  # fmt: skip
+        print(f"\n=== fp8_block M {m} (pairs {m * k}, {time.time() - t0:.1f} s)")
         for name, v in sorted(us.items(), key=lambda item: item[1]):
             print(f"  {name:36s} {v:8.1f} us")
-        print(f"  table's tiles: {table:.1f} us; best gate_up + down by BLOCK_M: "
+        print(f"  table's tiles {_fmt(table_gu)} + {_fmt(table_dn)}: {table:.1f} us; best "
+              "gate_up + down by BLOCK_M: "
               + ", ".join(f"{bm}: {v:.1f} us" for bm, v in best.items()), flush=True)  # fmt: skip
         rows.append(row)
     return rows
@@ -252,15 +279,15 @@ def main() -> None:
     p.add_argument("--tokens", type=int, nargs="*", default=list(_TOKENS))
     p.add_argument("--router_tokens", type=int, nargs="*", default=[1, 16, 128, 1024, 8192])
     p.add_argument(
-        "--prefill_fp8_tokens", type=int, nargs="*", default=[],
-        help="also sweep the block-FP8 grouped GEMM tiles at these prefill token counts",
+        "--prefill_fp8_tokens", "--fp8_block_tokens", type=int, nargs="*", default=[],
+        help="also sweep the block-FP8 grouped GEMM tiles at these token counts",
     )  # fmt: skip
     p.add_argument("--output", help="write the figures as JSON here")
     args = p.parse_args()
     start = time.time()
     rows = bench(tuple(args.tokens)) if args.tokens else []
     router = router_gemm(tuple(args.router_tokens))
-    prefill = prefill_fp8(tuple(args.prefill_fp8_tokens))
+    prefill = block_fp8(tuple(args.prefill_fp8_tokens))
     print(f"\ntotal {time.time() - start:.1f} s")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

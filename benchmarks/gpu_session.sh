@@ -42,6 +42,9 @@
 #   tunedec             issue 16: tune_fp8_block.py at 1-64 rows over Qwen3-VL-8B's projections
 #   moe                 bench_moe.py at 1-128 tokens, with the router GEMM 257 vs 264 columns
 #   moefp8              bench_moe.py's block-FP8 grouped GEMM tiles at 1024-8192 prefill tokens
+#   dec35               issues 16/20: the 35B-A3B decode kernels at 32/128 rows: the DeltaNet
+#                       recurrence over BLOCK_V x warps (float32 and bf16 state), the block-FP8
+#                       grouped GEMM tiles at 32/128/256 tokens (bench_moe.py)
 #   prefillk [TREE]     the prefill kernels of the 35B-A3B wave for the tree at TREE (default .):
 #                       the varlen conv's tiles (bench_gdn.py, carried and fresh waves) and the
 #                       block-FP8 MoE tiles at 4096 / 8192 tokens (bench_moe.py); an A/B runs it
@@ -227,6 +230,14 @@ moefp8)
     timeout -s ABRT 280 python3 benchmarks/bench_moe.py --tokens --router_tokens \
         --prefill_fp8_tokens 1024 4096 8192 --output "$OUT/moefp8.json" 2>&1 | quiet \
         | tee "$OUT/moefp8.log"
+    ;;
+dec35)
+    timeout -s ABRT 150 python3 benchmarks/bench_gdn.py \
+        --config benchmarks/configs/qwen3_6_35b_a3b.json --batches 32,128 --iters 50 2>&1 \
+        | grep -E "decode|Error" | tee "$OUT/dec35.log"
+    timeout -s ABRT 200 python3 benchmarks/bench_moe.py --tokens --router_tokens \
+        --fp8_block_tokens 32 128 256 --output "$OUT/dec35_moe.json" 2>&1 | quiet \
+        | tee -a "$OUT/dec35.log" | grep -E "===|table's|Error|  (gate_up|down)" | head -80
     ;;
 prefillk)
     tree=${2:-.}

@@ -38,6 +38,8 @@ STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # keep 32 so that more programs share the SMs (the prompt-end rows loop is sequential in
 # tokens). `_BLOCK_V` set to a number forces it (the benchmark's sweep).
 _BLOCK_V: int | None = None
+# Warps per program (Triton's default 4); set to a number it forces them (the sweep).
+_NUM_WARPS: int | None = None
 _WIDE_MIN_HEAD_ROWS = 1024  # requests x value heads from which 64 columns are used
 
 
@@ -319,7 +321,7 @@ def _run(
         scale, _L2_EPS, int(token_index is not None), int(initial_from is not None),
         RATIO=num_v_heads // num_k_heads, K=head_k, V=head_v,
         BLOCK_K=triton.next_power_of_2(head_k), BLOCK_V=block_v, L2NORM=use_qk_l2norm,
-        RAW_GATES=raw, ROWS=cu_seqlens is not None,
+        RAW_GATES=raw, ROWS=cu_seqlens is not None, num_warps=_NUM_WARPS or 4,
         **pdl_launch_kwargs(q.device, grid[0] * grid[1] * grid[2]),
     )  # fmt: skip
     return out
