@@ -45,6 +45,8 @@
 #   dec35               issues 16/20: the 35B-A3B decode kernels at 32/128 rows: the DeltaNet
 #                       recurrence over BLOCK_V x warps (float32 and bf16 state), the block-FP8
 #                       grouped GEMM tiles at 32/128/256 tokens (bench_moe.py)
+#   dec35step [TREE]    the 35B-A3B 128-row decode step (fp8_block, FP8 KV): graph replay time
+#                       and its top kernels (profile_decode.py), for the tree at TREE
 #   prefillk [TREE]     the prefill kernels of the 35B-A3B wave for the tree at TREE (default .):
 #                       the varlen conv's tiles (bench_gdn.py, carried and fresh waves) and the
 #                       block-FP8 MoE tiles at 4096 / 8192 tokens (bench_moe.py); an A/B runs it
@@ -238,6 +240,14 @@ dec35)
     timeout -s ABRT 200 python3 benchmarks/bench_moe.py --tokens --router_tokens \
         --fp8_block_tokens 32 128 256 --output "$OUT/dec35_moe.json" 2>&1 | quiet \
         | tee -a "$OUT/dec35.log" | grep -E "===|table's|Error|  (gate_up|down)" | head -80
+    ;;
+dec35step)
+    tree=${2:-.}
+    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout -s ABRT 200 python3 \
+        benchmarks/profile_decode.py --config benchmarks/configs/qwen3_6_35b_a3b.json \
+        --batch 128 --steps 20 --quantization fp8_block --kv_cache_dtype fp8) 2>&1 | quiet \
+        | grep -E "graph replay|kernel|Self CUDA|^ *_|nvjet|cutlass|reduce" | head -24 \
+        | sed "s|^|$(basename "$(realpath "$tree")") |" | tee -a "$OUT/dec35step.log"
     ;;
 prefillk)
     tree=${2:-.}
