@@ -243,7 +243,8 @@ dec35)
     ;;
 dec35step)
     tree=${2:-.}
-    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout -s ABRT 200 python3 \
+    # PDL off: with it the profiler's kernel times include the wait for the predecessor.
+    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD TRTLLM_PDL=0 timeout -s ABRT 200 python3 \
         benchmarks/profile_decode.py --config benchmarks/configs/qwen3_6_35b_a3b.json \
         --batch 128 --steps 20 --quantization fp8_block --kv_cache_dtype fp8) 2>&1 | quiet \
         | grep -E "graph replay|kernel|Self CUDA|^ *_|nvjet|cutlass|reduce" | head -24 \
