@@ -82,6 +82,14 @@ def token_class(num_tokens: int) -> int:
     return 1 << max(num_tokens - 1, 0).bit_length()
 
 
+# Block-FP8 experts in decode steps of 17 to this many tokens: BLOCK_M 16 (each expert's few
+# pairs fill one M block; the "many pairs" rule of `pick_tiles` would take 64, most of it
+# masked rows), 64-wide N, 4 warps, 3 stages for both kernels. `bench_moe.py
+# --fp8_block_tokens 32 128 256` at Qwen3.6-35B-A3B sizes on an H100 (b1e3324; the K tile is
+# the 128 scale block): gate_up + down took 187.5 / 284.2 / 294.6 us at 32 / 128 / 256 tokens
+# against the table's 192.6 / 293.8 / 304.8 (BLOCK_M 16 and 4 stages at 32, BLOCK_M 64 above).
+BLOCK_SCALED_DECODE_TILES = MoETiles(16, 64, 128, 64, 128, num_warps=4, num_stages=3)
+BLOCK_SCALED_DECODE_TOKENS = (32, 256)
 # Block-FP8 experts in steps of more than this many tokens: down N tiles of 256 with 8 warps.
 # At Qwen3.6-35B-A3B sizes (8 + 1 pairs per token) and 8192 tokens the down GEMM with its k-sum
 # took 718 us against 856 us for the table's 64-wide tiles on an H100; at 2048 tokens the
@@ -100,10 +108,15 @@ def pick_tiles(
 
     A step with many more pairs than experts fills long runs, so it takes BLOCK_M 64 even in
     a small bucket (fewer re-reads of each expert's weights). `block_scaled`: block-FP8
-    experts, whose K tile is the scale block; their large steps take wider down tiles.
+    experts, whose K tile is the scale block; their decode steps take
+    `BLOCK_SCALED_DECODE_TILES` and their large steps wider down tiles.
     """
     tokens = token_class(num_tokens)
     tiles = next(t for bound, t in TILE_TABLE if tokens <= bound)
+    low, high = BLOCK_SCALED_DECODE_TOKENS
+    if block_scaled and low <= tokens <= high:
+        tiles = BLOCK_SCALED_DECODE_TILES
+        return tiles if block_m is None else replace(tiles, block_m=block_m)
     if block_scaled and tokens > BLOCK_SCALED_WIDE_DOWN_TOKENS:
         tiles = replace(tiles, down_n=256, down_num_warps=8)
     if block_m is None and tokens * top_k > 4 * num_experts:

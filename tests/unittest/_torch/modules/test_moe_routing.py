@@ -32,6 +32,8 @@ from tensorrt_llm._torch.modules.triton_kernels.moe_routing import (  # noqa: E4
     route_ref,
 )
 from tensorrt_llm._torch.modules.triton_kernels.moe_tiles import (  # noqa: E402
+    BLOCK_SCALED_DECODE_TILES,
+    BLOCK_SCALED_DECODE_TOKENS,
     BLOCK_SCALED_WIDE_DOWN_TOKENS,
     GemvTiles,
     MoETiles,
@@ -220,6 +222,20 @@ def test_block_scaled_prefill_takes_wide_down_tiles() -> None:
     assert pick_tiles(8192, 9, 257, block_scaled=True) == wide  # one warm-up class
     small = BLOCK_SCALED_WIDE_DOWN_TOKENS
     assert pick_tiles(small, 9, 257, block_scaled=True) == pick_tiles(small, 9, 257)
+
+
+def test_block_scaled_decode_takes_the_decode_tiles() -> None:
+    """Block-FP8 decode steps (17-256 tokens) take BLOCK_SCALED_DECODE_TILES, BLOCK_M 16 even
+    where the pair count would give 16-bit experts BLOCK_M 64; outside that range, and for
+    16-bit experts, the table's tiles; an explicit block_m still wins."""
+    low, high = BLOCK_SCALED_DECODE_TOKENS
+    for tokens in (low // 2 + 1, low, 100, 128, high):  # token classes 32 to 256
+        assert pick_tiles(tokens, 9, 257, block_scaled=True) == BLOCK_SCALED_DECODE_TILES
+    assert pick_tiles(128, 9, 257).block_m == 64  # 16-bit experts: the many-pairs rule
+    assert pick_tiles(128, 9, 257, block_scaled=True).block_m == 16
+    assert pick_tiles(high + 1, 9, 257, block_scaled=True) == pick_tiles(high + 1, 9, 257)
+    assert pick_tiles(16, 9, 257, block_scaled=True) == pick_tiles(16, 9, 257)
+    assert pick_tiles(128, 9, 257, block_m=64, block_scaled=True).block_m == 64
 
 
 # ----------------------------------------------------------------- GPU, real sizes

@@ -139,7 +139,9 @@ def test_no_step_compiles_with_mtp_speculation(family: str, tmp_path: Path) -> N
         mtp_num_hidden_layers=1,
     )
     served = _start(ckpt, tmp_path / "cache", mtp=True)
-    assert served["errors"] == [] and served["steps"] > 0
+    # The distinct errors, one a line: each names what compiled inside which step.
+    assert served["errors"] == [], "\n".join(sorted(set(served["errors"])))
+    assert served["steps"] > 0
 
 
 @pytest.mark.gpu
