@@ -181,6 +181,13 @@ class PyExecutor:
         with self._stats_lock:
             return ExecutorStats(**vars(self._stats))
 
+    def reset_stats(self) -> None:
+        """Zero the counters: the startup warm-up's requests are not the user's. Call it with
+        no request in flight."""
+        with self._stats_lock:
+            self._stats = ExecutorStats()
+        self._refresh_gauges()
+
     # ---- loop ----------------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:

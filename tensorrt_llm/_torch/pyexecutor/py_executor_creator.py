@@ -57,6 +57,7 @@ from .spec_decode.setup import (
     kv_spec_with_mtp,
     snapshot_reserve_bytes,
 )
+from .spec_decode.spec_warmup import run_spec_warmup
 from .tp_setup import agree_num_blocks, attach_step_channel, check_tp_config
 from .warmup import StartupTuning, arm_step_compile_guard, run_warmup, warmup_enabled
 
@@ -310,6 +311,12 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
     logger.info("%s", startup_summary(config, engine, max_seq_len, max_batch_size, num_blocks))
     executor.start()
     if warmed:
+        if executor.spec_decoder is not None:
+            try:  # the steps only speculation runs: draft passes, checks, rollbacks
+                run_spec_warmup(executor, input_processor, max_batch_size)
+            except BaseException:
+                executor.shutdown()
+                raise
         arm_step_compile_guard(executor.loop_thread)
     return executor
 
