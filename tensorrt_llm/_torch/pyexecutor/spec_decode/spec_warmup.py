@@ -26,7 +26,7 @@ from tqdm import tqdm
 from ....inputs.multimodal import MultimodalParams
 from ....sampling_params import SamplingParams
 from ..llm_request import LlmRequest
-from .spec_decoder import SpecStats
+from .spec_decoder import AcceptOverride, SpecStats
 
 if TYPE_CHECKING:
     from ..executor_types import LlmResponse
@@ -60,7 +60,7 @@ def spec_warmup_batches(max_batch_size: int) -> list[int]:
     return sorted(s for s in sizes if 1 <= s <= max_batch_size)
 
 
-def _accept_in_turn() -> Any:
+def _accept_in_turn() -> AcceptOverride:
     calls = itertools.count()
 
     def accept(num_drafts: int) -> int:
