@@ -5,9 +5,11 @@ runs what only it uses: the MTP head's draft passes, the verify rows' checks, th
 state's save and its rollback (the recorded rows' replay, or a restore and a replay forward
 when the record would be too large), each with its own kernels and shapes. So once the
 executor runs, and before its loop is armed in the step compile guard, `run_spec_warmup`
-serves waves of short dummy requests through the real loop: one wave per batch class (1, 2,
-3, then powers of two up to `max_batch_size`), each request long enough for a few verify
-steps. The acceptance is forced per verify row in turn (none, all, one), so rejected,
+serves waves of dummy requests through the real loop: one wave per batch class (1, 2, 3,
+then powers of two up to `max_batch_size`) of short prompts, each request long enough for a
+few verify steps; then one request per prompt length class (a power of two and the length
+one below it, up to `max_num_tokens`), since the head's first pass covers each prefill
+chunk's tokens. The acceptance is forced per verify row in turn (none, all, one), so rejected,
 accepted and partly accepted drafts, and therefore every rollback path, run in every wave.
 Their counters are then reset: the warm-up's requests are not the user's.
 """
@@ -60,6 +62,20 @@ def spec_warmup_batches(max_batch_size: int) -> list[int]:
     return sorted(s for s in sizes if 1 <= s <= max_batch_size)
 
 
+def spec_warmup_prompt_lengths(max_num_tokens: int, max_prompt_len: int) -> list[int]:
+    """A power of two and the length one below it (the other side of Triton's "multiple of
+    16" specialization), up to the longest chunk a step can hold."""
+    cap = min(max_num_tokens, max_prompt_len)
+    lengths = {1}
+    p = 2
+    while p <= cap:
+        lengths.update((p - 1, p))
+        p *= 2
+    if cap > 1:
+        lengths.update((cap - 1, cap))
+    return sorted(n for n in lengths if n >= 1 and n != PROMPT_TOKENS)
+
+
 def _accept_in_turn() -> AcceptOverride:
     calls = itertools.count()
 
@@ -70,8 +86,10 @@ def _accept_in_turn() -> AcceptOverride:
     return accept
 
 
-def _dummy_request(rid: int, input_processor: Any, use_mrope: bool, max_tokens: int) -> LlmRequest:
-    ids = list(input_processor.get_dummy_prompt(PROMPT_TOKENS))[:PROMPT_TOKENS]
+def _dummy_request(
+    rid: int, input_processor: Any, use_mrope: bool, max_tokens: int, prompt_len: int
+) -> LlmRequest:
+    ids = list(input_processor.get_dummy_prompt(prompt_len))[:prompt_len]
     params = None
     if use_mrope:
         ids, extra = input_processor({"prompt_token_ids": ids}, None)
@@ -90,17 +108,28 @@ def run_spec_warmup(
         raise ValueError("run_spec_warmup needs an executor with a speculative decoder")
     start = time.perf_counter()
     k = decoder.max_draft_len
-    max_tokens = VERIFY_STEPS * (k + 1) + 1
+    # Leave a prompt of PROMPT_TOKENS room even on a short max_seq_len (2: the overlap's
+    # spare token and one more).
+    room = executor.max_seq_len - 2
+    max_tokens = max(1, min(VERIFY_STEPS * (k + 1) + 1, room - PROMPT_TOKENS))
+    max_prompt = room - max_tokens
+    if max_prompt < 1:
+        logger.warning("speculative warm-up skipped: max_seq_len %d is too short", room + 2)
+        return SpecWarmupReport(0, 0, 0, 0, 0, 0, 0.0)
     use_mrope = executor.model_engine.use_mrope
     done: queue.Queue[LlmResponse] = queue.Queue()
     rid = _REQUEST_ID_BASE
     batches = spec_warmup_batches(max_batch_size)
+    lengths = spec_warmup_prompt_lengths(executor.model_engine.max_num_tokens, max_prompt)
+    short = min(PROMPT_TOKENS, max_prompt)
+    # (requests, prompt length) of each wave
+    waves = [(size, short) for size in batches] + [(1, n) for n in lengths]
     decoder.accept_override = _accept_in_turn()
     try:
-        for size in tqdm(batches, desc="Warming up speculative steps", leave=False):
+        for size, prompt_len in tqdm(waves, desc="Warming up speculative steps", leave=False):
             for _ in range(size):
                 rid -= 1
-                req = _dummy_request(rid, input_processor, use_mrope, max_tokens)
+                req = _dummy_request(rid, input_processor, use_mrope, max_tokens, prompt_len)
                 executor.enqueue_request(req, done.put)
             finished = 0
             while finished < size:
@@ -119,8 +148,8 @@ def run_spec_warmup(
     warmed, decoder.stats = decoder.stats, SpecStats()
     executor.reset_stats()
     report = SpecWarmupReport(
-        waves=len(batches),
-        requests=sum(batches),
+        waves=len(waves),
+        requests=sum(size for size, _ in waves),
         verify_rows=warmed.num_verify_rows,
         draft_tokens=warmed.num_draft_tokens,
         accepted_tokens=warmed.num_accepted_tokens,
@@ -128,11 +157,12 @@ def run_spec_warmup(
         seconds=time.perf_counter() - start,
     )
     logger.info(
-        "speculative warm-up: %d requests in %d waves (batches %s), %d verify rows, %d of %d "
-        "drafts accepted, %d rollbacks, in %.1f s",
+        "speculative warm-up: %d requests in %d waves (batches %s, prompt lengths %s), %d "
+        "verify rows, %d of %d drafts accepted, %d rollbacks, in %.1f s",
         report.requests,
         report.waves,
         batches,
+        lengths,
         report.verify_rows,
         report.accepted_tokens,
         report.draft_tokens,

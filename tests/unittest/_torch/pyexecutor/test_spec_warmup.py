@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from tensorrt_llm import LLM, SamplingParams
-from tensorrt_llm._torch.pyexecutor.spec_decode.spec_warmup import spec_warmup_batches
+from tensorrt_llm._torch.pyexecutor.spec_decode.spec_warmup import (
+    spec_warmup_batches,
+    spec_warmup_prompt_lengths,
+)
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 
 MTP = {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
@@ -29,12 +32,14 @@ ENGINE = {
 }
 PROMPTS = [list(range(5 + i, 5 + i + n)) for i, n in enumerate((7, 23, 3))]
 _REPORT = re.compile(
-    r"speculative warm-up: (\d+) requests in (\d+) waves \(batches \[([\d, ]+)\]\), (\d+) verify "
-    r"rows, (\d+) of (\d+) drafts accepted, (\d+) rollbacks"
+    r"speculative warm-up: (\d+) requests in (\d+) waves \(batches \[([\d, ]+)\], prompt lengths "
+    r"\[([\d, ]+)\]\), (\d+) verify rows, (\d+) of (\d+) drafts accepted, (\d+) rollbacks"
 )
 
 
-def test_batches_cover_every_class_up_to_the_max() -> None:
+def test_batches_and_prompt_lengths_cover_every_class() -> None:
+    assert spec_warmup_prompt_lengths(8192, 100_000)[-4:] == [4095, 4096, 8191, 8192]
+    assert spec_warmup_prompt_lengths(100, 50) == [1, 2, 3, 4, 7, 15, 16, 31, 32, 49, 50]
     assert spec_warmup_batches(1) == [1]
     assert spec_warmup_batches(5) == [1, 2, 3, 4, 5]
     assert spec_warmup_batches(64) == [1, 2, 3, 4, 8, 16, 32, 64]
@@ -61,9 +66,12 @@ def test_warmup_serves_every_path_then_leaves_no_trace(
     with caplog.at_level(logging.INFO, logger=logger):
         warmed, (stats, spec) = _generate(ckpt, "1", monkeypatch)
     match = next(m for m in map(_REPORT.search, caplog.messages) if m)
-    requests, waves, batches, rows, accepted, drafts, rollbacks = match.groups()
+    requests, waves, batches, lengths, rows, accepted, drafts, rollbacks = match.groups()
     assert [int(b) for b in batches.split(",")] == [1, 2, 3, 4, 5]
-    assert (int(requests), int(waves)) == (15, 5)
+    # One prompt per length class up to max_num_tokens (32): the head's first pass covers
+    # each prefill chunk (8 is the batch waves' own length).
+    assert [int(n) for n in lengths.split(",")] == [1, 2, 3, 4, 7, 15, 16, 31, 32]
+    assert (int(requests), int(waves)) == (15 + 9, 5 + 9)
     # Rejected, accepted and partly accepted drafts all ran, and the hybrid rows rolled back.
     assert 0 < int(accepted) < int(drafts) and int(rows) > 0 and int(rollbacks) > 0
     # The user sees none of it: counters from zero, and the same tokens as without it.
