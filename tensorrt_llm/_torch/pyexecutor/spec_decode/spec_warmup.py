@@ -141,7 +141,11 @@ def run_spec_warmup(
                         f"{WAVE_TIMEOUT_S:.0f} s"
                     ) from None
                 if resp.error is not None:
-                    raise RuntimeError(f"speculative warm-up request failed: {resp.error}")
+                    raise RuntimeError(
+                        f"speculative warm-up: a request of a wave of {size} with a "
+                        f"{prompt_len}-token prompt failed (a served step of that shape would "
+                        f"fail the same way; TRTLLM_WARMUP=0 skips the warm-up): {resp.error}"
+                    )
                 finished += resp.finished
     finally:
         decoder.accept_override = None

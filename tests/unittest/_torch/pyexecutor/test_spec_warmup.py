@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.spec_decode.spec_warmup import (
     spec_warmup_batches,
     spec_warmup_prompt_lengths,
@@ -92,3 +93,24 @@ def test_no_warmup_without_speculation(
         with LLM(model=str(ckpt), **ENGINE) as llm:
             assert llm._executor.get_stats().num_steps == 0
     assert not any("speculative warm-up" in m for m in caplog.messages)
+
+
+def test_a_failed_warmup_request_fails_startup_with_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm-up request the engine rejects (here: a token id past the vocabulary) stops the
+    startup with a RuntimeError that carries its error, and the executor is shut down."""
+    from tensorrt_llm._torch.pyexecutor.spec_decode import spec_warmup
+
+    made = spec_warmup._dummy_request
+
+    def bad(rid: int, *args: object) -> LlmRequest:
+        req = made(rid, *args)  # type: ignore[arg-type]
+        ids = [10**6, *(int(t) for t in req.prompt_token_array[1:])]
+        return LlmRequest(rid, ids, req.sampling_params, multimodal_params=req.multimodal_params)
+
+    monkeypatch.setenv("TRTLLM_WARMUP", "1")
+    monkeypatch.setattr(spec_warmup, "_dummy_request", bad)
+    ckpt = write_tiny_checkpoint("qwen3_5", tmp_path / "ckpt", mtp_num_hidden_layers=1)
+    with pytest.raises(RuntimeError, match="speculative warm-up: a request of a wave of 1"):
+        LLM(model=str(ckpt), speculative_config=MTP, **ENGINE)
