@@ -87,6 +87,18 @@ def step_limits(engine: PyTorchModelEngine, max_batch_size: int, max_seq_len: in
     )
 
 
+def dummy_prompt(
+    input_processor: Any, num_tokens: int, use_mrope: bool
+) -> tuple[list[int], MultimodalParams | None]:
+    """A `num_tokens`-token text prompt of the processor's dummy ids, with its mRoPE
+    positions when the model takes them (the warm-ups' requests)."""
+    ids = list(input_processor.get_dummy_prompt(num_tokens))[:num_tokens]
+    if not use_mrope:
+        return ids, None
+    ids, extra = input_processor({"prompt_token_ids": ids}, None)
+    return ids, MultimodalParams(extra["multimodal_data"])
+
+
 class _DummyRequests:
     """Makes and frees the warm-up's dummy requests (KV blocks and seq slots included)."""
 
@@ -109,11 +121,7 @@ class _DummyRequests:
         `prefill` is False: the caller's `_prefill_first`), so the chunk continues the request
         (cached KV, recurrent state carried over)."""
         prompt_len = num_tokens + int(carried)
-        ids = list(self.input_processor.get_dummy_prompt(prompt_len))[:prompt_len]
-        params = None
-        if self.engine.use_mrope:
-            ids, extra = self.input_processor({"prompt_token_ids": ids}, None)
-            params = MultimodalParams(extra["multimodal_data"])
+        ids, params = dummy_prompt(self.input_processor, prompt_len, self.engine.use_mrope)
         self._next_id -= 1
         req = LlmRequest(self._next_id, ids, multimodal_params=params)
         # prompt, one decode position, the overlap's spare token

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from ....inputs.multimodal import MultimodalParams
 from ....sampling_params import SamplingParams
 from ..llm_request import LlmRequest
+from ..warmup import dummy_prompt
 from .spec_decoder import AcceptOverride, SpecStats
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def spec_warmup_prompt_lengths(max_num_tokens: int, max_prompt_len: int) -> list
         p *= 2
     if cap > 1:
         lengths.update((cap - 1, cap))
-    return sorted(n for n in lengths if n >= 1 and n != PROMPT_TOKENS)
+    return sorted(n for n in lengths if n != PROMPT_TOKENS)
 
 
 def _accept_in_turn() -> AcceptOverride:
@@ -89,11 +89,7 @@ def _accept_in_turn() -> AcceptOverride:
 def _dummy_request(
     rid: int, input_processor: Any, use_mrope: bool, max_tokens: int, prompt_len: int
 ) -> LlmRequest:
-    ids = list(input_processor.get_dummy_prompt(prompt_len))[:prompt_len]
-    params = None
-    if use_mrope:
-        ids, extra = input_processor({"prompt_token_ids": ids}, None)
-        params = MultimodalParams(extra["multimodal_data"])
+    ids, params = dummy_prompt(input_processor, prompt_len, use_mrope)
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     return LlmRequest(rid, ids, sampling, multimodal_params=params)
 
