@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
@@ -55,7 +56,31 @@ def async_tensor_d2h(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | 
     return host, done
 
 
-@lru_cache(maxsize=32)
+# Open `keeping_constants` scopes, innermost last (CUDA graph capture).
+_keepers: list[list[torch.Tensor]] = []
+
+
+@contextmanager
+def keeping_constants() -> Iterator[list[torch.Tensor]]:
+    """Collect every cached device constant handed out inside the scope (`kept`). A CUDA graph
+    reads such a tensor by address at each replay, while the cache that made it may drop it
+    (and the allocator reuse its memory) when other steps' values push it out: whoever
+    captures keeps the list for as long as the graph lives."""
+    kept_here: list[torch.Tensor] = []
+    _keepers.append(kept_here)
+    try:
+        yield kept_here
+    finally:
+        _keepers.pop()
+
+
+def kept(t: torch.Tensor) -> torch.Tensor:
+    """`t`, also held by the innermost `keeping_constants` scope when one is open."""
+    if _keepers:
+        _keepers[-1].append(t)
+    return t
+
+
 def step_constant(
     values: tuple[int, ...], dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
@@ -66,6 +91,13 @@ def step_constant(
     hands kernels with per-tensor caches (fla) the same object each time. The result is
     shared: never write to it.
     """
+    return kept(_cached_constant(values, dtype, device))
+
+
+@lru_cache(maxsize=32)
+def _cached_constant(
+    values: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     return async_tensor_h2d(list(values), dtype, device)
 
 

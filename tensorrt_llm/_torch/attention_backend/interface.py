@@ -46,6 +46,12 @@ class AttentionMetadata:
     # MTP verify steps: a list the Gated DeltaNet layers' in-place rows path appends to
     # (`gated_delta_net_rows.RowsRecord`), for the rollback's replay; None records nothing.
     recurrent_record: list[Any] | None = None
+    # MTP verify steps without context chunks (spec_decode/verify_batch.py): each generation
+    # request's last token and drafts, `tokens_per_generation` of them, are that many
+    # consecutive generation rows of one token each (row `past + t` of the request's cache),
+    # so attention runs them as decode rows. Recurrent layers group each request's rows
+    # again (`qwen3_next_recurrent.gdn_metadata`). `num_generations` counts the rows.
+    tokens_per_generation: int = 1
 
     @property
     def num_seqs(self) -> int:

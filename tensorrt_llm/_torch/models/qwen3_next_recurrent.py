@@ -68,6 +68,9 @@ class RecurrentStep:
 
 def gdn_metadata(attn_metadata: AttentionMetadata) -> GatedDeltaNetMetadata:
     """The DeltaNet view of a step, from host-side fields only (no device sync)."""
+    per_request = attn_metadata.tokens_per_generation
+    if per_request > 1:
+        return _verify_metadata(attn_metadata, per_request)
     num_ctx = attn_metadata.num_contexts
     cached: list[int] = attn_metadata.num_cached_tokens_cpu[:num_ctx].tolist()
     return GatedDeltaNetMetadata(
@@ -78,6 +81,33 @@ def gdn_metadata(attn_metadata: AttentionMetadata) -> GatedDeltaNetMetadata:
         snapshots=attn_metadata.recurrent_snapshots,
         record=attn_metadata.recurrent_record,
     )
+
+
+def _verify_metadata(attn_metadata: AttentionMetadata, per_request: int) -> GatedDeltaNetMetadata:
+    """A verify step's generation rows, `per_request` a request (verify_batch.py), as the
+    DeltaNet layers run them: one context row of that many tokens per request, continuing
+    its state in place (the rows path of gated_delta_net_rows.py, the same as a verify row
+    of a step with context chunks)."""
+    rows = attn_metadata.num_generations
+    if attn_metadata.num_contexts or rows % per_request:
+        raise ValueError(
+            f"tokens_per_generation={per_request} needs a step of generation rows only, a "
+            f"multiple of it; got {attn_metadata.num_contexts} context and {rows} generation rows"
+        )
+    n = rows // per_request
+    return GatedDeltaNetMetadata(
+        context_lens=(per_request,) * n,
+        has_initial_state=(True,) * n,
+        record=attn_metadata.recurrent_record,
+    )
+
+
+def step_slots(attn_metadata: AttentionMetadata) -> torch.Tensor:
+    """The seq slot of each request the DeltaNet layers run (a verify step's first row of
+    each request), on the metadata's device."""
+    slots = attn_metadata.seq_slots[: attn_metadata.num_seqs]
+    per_request = attn_metadata.tokens_per_generation
+    return slots if per_request == 1 else slots[::per_request].contiguous()
 
 
 class StepRows:
@@ -96,7 +126,7 @@ class StepRows:
         self, attn_metadata: AttentionMetadata, device: torch.device
     ) -> tuple[GatedDeltaNetMetadata, torch.Tensor]:
         if self._rows is None or self._key is None or self._key() is not attn_metadata:
-            slots = attn_metadata.seq_slots[: attn_metadata.num_seqs].to(device)
+            slots = step_slots(attn_metadata).to(device)
             self._key = weakref.ref(attn_metadata)
             self._rows = (gdn_metadata(attn_metadata), slots)
         return self._rows

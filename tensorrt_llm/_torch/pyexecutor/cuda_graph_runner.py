@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
+from ..._utils import keeping_constants
 from ..attention_backend.interface import AttentionMetadata
 from ..input_batch import InputBatch
 
@@ -58,8 +59,12 @@ class CUDAGraphRunner:
     """Owns every captured graph, its output tensor and the shared memory pool.
 
     It takes the engine's fixed parts at construction (model, buffers, sizes, KV cache, the
-    dummy slot) and, per step, only the `InputBatch`.
+    dummy slot) and, per step, only the `InputBatch`. Buckets count requests; a request is
+    `rows_per_request` generation rows (1 here; MTP verify steps: spec_decode/verify_graphs.py).
     """
+
+    rows_per_request = 1
+    kind = "decode"  # what the progress bar and the log line call the graphs
 
     def __init__(
         self, engine: PyTorchModelEngine, batch_sizes: list[int], enable_padding: bool = True
@@ -77,13 +82,14 @@ class CUDAGraphRunner:
         self.enable_padding = enable_padding
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self._constants: dict[int, list[torch.Tensor]] = {}
         self.pool: _POOL_HANDLE | None = None  # the first captured graph's, shared by all
         # The last seq-slot-cache entry is the dummy slot: padded rows read delta 0 from it.
         self.dummy_slot = engine.slot_state.dummy_slot
         cu = engine.buffers.cu_seqlens_q
         # 1..max_batch_size, built once: padded rows' cu_seqlens offsets without a per-step alloc.
         self._pad_offsets = torch.arange(
-            1, engine.max_batch_size + 1, dtype=cu.dtype, device=cu.device
+            1, engine.max_generation_rows + 1, dtype=cu.dtype, device=cu.device
         )
 
     def bucket(self, batch_size: int) -> int | None:
@@ -94,13 +100,15 @@ class CUDAGraphRunner:
         return (
             md.num_contexts == 0
             and md.num_generations > 0
+            and md.tokens_per_generation == self.rows_per_request
             and not batch.return_context_logits
-            and self.bucket(md.num_generations) is not None
+            and self.bucket(md.num_generations // self.rows_per_request) is not None
         )
 
     # ------------------------------------------------------------------ padding
     def _pad(self, real: int, bucket: int) -> None:
-        """Make rows [real, bucket) harmless: no KV write, dummy slot, one token at block 0."""
+        """Make rows [real, bucket) harmless: no KV write, dummy slot, one token at block 0
+        (row counts, `rows_per_request` a request)."""
         buf = self.buffers
         if real == bucket:
             return
@@ -129,6 +137,7 @@ class CUDAGraphRunner:
             target.copy_(rows)
 
     def _metadata(self, bucket: int) -> AttentionMetadata:
+        """The capture's metadata for `bucket` generation rows."""
         buf = self.buffers
         ones = torch.ones(bucket, dtype=torch.int32)
         return AttentionMetadata(
@@ -149,15 +158,21 @@ class CUDAGraphRunner:
             seq_slots_cpu=torch.full((bucket,), self.dummy_slot, dtype=torch.long),
             kv_cache_manager=self.kv_cache_manager,
             tokens_per_block=self.tokens_per_block,
+            tokens_per_generation=self.rows_per_request,
         )
 
     def _model_call(self, bucket: int) -> torch.Tensor:
+        """The captured call over `bucket` requests' rows."""
+        rows = bucket * self.rows_per_request
         buf = self.buffers
         batch = InputBatch(
-            attn_metadata=self._metadata(bucket),
-            input_ids=buf.input_ids[:bucket],
-            position_ids=buf.position_ids[..., :bucket],
+            attn_metadata=self._metadata(rows),
+            input_ids=buf.input_ids[:rows],
+            position_ids=buf.position_ids[..., :rows],
         )
+        return self._forward(batch, bucket)
+
+    def _forward(self, batch: InputBatch, bucket: int) -> torch.Tensor:
         return self.model.forward_batch(batch)
 
     # ------------------------------------------------------------------ capture / replay
@@ -165,7 +180,7 @@ class CUDAGraphRunner:
     def capture(self, bucket: int) -> None:
         buf = self.buffers
         buf.cu_seqlens_q[0].zero_()
-        self._pad(0, bucket)
+        self._pad(0, bucket * self.rows_per_request)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -173,8 +188,10 @@ class CUDAGraphRunner:
                 self._model_call(bucket)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # The cached device constants the kernels read (offsets, flags) stay alive with it.
+        with keeping_constants() as constants, torch.cuda.graph(graph, pool=self.pool):
             out = self._model_call(bucket)
+        self._constants[bucket] = constants
         if self.pool is None:
             self.pool = graph.pool()
         self.graphs[bucket] = graph
@@ -183,22 +200,23 @@ class CUDAGraphRunner:
     def capture_all(self) -> None:
         # Largest first, so smaller graphs reuse the pool memory of the largest one.
         buckets = sorted(self.batch_sizes, reverse=True)
-        for bucket in tqdm(buckets, desc="Capturing decode CUDA graphs", leave=False):
+        for bucket in tqdm(buckets, desc=f"Capturing {self.kind} CUDA graphs", leave=False):
             self.capture(bucket)
-        logger.info("captured decode CUDA graphs for batch sizes %s", self.batch_sizes)
+        logger.info("captured %s CUDA graphs for batch sizes %s", self.kind, self.batch_sizes)
 
     @torch.inference_mode()
     def run(self, batch: InputBatch) -> torch.Tensor:
         """Replay the bucket of a pure-generation `batch` whose rows are already written."""
         real = batch.attn_metadata.num_generations
-        bucket = self.bucket(real)
+        per_request = self.rows_per_request
+        bucket = self.bucket(real // per_request)
         assert bucket is not None
         if bucket not in self.graphs:
             # NOTE: capture pads rows [0, bucket) of the shared buffers: save the step's rows.
             saved = self._save_rows(real)
             self.capture(bucket)
             self._restore_rows(saved, real)
-        self._pad(real, bucket)
+        self._pad(real, bucket * per_request)
         self.graphs[bucket].replay()
         # NOTE: the output lives in graph memory that the next replay overwrites; slice now and
         # let the sampler consume it before the next step.

@@ -18,6 +18,8 @@ class InputBuffers:
     input_ids: torch.Tensor  # [max_num_tokens] int64, device
     position_ids: torch.Tensor  # [3, 1, max_num_tokens] int32 (mRoPE) or [1, max_num_tokens]
     slot_mapping: torch.Tensor  # [max_num_tokens] int64, device (-1 = do not store)
+    # Per row: a request, or one of an MTP verify step's rows (`max_batch_size` is then the
+    # engine's `max_generation_rows`).
     seq_lens: torch.Tensor  # [max_batch_size] int32
     num_cached_tokens: torch.Tensor  # [max_batch_size] int32
     cu_seqlens_q: torch.Tensor  # [max_batch_size + 1] int32

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .cuda_graph_runner import CUDAGraphRunner
     from .piecewise_graph_runner import PiecewiseCUDAGraphRunner
     from .resource_manager import KVCacheManager
+    from .spec_decode.verify_graphs import VerifyGraphRunner
     from .tp_step_channel import StepChannel
 
 
@@ -40,6 +41,7 @@ class PyTorchModelEngine:
         max_batch_size: int,
         max_seq_len: int,
         tokens_per_block: int,
+        tokens_per_generation: int = 1,
     ) -> None:
         # Every registered model class implements `EngineModel` (engine_model.py).
         self.model = cast("EngineModel", model)
@@ -48,6 +50,9 @@ class PyTorchModelEngine:
         self.max_batch_size = max_batch_size
         self.tokens_per_block = tokens_per_block
         self.max_blocks_per_seq = -(-max_seq_len // tokens_per_block)
+        # MTP verify steps run each request's tokens as that many generation rows
+        # (`AttentionMetadata.tokens_per_generation`): the per-row buffers hold them all.
+        self.max_generation_rows = max_batch_size * tokens_per_generation
         # NOTE: mRoPE models always take the (3,1,max_num_tokens) int32 position buffer, also
         # for text-only batches, so one code path (and one graph shape) serves every request.
         self.use_mrope = self.model.uses_mrope
@@ -58,11 +63,17 @@ class PyTorchModelEngine:
         self.cuda_graph_runner: CUDAGraphRunner | None = None  # set by create_py_executor
         # Prefill/mixed steps (`cuda_graph_config.piecewise_max_tokens`).
         self.piecewise_graph_runner: PiecewiseCUDAGraphRunner | None = None
+        # MTP verify steps of generation rows alone (spec_decode/verify_graphs.py).
+        self.verify_graph_runner: VerifyGraphRunner | None = None
         # Tensor parallelism, rank 0: each step (and KV cache) is sent to the worker ranks
         # before it runs (`tp_step_channel.py`). None on one GPU: no work per step.
         self.step_channel: StepChannel | None = None
         self.buffers = InputBuffers.allocate(
-            max_num_tokens, max_batch_size, self.max_blocks_per_seq, self.use_mrope, self.device
+            max_num_tokens,
+            self.max_generation_rows,
+            self.max_blocks_per_seq,
+            self.use_mrope,
+            self.device,
         )
         self.slot_state = SlotState(max_batch_size, self.device, self.model)
         self.batch_builder = InputBatchBuilder(
@@ -129,8 +140,11 @@ class PyTorchModelEngine:
     def run_hidden(self, batch: InputBatch) -> torch.Tensor:
         """The stack's final-normed hidden states of every token, no LM head and nothing
         sent to tensor-parallel workers (the caller sends what they run): the piecewise
-        graphs where the step fits a bucket, else eagerly. NOTE: from the graphs it is graph
-        memory, valid until their next replay."""
+        graphs where the step fits a bucket (a verify step's own graphs first), else eagerly.
+        NOTE: from the graphs it is graph memory, valid until their next replay."""
+        verify = self.verify_graph_runner
+        if verify is not None and verify.can_run(batch):
+            return verify.run_hidden(batch)
         piecewise = self.piecewise_graph_runner
         if piecewise is not None and piecewise.can_run(batch):
             return piecewise.run_hidden(batch)

@@ -54,8 +54,10 @@ from .sampler import TorchSampler
 from .scheduler import SimpleScheduler
 from .spec_decode.setup import (
     attach_spec_decoder,
+    capture_verify_graphs,
     kv_spec_with_mtp,
     snapshot_reserve_bytes,
+    verify_tokens_per_request,
 )
 from .spec_decode.spec_warmup import run_spec_warmup
 from .tp_setup import agree_num_blocks, attach_step_channel, check_tp_config
@@ -209,6 +211,7 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         max_batch_size=num_slots,
         max_seq_len=table_seq_len,
         tokens_per_block=config.tokens_per_block,
+        tokens_per_generation=verify_tokens_per_request(config),
     )
     attach_step_channel(engine, config)  # tensor parallelism: rank 0 sends every step
     warmed = warmup_enabled(device)
@@ -287,13 +290,15 @@ def create_py_executor(config: EngineConfig, input_processor: Any) -> PyExecutor
         guaranteed_no_evict=config.guaranteed_no_evict,
     )
     sampler = TorchSampler(engine.vocab_size, device)
-    # Verify steps are chunks, never a decode graph's shape: no decode graph for them, but
-    # they (and prefill, and rollback replays) run in the piecewise graphs where they fit.
+    # With speculation every decode step verifies drafts: its graphs are the verify graphs
+    # (steps of verify rows alone); other steps and rollback replays run piecewise.
     if config.use_cuda_graph and config.speculative_config is None:
         engine.cuda_graph_runner = CUDAGraphRunner(
             engine, _decode_graph_sizes(config, sizing), config.cuda_graph_padding_enabled
         )
         engine.cuda_graph_runner.capture_all()
+    elif config.use_cuda_graph:
+        capture_verify_graphs(engine, config, _decode_graph_sizes(config, sizing))
     engine.piecewise_graph_runner = piecewise
     if warmed:  # after graph capture: each warm-up step takes its served path
         run_warmup(engine, input_processor, kv, max_batch_size, max_seq_len, tuning)

@@ -26,7 +26,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ...._utils import async_tensor_h2d
+from ...._utils import async_tensor_h2d, kept
 from . import pdl_launch_kwargs, pdl_sync, tl, triton, triton_jit
 
 _UPDATE_BLOCK_C = 256
@@ -282,7 +282,7 @@ def _launch_varlen(
         raise ValueError("init_states and has_initial_state come together")
     block_t, block_c, warps = tiles or (_VARLEN_BLOCK_T, _VARLEN_BLOCK_C, _VARLEN_WARPS)
     s1, s2 = splits if splits is not None else (dim, dim)
-    cu, block_seq, block_tok = _block_tables(tuple(seq_lens), block_t, x.device)
+    cu, block_seq, block_tok = map(kept, _block_tables(tuple(seq_lens), block_t, x.device))
     init = init_states if init_states is not None else final_states
     grid = (block_seq.shape[0], triton.cdiv(dim, block_c))
     _conv_varlen_kernel[grid](

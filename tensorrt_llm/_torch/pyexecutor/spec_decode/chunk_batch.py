@@ -48,6 +48,14 @@ class ChunkBatch:
     batch: InputBatch
     offsets: list[int]  # first token row of each request, context requests first
     lengths: list[int]
+    # The rows' positions with mRoPE deltas applied, where `batch.position_ids` holds them
+    # without (a verify batch's generation rows: the model adds the deltas itself); the MTP
+    # head reads these. None: `batch.position_ids`.
+    draft_positions: torch.Tensor | None = None
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.batch.position_ids if self.draft_positions is None else self.draft_positions
 
 
 def _context_part(
@@ -67,7 +75,9 @@ def _context_part(
     return ids, slots, chunk_pos, params, {"runtime": runtime, "rows": rows}
 
 
-def _delta(builder: InputBatchBuilder, req: LlmRequest) -> tuple[MultimodalParams, torch.Tensor]:
+def generation_delta(
+    builder: InputBatchBuilder, req: LlmRequest
+) -> tuple[MultimodalParams, torch.Tensor]:
     """A generation request's params (its delta) and the delta as a device scalar tensor."""
     params = req.multimodal_params
     delta = params.get(MROPE_POSITION_DELTAS) if params is not None else None
@@ -123,7 +133,7 @@ def build_chunk_batch(
         pos_parts.append(tok.astype(np.int32))
         slot_parts.append(block_table[i, tok // tpb].astype(np.int64) * tpb + tok % tpb)
         if builder.use_mrope:
-            params, delta = _delta(builder, row.request)
+            params, delta = generation_delta(builder, row.request)
             mm_params.append(params)
             mrope_gen.append((offset, n, delta))
         offsets.append(offset)

@@ -54,7 +54,7 @@ class RecurrentRollback:
         self.pools = [t for name, t in state.items() if name.startswith(RECURRENT_PREFIX)]
         # One SSM pool per DeltaNet layer (modeling_qwen3_next.RecurrentStateCache's names).
         self.num_layers = sum(name.startswith(f"{RECURRENT_PREFIX}ssm_") for name in state)
-        self.record_bytes_per_token = _record_bytes_per_token(state)
+        self.record_bytes_per_token = record_bytes_per_token(state)
         if not self.pools:
             raise ValueError(
                 f"{type(model).__name__} keeps no recurrent state ({RECURRENT_PREFIX}*): MTP "
@@ -122,7 +122,7 @@ class RecurrentRollback:
             pool.index_copy_(0, index, rows.index_select(0, picked))
 
 
-def _record_bytes_per_token(state: dict[str, torch.Tensor]) -> int:
+def record_bytes_per_token(state: dict[str, torch.Tensor]) -> int:
     """What a verify step's record (`gated_delta_net_rows.RowsRecord`) holds a token, over
     the DeltaNet layers, read off their pools: the input projections' output (conv inputs
     `conv_dim`, output gate `Hv * V`, raw gates `2 * Hv`) and the conv output (`conv_dim`),

@@ -14,13 +14,15 @@ from ...models.modeling_qwen3_5_mtp import num_mtp_layers, with_mtp
 from ...models.modeling_qwen3_next import Qwen3_5TextForCausalLM
 from .config import SPEC_WITH_REUSE_ERROR
 from .mtp_drafter import MTPDrafter
-from .rollback import RECURRENT_PREFIX
+from .rollback import RECURRENT_PREFIX, record_bytes_per_token
 from .spec_decoder import SpecDecoder
 from .tp_spec import SpecLink
+from .verify_graphs import VerifyGraphRunner
 
 if TYPE_CHECKING:
     from ..engine_config import EngineConfig
     from ..kv_cache_creator import KVCacheSpec
+    from ..model_engine import PyTorchModelEngine
     from ..py_executor import PyExecutor
 
 logger = logging.getLogger(__name__)
@@ -47,6 +49,46 @@ def kv_spec_with_mtp(spec: KVCacheSpec, config: EngineConfig) -> KVCacheSpec:
     if config.speculative_config is None:
         return spec
     return replace(spec, num_layers=spec.num_layers + num_mtp_layers(config.text_config))
+
+
+def verify_tokens_per_request(config: EngineConfig) -> int:
+    """The tokens a request verifies in a step: its last one and its drafts (1 without
+    speculation); the engine's buffers hold that many generation rows a request."""
+    spec: Any = config.speculative_config
+    return 1 if spec is None else 1 + spec.num_nextn_predict_layers
+
+
+def capture_verify_graphs(
+    engine: PyTorchModelEngine, config: EngineConfig, batch_sizes: list[int]
+) -> None:
+    """Capture the verify steps' CUDA graphs (verify_graphs.py) for the decode graphs' batch
+    sizes whose rows fit a step; none under tensor parallelism (its steps run piecewise)."""
+    per_request = verify_tokens_per_request(config)
+    if engine.step_channel is not None:
+        logger.warning(
+            "speculative_config with tensor_parallel_size > 1 captures no verify CUDA graphs "
+            "yet: verify steps run in the piecewise graphs"
+        )
+        return
+    sizes = [b for b in batch_sizes if b * per_request <= config.max_num_tokens]
+    if not sizes:
+        logger.warning(
+            "no verify CUDA graph: %d tokens a request exceed max_num_tokens=%d at every batch "
+            "size of %s",
+            per_request,
+            config.max_num_tokens,
+            batch_sizes,
+        )
+        return
+    runner = VerifyGraphRunner(
+        engine,
+        sizes,
+        per_request,
+        config.cuda_graph_padding_enabled,
+        record_bytes_per_token(engine.model.per_slot_state()),
+    )
+    runner.capture_all()
+    engine.verify_graph_runner = runner
 
 
 def snapshot_reserve_bytes(config: EngineConfig, model: Any, num_slots: int) -> int:
@@ -86,9 +128,10 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
     executor.spec_decoder = decoder
     if config.use_cuda_graph:
         graphs = "the piecewise graphs" if engine.piecewise_graph_runner is not None else "eager"
-        logger.warning(
-            "speculative_config captures no decode CUDA graph yet: prefill, verify and "
-            "rollback steps run in %s (the MTP head's draft passes run eagerly)",
+        logger.info(
+            "speculative_config: verify steps of drafting requests alone replay the verify "
+            "CUDA graphs; steps with prefill chunks or other requests, and rollback forwards, "
+            "run in %s; the MTP head's draft passes run eagerly",
             graphs,
         )
     logger.info(

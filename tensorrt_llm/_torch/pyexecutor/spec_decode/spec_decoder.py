@@ -48,6 +48,7 @@ from .chunk_batch import ChunkRow, build_chunk_batch
 from .mtp_drafter import DraftRow, MTPDrafter
 from .rejection import RejectionSampler, sampled_run, wants_sampled_drafts
 from .rollback import RecurrentRollback, StateSnapshot
+from .verify_batch import build_verify_batch, uniform_verify_len
 from .verify_rows import DraftChecks, VerifyRow, check_rows, unpack_checks
 
 if TYPE_CHECKING:
@@ -132,7 +133,14 @@ class SpecDecoder:
         chunks = [
             (r.context_current_position, r.context_chunk_size, r.is_last_context_chunk) for r in ctx
         ]
-        cb = build_chunk_batch(engine.batch_builder, ctx, rows)
+        # A step of verify rows alone, all of one length, that a verify CUDA graph takes runs
+        # them as generation rows (verify_batch.py); else as chunks, piecewise where they fit.
+        graphs = engine.verify_graph_runner
+        uniform = uniform_verify_len(rows, bool(ctx))
+        if self.link is None and graphs is not None and graphs.takes(len(rows), uniform):
+            cb = build_verify_batch(engine.batch_builder, rows)
+        else:
+            cb = build_chunk_batch(engine.batch_builder, ctx, rows)
         batch = cb.batch
         for v, off in zip(verify, cb.offsets[len(ctx) :], strict=True):
             v.offset = off
@@ -162,7 +170,7 @@ class SpecDecoder:
         self._apply(ctx, chunks, sampled, tokens, logprobs, verify, check)
         if guided is not None:
             guided.advance(sampled)
-        self._draft_next(executor, ctx, chunks, cb.offsets, verify, hidden, batch.position_ids)
+        self._draft_next(executor, ctx, chunks, cb.offsets, verify, hidden, cb.positions)
         self._roll_back(verify, snapshot, records, len(ctx))
 
     def _sample(

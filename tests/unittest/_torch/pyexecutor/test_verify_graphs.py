@@ -1,0 +1,182 @@
+"""MTP verify steps as generation rows (spec_decode/verify_batch.py) through the verify graph
+runner (spec_decode/verify_graphs.py), on the CPU.
+
+There are no CUDA graphs on the CPU, so a stand-in keeps the real runner's bucketing, padding,
+capture metadata and records, and makes each replay an eager run of the call a capture
+records, over the same padded buffers. The reference is the engine's own non-speculative
+greedy output; the drafts are the reference's continuation with one wrong token a step, so
+every verify step rejects drafts and rolls back (from the records, or with a forward)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
+from tensorrt_llm._torch.input_batch import InputBatch
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.spec_decode.rollback import record_bytes_per_token
+from tensorrt_llm._torch.pyexecutor.spec_decode.verify_graphs import VerifyGraphRunner
+from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
+
+K = 3
+ENGINE = {
+    "executor_mode": "inproc",
+    "disable_overlap_scheduler": True,
+    "max_num_tokens": 16,
+    "tokens_per_block": 4,
+    "max_batch_size": 4,
+}
+MTP = {"decoding_type": "MTP", "num_nextn_predict_layers": K}
+# Three requests: the verify steps of all three pad to the bucket of 4.
+PROMPTS = [list(range(5 + i, 5 + i + n)) for i, n in enumerate((7, 13, 3))]
+PARAMS = [SamplingParams(max_tokens=n, temperature=0) for n in (14, 11, 17)]
+
+
+class EagerVerifyRunner(VerifyGraphRunner):
+    """`VerifyGraphRunner` with each replay run eagerly (what its capture would record)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps: list[tuple[int, int]] = []  # (rows, bucket)
+
+    def capture(self, bucket: int) -> None:
+        raise AssertionError("nothing is captured on the CPU")
+
+    def _metadata(self, bucket: int) -> AttentionMetadata:
+        # The capture's metadata, with host views of the padded buffers: the CPU's reference
+        # attention loops over those, where the Triton backend a graph captures reads the
+        # device tensors only.
+        md = super()._metadata(bucket)
+        md.seq_lens_cpu = md.seq_lens.clone()
+        md.num_cached_tokens_cpu = md.num_cached_tokens.clone()
+        md.seq_slots_cpu = md.seq_slots.clone()
+        return md
+
+    @torch.inference_mode()
+    def run(self, batch: InputBatch) -> torch.Tensor:
+        real = batch.attn_metadata.num_generations
+        bucket = self.bucket(real // self.rows_per_request)
+        assert bucket is not None
+        self._pad(real, bucket * self.rows_per_request)
+        out = self._model_call(bucket)
+        if self._last_record is not None:
+            self.records[bucket] = self._last_record
+        self.steps.append((real, bucket))
+        return out[:real]
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
+def ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = Path(tmp_path_factory.mktemp("verify_graphs"))
+    return write_tiny_checkpoint(request.param, root / request.param, mtp_num_hidden_layers=1)
+
+
+def _generate(llm: LLM) -> list[list[int]]:
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, PARAMS)]
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt: Path) -> list[list[int]]:
+    with LLM(model=str(ckpt), **ENGINE) as llm:
+        return _generate(llm)
+
+
+def _one_wrong(reference: list[list[int]]) -> Any:
+    """Drafts: the reference's next tokens, the second of them one off."""
+    by_prompt = {tuple(p): out for p, out in zip(PROMPTS, reference, strict=True)}
+
+    def override(req: LlmRequest, drafts: list[int]) -> list[int]:
+        cont = by_prompt[tuple(int(t) for t in req.prompt_token_array)]
+        done = req.num_generated_tokens
+        out = list(cont[done : done + K]) + [0] * K
+        out[1] = (out[1] + 1) % 512
+        return out[:K]
+
+    return override
+
+
+def _run_spec(ckpt: Path, reference: list[list[int]], record_budget: int) -> dict[str, Any]:
+    with LLM(model=str(ckpt), speculative_config=MTP, **ENGINE) as llm:
+        engine = llm._executor.model_engine
+        decoder = llm._executor.spec_decoder
+        per_token = record_bytes_per_token(engine.model.per_slot_state())
+        runner = EagerVerifyRunner(engine, [1, 2, 4], K + 1, True, per_token, record_budget)
+        engine.verify_graph_runner = runner
+        decoder.draft_override = _one_wrong(reference)
+        recorded = []
+        real = decoder.rollback.replay_recorded
+
+        def replay_recorded(*args: Any) -> None:
+            # Whether the records are a verify bucket's (else an eager mixed step's own).
+            records = args[1]
+            ours = [recs for recs in runner.records.values() if recs]
+            recorded.append(any(records[0] is recs[0] for recs in ours))
+            real(*args)
+
+        decoder.rollback.replay_recorded = replay_recorded
+        outputs = _generate(llm)
+        return {
+            "outputs": outputs,
+            "steps": runner.steps,
+            "recorded": recorded,
+            "replays": decoder.stats.num_replays,
+            "runner": runner,
+        }
+
+
+def test_verify_steps_replay_the_graph_runner_with_padding(
+    ckpt: Path, reference: list[list[int]]
+) -> None:
+    run = _run_spec(ckpt, reference, record_budget=2**30)
+    assert run["outputs"] == reference
+    rows = K + 1
+    assert run["steps"], "no verify step reached the verify graph runner"
+    assert all(real % rows == 0 for real, _ in run["steps"])
+    assert any(real < bucket * rows for real, bucket in run["steps"]), run["steps"]
+    # Rejecting verify steps rolled back from their bucket's records, not with a forward.
+    assert run["replays"] > 0 and any(run["recorded"])
+    assert run["runner"].recorded == {1, 2, 4}
+
+
+def test_buckets_past_the_record_budget_roll_back_with_a_forward(
+    ckpt: Path, reference: list[list[int]]
+) -> None:
+    run = _run_spec(ckpt, reference, record_budget=0)
+    assert run["outputs"] == reference
+    assert run["steps"] and run["replays"] > 0
+    assert not any(run["recorded"]) and run["runner"].recorded == set()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_verify_graphs_on_cuda_keep_greedy_output(family: str, tmp_path: Path) -> None:
+    """The real graphs: captured at startup, replayed by the verify steps (with padding and
+    the records' rollback), greedy output equal to the non-speculative decode graphs'."""
+    ckpt = write_tiny_checkpoint(family, tmp_path / family, mtp_num_hidden_layers=1)
+    cuda = {**ENGINE, "device": "cuda", "dtype": "float32", "attn_backend": "triton"}
+    with LLM(model=str(ckpt), **cuda) as llm:
+        expected = _generate(llm)
+    with LLM(model=str(ckpt), speculative_config=MTP, **cuda) as llm:
+        engine = llm._executor.model_engine
+        runner = engine.verify_graph_runner
+        assert runner is not None and set(runner.graphs) == set(runner.batch_sizes)
+        replays: list[int] = []
+        real_run = runner.run
+
+        def run(batch: InputBatch) -> torch.Tensor:
+            replays.append(batch.attn_metadata.num_generations)
+            return real_run(batch)
+
+        runner.run = run  # type: ignore[method-assign]
+        llm._executor.spec_decoder.draft_override = _one_wrong(expected)
+        outputs = _generate(llm)
+        stats = llm._executor.spec_decoder.stats
+    assert outputs == expected
+    assert replays and stats.num_replays > 0
+    assert any(rows < runner.bucket(rows // (K + 1)) * (K + 1) for rows in replays)
