@@ -14,7 +14,8 @@
 #                       an A/B runs it for `git archive BASE | tar -x -C ab_base` and for .
 #   mt27                issue 19: Qwen3.6-27B multi-turn, block reuse on, then off
 #   mt8                 issue 19: the same workload on Qwen3-VL-8B (bf16), reuse on, then off
-#   mtp27 / mtp27c32    issue 20: Qwen3.6-27B MTP bounds at c=1 / c=32 (oracle, then rejected)
+#   mtp27 / mtp27c32 [TREE]  issue 20: Qwen3.6-27B MTP bounds at c=1 / c=32 (oracle, then
+#                       rejected; env MODES, OSL, TAIL) for the tree at TREE (default .)
 #   mtpphases [MODE] [TREE]  issue 20: the 27B MTP step (c=1, osl 256, MODE rejected by
 #                       default) phase by phase per window of 32 steps
 #                       (benchmarks/spec_step_phases.py), for the tree at TREE (default .)
@@ -109,12 +110,15 @@ mtp27 | mtp27c32)
     spec='{"decoding_type":"MTP","num_nextn_predict_layers":3}'
     conc=1
     [ "$STAGE" = mtp27c32 ] && conc=32
-    for mode in oracle rejected; do
-        timeout -s ABRT 250 python3 -m tensorrt_llm.commands.bench \
-            --config benchmarks/configs/qwen3_6_27b.json --isl 1000 --osl 256 --image_size 512 \
-            --concurrency "$conc" --executor_mode inproc --no-enable_block_reuse \
-            --speculative_config "$spec" --draft_mode "$mode" \
-            --output "$OUT/${STAGE}_$mode.json" 2>&1 | quiet | tail -40 | tee -a "$OUT/$STAGE.log"
+    tree=${2:-.}
+    name=$(basename "$(realpath "$tree")")
+    for mode in ${MODES:-oracle rejected}; do
+        (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout -s ABRT 250 python3 -m \
+            tensorrt_llm.commands.bench --config benchmarks/configs/qwen3_6_27b.json --isl 1000 \
+            --osl "${OSL:-256}" --image_size 512 --concurrency "$conc" --executor_mode inproc \
+            --no-enable_block_reuse --speculative_config "$spec" --draft_mode "$mode" \
+            --output "$OUT/${STAGE}_${mode}_$name.json") 2>&1 | quiet | tail -${TAIL:-40} \
+            | sed "s|^|$name $mode |" | tee -a "$OUT/$STAGE.log"
     done
     ;;
 mtpphases)
