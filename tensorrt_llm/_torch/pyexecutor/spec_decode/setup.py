@@ -5,6 +5,7 @@ under tensor parallelism the decoder's link to the worker ranks (tp_spec.py)."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -58,12 +59,35 @@ def verify_tokens_per_request(config: EngineConfig) -> int:
     return 1 if spec is None else 1 + spec.num_nextn_predict_layers
 
 
+# Whether MTP verify steps replay their own CUDA graphs (verify_graphs.py) unless the
+# environment says (`VERIFY_GRAPHS_ENV`): off until the GPU suite has run them.
+VERIFY_GRAPHS_DEFAULT = False
+VERIFY_GRAPHS_ENV = "TRTLLM_MTP_VERIFY_GRAPHS"
+
+
+def verify_graphs_enabled() -> bool:
+    """`VERIFY_GRAPHS_ENV`: unset -> the default, "1" on, "0" off; anything else is an error."""
+    value = os.environ.get(VERIFY_GRAPHS_ENV)
+    if value is None:
+        return VERIFY_GRAPHS_DEFAULT
+    if value not in ("0", "1"):
+        raise ValueError(f"{VERIFY_GRAPHS_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def capture_verify_graphs(
     engine: PyTorchModelEngine, config: EngineConfig, batch_sizes: list[int]
 ) -> None:
     """Capture the verify steps' CUDA graphs (verify_graphs.py) for the decode graphs' batch
     sizes whose rows fit a step; none under tensor parallelism (its steps run piecewise)."""
     per_request = verify_tokens_per_request(config)
+    if not verify_graphs_enabled():
+        logger.info(
+            "MTP verify CUDA graphs are off (%s=1 turns them on): verify steps run in the "
+            "piecewise graphs where they fit",
+            VERIFY_GRAPHS_ENV,
+        )
+        return
     if engine.step_channel is not None:
         logger.warning(
             "speculative_config with tensor_parallel_size > 1 captures no verify CUDA graphs "

@@ -20,6 +20,10 @@ from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.input_batch import InputBatch
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.spec_decode.rollback import record_bytes_per_token
+from tensorrt_llm._torch.pyexecutor.spec_decode.setup import (
+    VERIFY_GRAPHS_ENV,
+    verify_graphs_enabled,
+)
 from tensorrt_llm._torch.pyexecutor.spec_decode.verify_graphs import VerifyGraphRunner
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 
@@ -155,9 +159,12 @@ def test_buckets_past_the_record_budget_roll_back_with_a_forward(
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
-def test_verify_graphs_on_cuda_keep_greedy_output(family: str, tmp_path: Path) -> None:
+def test_verify_graphs_on_cuda_keep_greedy_output(
+    family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The real graphs: captured at startup, replayed by the verify steps (with padding and
     the records' rollback), greedy output equal to the non-speculative decode graphs'."""
+    monkeypatch.setenv(VERIFY_GRAPHS_ENV, "1")
     ckpt = write_tiny_checkpoint(family, tmp_path / family, mtp_num_hidden_layers=1)
     cuda = {**ENGINE, "device": "cuda", "dtype": "float32", "attn_backend": "triton"}
     with LLM(model=str(ckpt), **cuda) as llm:
@@ -180,3 +187,13 @@ def test_verify_graphs_on_cuda_keep_greedy_output(family: str, tmp_path: Path) -
     assert outputs == expected
     assert replays and stats.num_replays > 0
     assert any(rows < runner.bucket(rows // (K + 1)) * (K + 1) for rows in replays)
+
+
+def test_the_switch_reads_0_or_1_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(VERIFY_GRAPHS_ENV, "1")
+    assert verify_graphs_enabled()
+    monkeypatch.setenv(VERIFY_GRAPHS_ENV, "0")
+    assert not verify_graphs_enabled()
+    monkeypatch.setenv(VERIFY_GRAPHS_ENV, "yes")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        verify_graphs_enabled()
