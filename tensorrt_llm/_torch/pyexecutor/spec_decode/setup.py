@@ -60,8 +60,8 @@ def verify_tokens_per_request(config: EngineConfig) -> int:
 
 
 # Whether MTP verify steps replay their own CUDA graphs (verify_graphs.py) unless the
-# environment says (`VERIFY_GRAPHS_ENV`): off until the GPU suite has run them.
-VERIFY_GRAPHS_DEFAULT = False
+# environment says (`VERIFY_GRAPHS_ENV`; 0 runs them in the piecewise graphs, as before).
+VERIFY_GRAPHS_DEFAULT = True
 VERIFY_GRAPHS_ENV = "TRTLLM_MTP_VERIFY_GRAPHS"
 
 
@@ -83,8 +83,8 @@ def capture_verify_graphs(
     per_request = verify_tokens_per_request(config)
     if not verify_graphs_enabled():
         logger.info(
-            "MTP verify CUDA graphs are off (%s=1 turns them on): verify steps run in the "
-            "piecewise graphs where they fit",
+            "MTP verify CUDA graphs are off (%s=0): verify steps run in the piecewise graphs "
+            "where they fit",
             VERIFY_GRAPHS_ENV,
         )
         return
