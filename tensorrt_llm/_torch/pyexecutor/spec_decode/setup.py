@@ -14,6 +14,7 @@ from torch import nn
 from ...models.modeling_qwen3_5_mtp import num_mtp_layers, with_mtp
 from ...models.modeling_qwen3_next import Qwen3_5TextForCausalLM
 from .config import SPEC_WITH_REUSE_ERROR
+from .draft_graphs import DraftGraphRunner
 from .mtp_drafter import MTPDrafter
 from .rollback import RECURRENT_PREFIX, record_bytes_per_token
 from .spec_decoder import SpecDecoder
@@ -63,16 +64,28 @@ def verify_tokens_per_request(config: EngineConfig) -> int:
 # environment says (`VERIFY_GRAPHS_ENV`; 0 runs them in the piecewise graphs, as before).
 VERIFY_GRAPHS_DEFAULT = True
 VERIFY_GRAPHS_ENV = "TRTLLM_MTP_VERIFY_GRAPHS"
+# The draft passes after a verify-graph step as CUDA graphs (draft_graphs.py): off until the
+# GPU suite has run them.
+DRAFT_GRAPHS_DEFAULT = False
+DRAFT_GRAPHS_ENV = "TRTLLM_MTP_DRAFT_GRAPHS"
+
+
+def _switch(env: str, default: bool) -> bool:
+    """`env`: unset -> `default`, "1" on, "0" off; anything else is an error."""
+    value = os.environ.get(env)
+    if value is None:
+        return default
+    if value not in ("0", "1"):
+        raise ValueError(f"{env} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def verify_graphs_enabled() -> bool:
-    """`VERIFY_GRAPHS_ENV`: unset -> the default, "1" on, "0" off; anything else is an error."""
-    value = os.environ.get(VERIFY_GRAPHS_ENV)
-    if value is None:
-        return VERIFY_GRAPHS_DEFAULT
-    if value not in ("0", "1"):
-        raise ValueError(f"{VERIFY_GRAPHS_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return _switch(VERIFY_GRAPHS_ENV, VERIFY_GRAPHS_DEFAULT)
+
+
+def draft_graphs_enabled() -> bool:
+    return _switch(DRAFT_GRAPHS_ENV, DRAFT_GRAPHS_DEFAULT)
 
 
 def capture_verify_graphs(
@@ -147,6 +160,17 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
         text_lm(engine.model), kv, engine.tokens_per_block, engine.vocab_size, engine.device
     )
     decoder = SpecDecoder(executor, drafter, k)
+    verify = engine.verify_graph_runner
+    if verify is not None and draft_graphs_enabled():
+        decoder.draft_graphs = DraftGraphRunner(
+            drafter,
+            verify.batch_sizes,
+            k,
+            drafter.mtp.hidden_size,
+            engine.max_blocks_per_seq,
+            engine.use_mrope,
+        )
+        decoder.draft_graphs.capture_all()
     if engine.step_channel is not None:  # the workers run every forward of a step too
         decoder.link = SpecLink(engine.step_channel)
     executor.spec_decoder = decoder

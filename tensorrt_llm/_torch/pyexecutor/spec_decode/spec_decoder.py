@@ -45,6 +45,7 @@ from ..request_lifecycle import (
 from ..sampler_logprobs import SampledStep
 from .acceptance import draft_budget, emit_accepted, num_accepted, wants_drafts
 from .chunk_batch import ChunkRow, build_chunk_batch
+from .draft_graphs import DraftGraphRunner, DraftRequest
 from .mtp_drafter import DraftRow, MTPDrafter
 from .rejection import RejectionSampler, sampled_run, wants_sampled_drafts
 from .rollback import RecurrentRollback, StateSnapshot
@@ -97,6 +98,8 @@ class SpecDecoder:
         self.accept_override: AcceptOverride | None = None
         self.stats = SpecStats()
         self.rejection = RejectionSampler()
+        # The draft passes of verify-graph steps as CUDA graphs (setup.py; None: eager).
+        self.draft_graphs: DraftGraphRunner | None = None
         # Tensor parallelism, rank 0: sends each forward of a step to the workers (setup.py).
         self.link: SpecLink | None = None
 
@@ -170,7 +173,9 @@ class SpecDecoder:
         self._apply(ctx, chunks, sampled, tokens, logprobs, verify, check)
         if guided is not None:
             guided.advance(sampled)
-        self._draft_next(executor, ctx, chunks, cb.offsets, verify, hidden, cb.positions)
+        if not (uniform and self._graph_drafts(verify, hidden, cb.positions)):
+            self._draft_next(executor, ctx, chunks, cb.offsets, verify, hidden, cb.positions)
+        self._forget_finished(executor)
         self._roll_back(verify, snapshot, records, len(ctx))
 
     def _sample(
@@ -331,12 +336,44 @@ class SpecDecoder:
             share=None if link is None else link.share_tokens,
         )
         for row, drafts in zip(rows, drafted, strict=True):
-            # NOTE: the override also sees rows with no room for drafts, so a recorder
-            # (trtllm-bench's oracle) sees every token but the last.
-            if self.draft_override is not None:
-                drafts = self.draft_override(row.request, drafts)[: row.num_drafts]
-            if row.num_drafts:
-                self.drafts[row.request.request_id] = drafts
+            self._keep_drafts(row.request, drafts, row.num_drafts)
+
+    def _keep_drafts(self, req: LlmRequest, drafts: list[int], num_drafts: int) -> None:
+        """`drafts` (the head's, as many as wanted) become the request's next step's."""
+        # NOTE: the override also sees rows with no room for drafts, so a recorder
+        # (trtllm-bench's oracle) sees every token but the last.
+        if self.draft_override is not None:
+            drafts = self.draft_override(req, drafts)[:num_drafts]
+        if num_drafts:
+            self.drafts[req.request_id] = drafts
+
+    def _graph_drafts(
+        self, verify: list[VerifyRow], hidden: torch.Tensor, positions: torch.Tensor
+    ) -> bool:
+        """The next drafts of a verify-graph step from the draft graphs (draft_graphs.py);
+        False when they do not take the step (the eager passes run instead)."""
+        graphs = self.draft_graphs
+        if graphs is None or graphs.bucket(len(verify)) is None:
+            return False
+        for v in verify:
+            self.drafts.pop(v.request.request_id, None)
+            if v.request.is_finished:
+                self.rejection.release(v.request.request_id)
+        requests = [
+            DraftRequest(
+                v.request, v.start, v.emitted, not v.request.is_finished and takes_drafts(v.request)
+            )
+            for v in verify
+        ]
+        drafted = graphs.draft(requests, hidden, positions, self.engine.batch_builder)
+        for r, drafts in zip(requests, drafted, strict=True):
+            if r.drafting:
+                budget = draft_budget(r.request, self.max_draft_len)
+                self._keep_drafts(r.request, drafts[:budget], budget)
+        return True
+
+    def _forget_finished(self, executor: PyExecutor) -> None:
+        """Drop the drafts of requests that left without a last step here (cancelled)."""
         if len(self.drafts) > 2 * self.engine.max_batch_size:
             # Cancelled requests never come back to pop theirs.
             live = {req.request_id for req in executor._active}

@@ -19,9 +19,12 @@ from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.input_batch import InputBatch
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.spec_decode.draft_graphs import DraftGraphRunner
 from tensorrt_llm._torch.pyexecutor.spec_decode.rollback import record_bytes_per_token
 from tensorrt_llm._torch.pyexecutor.spec_decode.setup import (
+    DRAFT_GRAPHS_ENV,
     VERIFY_GRAPHS_ENV,
+    draft_graphs_enabled,
     verify_graphs_enabled,
 )
 from tensorrt_llm._torch.pyexecutor.spec_decode.verify_graphs import VerifyGraphRunner
@@ -105,14 +108,55 @@ def _one_wrong(reference: list[list[int]]) -> Any:
     return override
 
 
-def _run_spec(ckpt: Path, reference: list[list[int]], record_budget: int) -> dict[str, Any]:
+class EagerDraftRunner(DraftGraphRunner):
+    """`DraftGraphRunner` with each replay an eager run of its passes over the static inputs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps: list[int] = []
+
+    def capture(self, bucket: int) -> None:
+        raise AssertionError("nothing is captured on the CPU")
+
+    def _metadata(self, num_rows: int, p: int, table_rows: torch.Tensor) -> AttentionMetadata:
+        md = super()._metadata(num_rows, p, table_rows)  # host views, as EagerVerifyRunner's
+        md.seq_lens_cpu = md.seq_lens.clone()
+        md.num_cached_tokens_cpu = md.num_cached_tokens.clone()
+        return md
+
+    @torch.inference_mode()
+    def run(self, bucket: int) -> torch.Tensor:
+        self.steps.append(bucket)
+        return self._passes(bucket)
+
+
+def _run_spec(
+    ckpt: Path,
+    reference: list[list[int]],
+    record_budget: int,
+    draft_graphs: bool = False,
+    heads: dict[tuple[int, int], list[int]] | None = None,
+) -> dict[str, Any]:
     with LLM(model=str(ckpt), speculative_config=MTP, **ENGINE) as llm:
         engine = llm._executor.model_engine
         decoder = llm._executor.spec_decoder
         per_token = record_bytes_per_token(engine.model.per_slot_state())
         runner = EagerVerifyRunner(engine, [1, 2, 4], K + 1, True, per_token, record_budget)
         engine.verify_graph_runner = runner
-        decoder.draft_override = _one_wrong(reference)
+        if draft_graphs:
+            drafter = decoder.drafter
+            decoder.draft_graphs = EagerDraftRunner(
+                drafter, [1, 2, 4], K, drafter.mtp.hidden_size, engine.max_blocks_per_seq,
+                engine.use_mrope,
+            )  # fmt: skip
+        wrong = _one_wrong(reference)
+
+        def override(req: LlmRequest, drafts: list[int]) -> list[int]:
+            if heads is not None:  # the head's own drafts, by prompt length and position
+                heads[(req.prompt_len, req.num_generated_tokens)] = list(drafts)
+            return wrong(req, drafts)
+
+        decoder.draft_override = override
         recorded = []
         real = decoder.rollback.replay_recorded
 
@@ -127,6 +171,7 @@ def _run_spec(ckpt: Path, reference: list[list[int]], record_budget: int) -> dic
         outputs = _generate(llm)
         return {
             "outputs": outputs,
+            "draft_steps": getattr(decoder.draft_graphs, "steps", []),
             "steps": runner.steps,
             "recorded": recorded,
             "replays": decoder.stats.num_replays,
@@ -157,14 +202,29 @@ def test_buckets_past_the_record_budget_roll_back_with_a_forward(
     assert not any(run["recorded"]) and run["runner"].recorded == set()
 
 
+def test_draft_graph_passes_give_the_eager_drafts(ckpt: Path, reference: list[list[int]]) -> None:
+    """The draft graphs' padded passes (all 1 + k positions a request, then one row a pass)
+    give the head's drafts of the eager passes over the accepted positions, step by step."""
+    eager: dict[tuple[int, int], list[int]] = {}
+    graphs: dict[tuple[int, int], list[int]] = {}
+    base = _run_spec(ckpt, reference, 2**30, draft_graphs=False, heads=eager)
+    run = _run_spec(ckpt, reference, 2**30, draft_graphs=True, heads=graphs)
+    assert base["outputs"] == run["outputs"] == reference
+    assert run["draft_steps"] and any(b > 1 for b in run["draft_steps"]), run["draft_steps"]
+    assert graphs == eager
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("draft_graphs", [False, True])
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
 def test_verify_graphs_on_cuda_keep_greedy_output(
-    family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: str, draft_graphs: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real graphs: captured at startup, replayed by the verify steps (with padding and
-    the records' rollback), greedy output equal to the non-speculative decode graphs'."""
+    the records' rollback; with `draft_graphs`, the draft passes' graphs after them), greedy
+    output equal to the non-speculative decode graphs'."""
     monkeypatch.setenv(VERIFY_GRAPHS_ENV, "1")
+    monkeypatch.setenv(DRAFT_GRAPHS_ENV, "1" if draft_graphs else "0")
     ckpt = write_tiny_checkpoint(family, tmp_path / family, mtp_num_hidden_layers=1)
     cuda = {**ENGINE, "device": "cuda", "dtype": "float32", "attn_backend": "triton"}
     with LLM(model=str(ckpt), **cuda) as llm:
@@ -181,19 +241,37 @@ def test_verify_graphs_on_cuda_keep_greedy_output(
             return real_run(batch)
 
         runner.run = run  # type: ignore[method-assign]
-        llm._executor.spec_decoder.draft_override = _one_wrong(expected)
+        decoder = llm._executor.spec_decoder
+        drafts: list[int] = []
+        if draft_graphs:
+            assert decoder.draft_graphs is not None
+            real_drafts = decoder.draft_graphs.run
+
+            def run_drafts(bucket: int) -> torch.Tensor:
+                drafts.append(bucket)
+                return real_drafts(bucket)
+
+            decoder.draft_graphs.run = run_drafts  # type: ignore[method-assign]
+        decoder.draft_override = _one_wrong(expected)
         outputs = _generate(llm)
-        stats = llm._executor.spec_decoder.stats
+        stats = decoder.stats
     assert outputs == expected
     assert replays and stats.num_replays > 0
+    assert bool(drafts) == draft_graphs
     assert any(rows < runner.bucket(rows // (K + 1)) * (K + 1) for rows in replays)
 
 
-def test_the_switch_reads_0_or_1_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(VERIFY_GRAPHS_ENV, "1")
-    assert verify_graphs_enabled()
-    monkeypatch.setenv(VERIFY_GRAPHS_ENV, "0")
-    assert not verify_graphs_enabled()
-    monkeypatch.setenv(VERIFY_GRAPHS_ENV, "yes")
+@pytest.mark.parametrize(
+    ("env", "read"),
+    [(VERIFY_GRAPHS_ENV, verify_graphs_enabled), (DRAFT_GRAPHS_ENV, draft_graphs_enabled)],
+)
+def test_the_switches_read_0_or_1_only(
+    env: str, read: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(env, "1")
+    assert read()
+    monkeypatch.setenv(env, "0")
+    assert not read()
+    monkeypatch.setenv(env, "yes")
     with pytest.raises(ValueError, match="must be 0 or 1"):
-        verify_graphs_enabled()
+        read()
