@@ -16,6 +16,9 @@
 #   mt8                 issue 19: the same workload on Qwen3-VL-8B (bf16), reuse on, then off
 #   mtp27 / mtp27c32 [TREE]  issue 20: Qwen3.6-27B MTP bounds at c=1 / c=32 (oracle, then
 #                       rejected; env MODES, OSL, TAIL) for the tree at TREE (default .)
+#   mtpgraphs           issue 20: the 27B MTP step (c=1 or env CONC, osl 256 or OSL, env MODE
+#                       rejected or oracle) without the MTP CUDA graphs, with the verify
+#                       graphs, with verify and draft graphs (TRTLLM_MTP_{VERIFY,DRAFT}_GRAPHS)
 #   mtpphases [MODE] [TREE]  issue 20: the 27B MTP step (c=1, osl 256, MODE rejected by
 #                       default) phase by phase per window of 32 steps
 #                       (benchmarks/spec_step_phases.py), for the tree at TREE (default .)
@@ -119,6 +122,20 @@ mtp27 | mtp27c32)
             --no-enable_block_reuse --speculative_config "$spec" --draft_mode "$mode" \
             --output "$OUT/${STAGE}_${mode}_$name.json") 2>&1 | quiet | tail -${TAIL:-40} \
             | sed "s|^|$name $mode |" | tee -a "$OUT/$STAGE.log"
+    done
+    ;;
+mtpgraphs)
+    # The MTP step's CUDA graphs, one process each: none (the verify step as chunks, as
+    # before 7d249bf), the verify graphs (the default), verify and draft graphs.
+    spec='{"decoding_type":"MTP","num_nextn_predict_layers":3}'
+    for graphs in "0 0" "1 0" "1 1"; do
+        set -- $graphs
+        TRTLLM_MTP_VERIFY_GRAPHS=$1 TRTLLM_MTP_DRAFT_GRAPHS=$2 timeout -s ABRT 180 python3 -m \
+            tensorrt_llm.commands.bench --config benchmarks/configs/qwen3_6_27b.json --isl 1000 \
+            --osl "${OSL:-256}" --image_size 512 --concurrency "${CONC:-1}" \
+            --executor_mode inproc --no-enable_block_reuse --speculative_config "$spec" \
+            --draft_mode "${MODE:-rejected}" --output "$OUT/mtpgraphs_${1}${2}_${MODE:-rejected}.json" \
+            2>&1 | quiet | tail -6 | sed "s|^|verify=$1 draft=$2 |" | tee -a "$OUT/mtpgraphs.log"
     done
     ;;
 mtpphases)
