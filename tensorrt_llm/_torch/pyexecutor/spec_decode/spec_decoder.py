@@ -43,11 +43,12 @@ from ..request_lifecycle import (
     release_prefilled_media,
 )
 from ..sampler_logprobs import SampledStep
-from .acceptance import draft_budget, emit_accepted, num_accepted, wants_drafts
+from .acceptance import emit_accepted, num_accepted, wants_drafts
 from .chunk_batch import ChunkRow, build_chunk_batch
-from .draft_graphs import DraftGraphRunner, DraftRequest
-from .mtp_drafter import DraftRow, MTPDrafter
-from .rejection import RejectionSampler, sampled_run, wants_sampled_drafts
+from .draft_graphs import DraftGraphRunner
+from .drafting import Drafting, DraftOverride
+from .mtp_drafter import MTPDrafter
+from .rejection import RejectionSampler, sampled_run
 from .rollback import RecurrentRollback, StateSnapshot
 from .verify_batch import build_verify_batch, uniform_verify_len
 from .verify_rows import DraftChecks, VerifyRow, check_rows, unpack_checks
@@ -61,9 +62,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# (request, the MTP head's drafts) -> the drafts to verify next step (tests); None: the
-# head's own.
-DraftOverride = Callable[["LlmRequest", list[int]], list[int]]
 # (drafts a verify row holds) -> how many it accepts, whatever the target says
 # (trtllm-bench's oracle / rejected modes); None: the target decides.
 AcceptOverride = Callable[[int], int]
@@ -86,7 +84,7 @@ class SpecStats:
         return 1.0 + self.num_accepted_tokens / self.num_verify_rows
 
 
-class SpecDecoder:
+class SpecDecoder(Drafting):
     def __init__(self, executor: PyExecutor, drafter: MTPDrafter, max_draft_len: int) -> None:
         engine = executor.model_engine
         self.engine = engine
@@ -102,11 +100,6 @@ class SpecDecoder:
         self.draft_graphs: DraftGraphRunner | None = None
         # Tensor parallelism, rank 0: sends each forward of a step to the workers (setup.py).
         self.link: SpecLink | None = None
-
-    def _drafts_for(self, req: LlmRequest) -> list[int]:
-        if not takes_drafts(req):
-            return []
-        return self.drafts.get(req.request_id, [])[: draft_budget(req, self.max_draft_len)]
 
     @torch.inference_mode()
     def run_step(
@@ -298,89 +291,6 @@ class SpecDecoder:
             self.stats.num_draft_tokens += m
             self.stats.num_accepted_tokens += a
 
-    def _draft_next(
-        self,
-        executor: PyExecutor,
-        ctx: list[LlmRequest],
-        chunks: list[tuple[int, int, bool]],
-        offsets: list[int],
-        verify: list[VerifyRow],
-        hidden: torch.Tensor,
-        position_ids: torch.Tensor,
-    ) -> None:
-        """Run the MTP head over this step's positions and keep each request's next drafts."""
-        rows: list[DraftRow] = []
-        # `offsets` also holds the verify rows' (after the context requests'): zip stops early.
-        for req, (begin, size, last), off in zip(ctx, chunks, offsets, strict=False):
-            if req.is_finished or not takes_drafts(req):
-                continue
-            arr = req.context_token_array
-            after = req.output_token_ids[-1] if last else int(arr[begin + size])
-            nxt = [*(int(t) for t in arr[begin + 1 : begin + size]), after]
-            budget = draft_budget(req, self.max_draft_len) if last else 0
-            rows.append(DraftRow(req, off, begin, nxt, budget))
-        for v in verify:
-            self.drafts.pop(v.request.request_id, None)
-            if v.request.is_finished:
-                self.rejection.release(v.request.request_id)
-            if v.request.is_finished or not takes_drafts(v.request):
-                continue
-            budget = draft_budget(v.request, self.max_draft_len)
-            rows.append(DraftRow(v.request, v.offset, v.start, v.emitted, budget))
-        link = self.link
-        drafted = self.drafter.draft(
-            rows,
-            hidden,
-            position_ids,
-            send_plan=None if link is None else link.send_draft,
-            share=None if link is None else link.share_tokens,
-        )
-        for row, drafts in zip(rows, drafted, strict=True):
-            self._keep_drafts(row.request, drafts, row.num_drafts)
-
-    def _keep_drafts(self, req: LlmRequest, drafts: list[int], num_drafts: int) -> None:
-        """`drafts` (the head's, as many as wanted) become the request's next step's."""
-        # NOTE: the override also sees rows with no room for drafts, so a recorder
-        # (trtllm-bench's oracle) sees every token but the last.
-        if self.draft_override is not None:
-            drafts = self.draft_override(req, drafts)[:num_drafts]
-        if num_drafts:
-            self.drafts[req.request_id] = drafts
-
-    def _graph_drafts(
-        self, verify: list[VerifyRow], hidden: torch.Tensor, positions: torch.Tensor
-    ) -> bool:
-        """The next drafts of a verify-graph step from the draft graphs (draft_graphs.py);
-        False when they do not take the step (the eager passes run instead)."""
-        graphs = self.draft_graphs
-        if graphs is None or graphs.bucket(len(verify)) is None:
-            return False
-        for v in verify:
-            self.drafts.pop(v.request.request_id, None)
-            if v.request.is_finished:
-                self.rejection.release(v.request.request_id)
-        requests = [
-            DraftRequest(
-                v.request, v.start, v.emitted, not v.request.is_finished and takes_drafts(v.request)
-            )
-            for v in verify
-        ]
-        drafted = graphs.draft(requests, hidden, positions, self.engine.batch_builder)
-        for r, drafts in zip(requests, drafted, strict=True):
-            if r.drafting:
-                budget = draft_budget(r.request, self.max_draft_len)
-                self._keep_drafts(r.request, drafts[:budget], budget)
-        return True
-
-    def _forget_finished(self, executor: PyExecutor) -> None:
-        """Drop the drafts of requests that left without a last step here (cancelled)."""
-        if len(self.drafts) > 2 * self.engine.max_batch_size:
-            # Cancelled requests never come back to pop theirs.
-            live = {req.request_id for req in executor._active}
-            for rid in [rid for rid in self.drafts if rid not in live]:
-                self.drafts.pop(rid)
-                self.rejection.release(rid)
-
     def _roll_back(
         self,
         verify: list[VerifyRow],
@@ -435,8 +345,3 @@ def _slot(req: LlmRequest) -> int:
     if req.seq_slot is None:
         raise RuntimeError(f"request {req.request_id} is scheduled without a seq slot")
     return req.seq_slot
-
-
-def takes_drafts(req: LlmRequest) -> bool:
-    """Greedy drafting (acceptance by argmax) or sampled drafting (rejection sampling)."""
-    return wants_drafts(req) or wants_sampled_drafts(req)
