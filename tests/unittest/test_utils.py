@@ -45,6 +45,27 @@ def test_step_constant_is_built_once_per_values_dtype_and_device() -> None:
     assert step_constant((0, 2, 9), torch.long, cpu).tolist() == [0, 2, 9]
 
 
+def test_a_capture_scope_keeps_the_constants_handed_out_in_it() -> None:
+    """A CUDA graph reads cached constants by address: the scope around its capture holds
+    each one it was handed (also one built before the scope), so the LRU cache dropping it
+    cannot free memory the graph still reads; nothing is held outside a scope."""
+    from tensorrt_llm._utils import _cached_constant, keeping_constants, kept, step_constant
+
+    cpu = torch.device("cpu")
+    before = step_constant((1, 2, 3), torch.long, cpu)
+    with keeping_constants() as outer:
+        assert step_constant((1, 2, 3), torch.long, cpu) is before
+        with keeping_constants() as inner:
+            fresh = step_constant((7, 8), torch.int32, cpu)
+            extra = kept(torch.ones(2))
+        _cached_constant.cache_clear()  # the cache forgets them; the scopes do not
+    assert [t is before for t in outer] == [True]
+    assert len(inner) == 2 and inner[0] is fresh and inner[1] is extra
+    assert fresh.tolist() == [7, 8]
+    step_constant((5,), torch.long, cpu)
+    assert len(outer) == 1 and len(inner) == 2
+
+
 def test_foreach_copy_groups_by_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
     """Mixed bf16 / float32 pairs: one `_foreach_copy_` per dtype (CUDA fuses only a one-dtype
     list), each pair copied exactly."""

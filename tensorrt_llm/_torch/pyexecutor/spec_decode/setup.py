@@ -177,10 +177,12 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
     if config.use_cuda_graph:
         graphs = "the piecewise graphs" if engine.piecewise_graph_runner is not None else "eager"
         logger.info(
-            "speculative_config: verify steps of drafting requests alone replay the verify "
-            "CUDA graphs; steps with prefill chunks or other requests, and rollback forwards, "
-            "run in %s; the MTP head's draft passes run eagerly",
+            "speculative_config: verify steps of drafting requests alone replay %s; steps "
+            "with prefill chunks or other requests, and rollback forwards, run in %s; the MTP "
+            "head's draft passes run %s",
+            "the verify CUDA graphs" if verify is not None else "no CUDA graph",
             graphs,
+            "in CUDA graphs after a verify graph" if decoder.draft_graphs else "eagerly",
         )
     logger.info(
         "speculative decoding: MTP, %d draft tokens per step (greedy and temperature-only "
