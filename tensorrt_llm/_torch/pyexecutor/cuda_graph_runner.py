@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -53,6 +54,25 @@ def pick_bucket(batch_sizes: list[int], batch_size: int, enable_padding: bool) -
         return batch_size if batch_size in batch_sizes else None
     i = bisect.bisect_left(batch_sizes, batch_size)
     return batch_sizes[i] if i < len(batch_sizes) else None
+
+
+def capture_graph(
+    call: Callable[[], torch.Tensor], pool: _POOL_HANDLE | None
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor]]:
+    """`call` captured in a CUDA graph (memory from `pool`, a new pool when None) after two
+    eager runs on a side stream (allocator and autotuners warmed outside the graph): the
+    graph, its output, and the cached device constants its kernels read, which must live as
+    long as it does (`_utils.keeping_constants`)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with keeping_constants() as constants, torch.cuda.graph(graph, pool=pool):
+        out = call()
+    return graph, out, constants
 
 
 class CUDAGraphRunner:
@@ -181,17 +201,9 @@ class CUDAGraphRunner:
         buf = self.buffers
         buf.cu_seqlens_q[0].zero_()
         self._pad(0, bucket * self.rows_per_request)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm up allocator and autotuners outside the graph
-                self._model_call(bucket)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        # The cached device constants the kernels read (offsets, flags) stay alive with it.
-        with keeping_constants() as constants, torch.cuda.graph(graph, pool=self.pool):
-            out = self._model_call(bucket)
-        self._constants[bucket] = constants
+        graph, out, self._constants[bucket] = capture_graph(
+            lambda: self._model_call(bucket), self.pool
+        )
         if self.pool is None:
             self.pool = graph.pool()
         self.graphs[bucket] = graph

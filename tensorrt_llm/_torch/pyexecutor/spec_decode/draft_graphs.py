@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ...._utils import keeping_constants
+from ...._utils import maybe_pin_memory
 from ...attention_backend.interface import AttentionMetadata
-from ..cuda_graph_runner import pick_bucket
+from ..cuda_graph_runner import capture_graph, pick_bucket
 
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
@@ -187,7 +187,7 @@ class DraftGraphRunner:
         table[:n, : block_table.shape[1]] = np.repeat(np.maximum(block_table, 0), L, axis=0)
         last = np.arange(bucket, dtype=np.int64) * L
         last[:b] += emitted - 1
-        self.next_ids[:n].copy_(torch.from_numpy(ids), non_blocking=True)
+        self.next_ids[:n].copy_(maybe_pin_memory(torch.from_numpy(ids)), non_blocking=True)
         self.next_ids[n : bucket * L].zero_()
         self.hidden[n : bucket * L].zero_()
         self.positions[..., n : bucket * L].zero_()
@@ -197,7 +197,7 @@ class DraftGraphRunner:
             (self.tables[: bucket * L], table),
             (self.last[:bucket], last),
         ):
-            dst.copy_(torch.from_numpy(src), non_blocking=True)
+            dst.copy_(maybe_pin_memory(torch.from_numpy(src)), non_blocking=True)
         return bucket
 
     def draft(
@@ -232,18 +232,9 @@ class DraftGraphRunner:
         self.cached[:, :n].zero_()
         self.tables[:n].zero_()
         self.last[:bucket].copy_(torch.arange(bucket, device=self.last.device) * self.rows)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._passes(bucket)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with keeping_constants() as constants, torch.cuda.graph(graph, pool=self.pool):
-            out = self._passes(bucket)
+        graph, out, self._constants[bucket] = capture_graph(lambda: self._passes(bucket), self.pool)
         if self.pool is None:
             self.pool = graph.pool()
-        self._constants[bucket] = constants
         self.graphs[bucket] = graph
         self.outputs[bucket] = out
 
