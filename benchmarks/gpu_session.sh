@@ -18,7 +18,8 @@
 #                       rejected; env MODES, OSL, TAIL) for the tree at TREE (default .)
 #   mtpgraphs           issue 20: the 27B MTP step (c=1 or env CONC, osl 256 or OSL, env MODE
 #                       rejected or oracle) without the MTP CUDA graphs, with the verify
-#                       graphs, with verify and draft graphs (TRTLLM_MTP_{VERIFY,DRAFT}_GRAPHS)
+#                       graphs, with verify and draft graphs (TRTLLM_MTP_{VERIFY,DRAFT}_GRAPHS;
+#                       env GRAPHS picks some: "10 11")
 #   mtpphases [MODE] [TREE]  issue 20: the 27B MTP step (c=1, osl 256, MODE rejected by
 #                       default) phase by phase per window of 32 steps
 #                       (benchmarks/spec_step_phases.py), for the tree at TREE (default .)
@@ -126,10 +127,11 @@ mtp27 | mtp27c32)
     ;;
 mtpgraphs)
     # The MTP step's CUDA graphs, one process each: none (the verify step as chunks, as
-    # before 7d249bf), the verify graphs (the default), verify and draft graphs.
+    # before 7d249bf), the verify graphs (the default), verify and draft graphs; env GRAPHS
+    # picks some of them ("10 11").
     spec='{"decoding_type":"MTP","num_nextn_predict_layers":3}'
-    for graphs in "0 0" "1 0" "1 1"; do
-        set -- $graphs
+    for graphs in ${GRAPHS:-00 10 11}; do
+        set -- "${graphs:0:1}" "${graphs:1:1}"
         TRTLLM_MTP_VERIFY_GRAPHS=$1 TRTLLM_MTP_DRAFT_GRAPHS=$2 timeout -s ABRT 180 python3 -m \
             tensorrt_llm.commands.bench --config benchmarks/configs/qwen3_6_27b.json --isl 1000 \
             --osl "${OSL:-256}" --image_size 512 --concurrency "${CONC:-1}" \

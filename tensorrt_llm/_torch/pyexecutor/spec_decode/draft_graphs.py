@@ -97,6 +97,12 @@ class DraftGraphRunner:
     def bucket(self, num_requests: int) -> int | None:
         return pick_bucket(self.batch_sizes, num_requests, True)
 
+    def takes(self, num_requests: int, tokens_per_request: int) -> bool:
+        """Whether the passes after a step of `num_requests` verify rows of
+        `tokens_per_request` tokens each replay a graph here: every request verified all k
+        drafts (fewer, near `max_tokens`, leaves other shapes to the eager passes)."""
+        return tokens_per_request == self.rows and self.bucket(num_requests) is not None
+
     # ------------------------------------------------------------------ the passes
     def _metadata(self, num_rows: int, p: int, table_rows: torch.Tensor) -> AttentionMetadata:
         """Pass `p`'s `num_rows` decode rows over the static buffers."""

@@ -95,12 +95,17 @@ class Drafting:
             self.drafts[req.request_id] = drafts
 
     def _graph_drafts(
-        self, verify: list[VerifyRow], hidden: torch.Tensor, positions: torch.Tensor
+        self,
+        verify: list[VerifyRow],
+        tokens_per_request: int,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
     ) -> bool:
-        """The next drafts of a verify-graph step from the draft graphs (draft_graphs.py);
-        False when they do not take the step (the eager passes run instead)."""
+        """The next drafts of a step of verify rows alone, each of `tokens_per_request` tokens
+        (`verify_batch.uniform_verify_len`: 0 when they differ), from the draft graphs
+        (draft_graphs.py); False when they do not take the step (the eager passes run)."""
         graphs = self.draft_graphs
-        if graphs is None or graphs.bucket(len(verify)) is None:
+        if graphs is None or not graphs.takes(len(verify), tokens_per_request):
             return False
         for v in verify:
             self.drafts.pop(v.request.request_id, None)

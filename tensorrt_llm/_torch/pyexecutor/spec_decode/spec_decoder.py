@@ -166,7 +166,7 @@ class SpecDecoder(Drafting):
         self._apply(ctx, chunks, sampled, tokens, logprobs, verify, check)
         if guided is not None:
             guided.advance(sampled)
-        if not (uniform and self._graph_drafts(verify, hidden, cb.positions)):
+        if not self._graph_drafts(verify, uniform, hidden, cb.positions):
             self._draft_next(executor, ctx, chunks, cb.offsets, verify, hidden, cb.positions)
         self._forget_finished(executor)
         self._roll_back(verify, snapshot, records, len(ctx))

@@ -83,9 +83,9 @@ def ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return write_tiny_checkpoint(request.param, root / request.param, mtp_num_hidden_layers=1)
 
 
-def _generate(llm: LLM) -> list[list[int]]:
+def _generate(llm: LLM, params: list[SamplingParams] = PARAMS) -> list[list[int]]:
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
-    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, PARAMS)]
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +114,12 @@ class EagerDraftRunner(DraftGraphRunner):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.steps: list[int] = []
+        self.offered: list[tuple[int, bool]] = []  # (tokens a request, taken) of each step
+
+    def takes(self, num_requests: int, tokens_per_request: int) -> bool:
+        taken = super().takes(num_requests, tokens_per_request)
+        self.offered.append((tokens_per_request, taken))
+        return taken
 
     def capture(self, bucket: int) -> None:
         raise AssertionError("nothing is captured on the CPU")
@@ -136,6 +142,7 @@ def _run_spec(
     record_budget: int,
     draft_graphs: bool = False,
     heads: dict[tuple[int, int], list[int]] | None = None,
+    params: list[SamplingParams] = PARAMS,
 ) -> dict[str, Any]:
     with LLM(model=str(ckpt), speculative_config=MTP, **ENGINE) as llm:
         engine = llm._executor.model_engine
@@ -168,10 +175,11 @@ def _run_spec(
             real(*args)
 
         decoder.rollback.replay_recorded = replay_recorded
-        outputs = _generate(llm)
+        outputs = _generate(llm, params)
         return {
             "outputs": outputs,
             "draft_steps": getattr(decoder.draft_graphs, "steps", []),
+            "offered": getattr(decoder.draft_graphs, "offered", []),
             "steps": runner.steps,
             "recorded": recorded,
             "replays": decoder.stats.num_replays,
@@ -212,6 +220,19 @@ def test_draft_graph_passes_give_the_eager_drafts(ckpt: Path, reference: list[li
     assert base["outputs"] == run["outputs"] == reference
     assert run["draft_steps"] and any(b > 1 for b in run["draft_steps"]), run["draft_steps"]
     assert graphs == eager
+
+
+def test_draft_graphs_leave_steps_of_fewer_drafts_to_the_eager_passes(ckpt: Path) -> None:
+    """Requests of one `max_tokens` reach their last verify steps together, each verifying
+    fewer than k drafts (the budget left): a step of one row length, not the graphs' 1 + k.
+    The eager passes draft after it; the graphs take the full steps."""
+    params = [SamplingParams(max_tokens=13, temperature=0)] * len(PROMPTS)
+    with LLM(model=str(ckpt), **ENGINE) as llm:
+        reference = _generate(llm, params)
+    run = _run_spec(ckpt, reference, 2**30, draft_graphs=True, params=params)
+    assert run["outputs"] == reference
+    assert run["draft_steps"], "no step reached the draft graphs"
+    assert any(1 < n < K + 1 and not taken for n, taken in run["offered"]), run["offered"]
 
 
 @pytest.mark.gpu
