@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tensorrt_llm._torch.pyexecutor import model_engine
-from tensorrt_llm._torch.pyexecutor.spec_decode import mtp_drafter, spec_decoder
+from tensorrt_llm._torch.pyexecutor.spec_decode import mtp_drafter, rollback, spec_decoder
 from tensorrt_llm.commands import bench
 
 STEP = "step"
@@ -98,9 +98,13 @@ def main() -> None:
     sd = spec_decoder.SpecDecoder
     clock.wrap_step(sd, "run_step")
     clock.wrap(spec_decoder, "build_chunk_batch", "build batch")
+    clock.wrap(spec_decoder, "build_verify_batch", "build batch")
     clock.wrap(model_engine.PyTorchModelEngine, "run_hidden", "target forward")
     for name in ("_sample", "_to_host", "_apply", "_roll_back"):
         clock.wrap(sd, name, name.strip("_"))
+    # The drafts after the forward: the eager passes (plan + run below) or the draft graphs.
+    clock.wrap(sd, "_graph_drafts", "draft graphs")
+    clock.wrap(rollback.RecurrentRollback, "save", "state save")
     clock.wrap(mtp_drafter.MTPDrafter, "plan", "draft plan")
     clock.wrap(mtp_drafter.MTPDrafter, "run", "draft passes")
     bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
