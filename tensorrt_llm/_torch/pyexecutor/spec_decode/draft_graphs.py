@@ -16,7 +16,9 @@ Per step the host writes the positions' KV slots, lengths and the picked rows in
 buffers; the graph reads them. Requests that finished this step (no drafts wanted) and
 padded requests write no KV (slot -1) and their drafts are ignored.
 
-Off unless `TRTLLM_MTP_DRAFT_GRAPHS=1` (setup.py) until the GPU suite has run it.
+Only a step whose every request verified all k drafts has this layout; a step of fewer
+drafts each (the budget left near `max_tokens`) drafts eagerly. On by default with the verify
+graphs; `TRTLLM_MTP_DRAFT_GRAPHS=0` turns them off (setup.py).
 """
 
 from __future__ import annotations
