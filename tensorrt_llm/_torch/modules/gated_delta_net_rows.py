@@ -151,6 +151,22 @@ def covers(records: list[RowsRecord], rows: Sequence[int], num_layers: int) -> b
     return all(first <= row < first + len(lens) for row in rows)
 
 
+@dataclass(frozen=True)
+class ReplayIndex:
+    """Which recorded tokens a replay runs again, as int64 device vectors, one entry per
+    replayed row r unless said: `tokens` the packed token rows of the records (row r's at
+    `cu[r]:cu[r + 1]`), `slots` its pool row, `saved_rows` its row of the saved copies,
+    `starts` / `keeps` where its recorded tokens start and how many it keeps. `cu` is host
+    offsets, or a device vector under a CUDA graph (spec_decode/rollback_graphs.py)."""
+
+    tokens: torch.Tensor
+    slots: torch.Tensor
+    saved_rows: torch.Tensor
+    starts: torch.Tensor
+    keeps: torch.Tensor
+    cu: tuple[int, ...] | torch.Tensor
+
+
 def replay_rows(
     records: list[RowsRecord],
     rows: Sequence[tuple[int, int]],
@@ -176,12 +192,19 @@ def replay_rows(
     keeps = [keep for _, keep in rows]
     if any(not 0 < keep <= lens[row - first] for row, keep in rows):
         raise ValueError(f"kept tokens of {list(rows)} must be in 1..the row's {lens}")
-    dev = records[0].a.device
     tokens = [s + t for s, keep in zip(starts, keeps, strict=True) for t in range(keep)]
-    tokens_d, slots_d, saved_d, starts_d, keeps_d = _index_vectors(
-        [tokens, list(slots), list(saved_rows), starts, keeps], dev
+    vectors = _index_vectors(
+        [tokens, list(slots), list(saved_rows), starts, keeps], records[0].a.device
     )
-    replay_cu = (0, *itertools.accumulate(keeps))
+    replay_layers(records, ReplayIndex(*vectors, (0, *itertools.accumulate(keeps))), saved)
+
+
+def replay_layers(
+    records: list[RowsRecord], index: ReplayIndex, saved: Mapping[int, torch.Tensor]
+) -> None:
+    """`replay_rows`' two launches a layer over vectors already on the device; nothing here
+    reads a device value or allocates beyond the kernels' outputs, so a CUDA graph can
+    capture it."""
     for rec in records:
         layer = rec.layer
         backend = "triton" if rec.fused else "torch"
@@ -194,12 +217,12 @@ def replay_rows(
             gates = gdn_gates_torch(rec.a, rec.b, layer.A_log, layer.dt_bias)
         ssm, conv = rec.ssm.states, rec.conv.states
         gated_delta_rule_replay_(
-            q, k, v, gates, ssm, slots_d, replay_cu, tokens_d,
-            (saved[ssm.data_ptr()], saved_d), backend=backend,
+            q, k, v, gates, ssm, index.slots, index.cu, index.tokens,
+            (saved[ssm.data_ptr()], index.saved_rows), backend=backend,
         )  # fmt: skip
         causal_conv1d_rollback_(
-            conv, slots_d, saved[conv.data_ptr()], saved_d, rec.conv_in, starts_d, keeps_d,
-            backend=backend,
+            conv, index.slots, saved[conv.data_ptr()], index.saved_rows, rec.conv_in,
+            index.starts, index.keeps, backend=backend,
         )  # fmt: skip
 
 

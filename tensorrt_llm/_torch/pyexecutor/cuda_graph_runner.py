@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from tqdm import tqdm
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from .model_engine import PyTorchModelEngine
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")  # what a captured call returns (its outputs live in the graph's memory)
 
 # Up to the default batch cap on CUDA (capacity.py); past 256 in steps of 64 so a batch
 # never pads to more than 25% extra rows.
@@ -57,8 +59,8 @@ def pick_bucket(batch_sizes: list[int], batch_size: int, enable_padding: bool) -
 
 
 def capture_graph(
-    call: Callable[[], torch.Tensor], pool: _POOL_HANDLE | None
-) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor]]:
+    call: Callable[[], T], pool: _POOL_HANDLE | None
+) -> tuple[torch.cuda.CUDAGraph, T, list[torch.Tensor]]:
     """`call` captured in a CUDA graph (memory from `pool`, a new pool when None) after two
     eager runs on a side stream (allocator and autotuners warmed outside the graph): the
     graph, its output, and the cached device constants its kernels read, which must live as

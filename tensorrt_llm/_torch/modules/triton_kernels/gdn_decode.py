@@ -254,12 +254,13 @@ def _run(
     use_qk_l2norm: bool,
     backend: str,
     gates: Gates | None,
-    cu_seqlens: tuple[int, ...] | None,
+    cu_seqlens: tuple[int, ...] | torch.Tensor | None,
     token_index: torch.Tensor | None = None,
     initial_from: InitialStates | None = None,
 ) -> torch.Tensor:
     """`gated_delta_rule_decode_` (cu_seqlens None), `gated_delta_rule_rows_` and
-    `gated_delta_rule_replay_` (token_index / initial_from)."""
+    `gated_delta_rule_replay_` (token_index / initial_from; its cu_seqlens may be a device
+    vector)."""
     raw = gates is not None
     if raw != (g is None and beta is None):
         raise ValueError("pass either g and beta or gates=(a, b, A_log, dt_bias)")
@@ -270,7 +271,19 @@ def _run(
     assert g is not None and beta is not None
     num_rows = None
     total = q.shape[0] if token_index is None else token_index.shape[0]
-    if cu_seqlens is not None:
+    cu_device = cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else None
+    if cu_device is not None:
+        # A CUDA graph's replay reads its rows from static buffers: the values are the
+        # caller's (`token_index` holds at least cu[-1] entries), only the shape is checked.
+        if token_index is None or cu_device.dim() != 1 or cu_device.numel() < 2:
+            raise ValueError("a device cu_seqlens needs token_index and at least one row")
+        num_rows = cu_device.numel() - 1
+        if not use_triton("gated_delta_rule_decode_", q.device, backend):
+            # The reference loops over host offsets: read them (no graph on this path).
+            cu_seqlens = tuple(int(c) for c in cu_device.tolist())
+            token_index = token_index[: cu_seqlens[-1]]
+            total = token_index.shape[0]
+    elif cu_seqlens is not None:
         num_rows = len(cu_seqlens) - 1
         if num_rows < 0 or cu_seqlens[0] != 0 or cu_seqlens[-1] != total:
             raise ValueError(f"cu_seqlens must run from 0 to T={total}, got {cu_seqlens}")
@@ -290,6 +303,7 @@ def _run(
             g, beta = gdn_gates_torch(*gates)
         if token_index is not None:
             q, k, v, g, beta = (t.index_select(0, token_index) for t in (q, k, v, g, beta))
+        assert not isinstance(cu_seqlens, torch.Tensor)
         return _recurrent_torch(
             q, k, v, g, beta, state_pool, slots, scale, use_qk_l2norm, cu_seqlens, initial_from
         )
@@ -304,7 +318,12 @@ def _run(
         g, beta = g.contiguous(), beta.contiguous()
     a_log_arg, dt_bias_arg = (gates[2], gates[3]) if gates is not None else (g, g)
     # Shared by every layer of the step (one copy a step); decode passes slots as a stand-in.
-    cu = slots if cu_seqlens is None else step_constant(cu_seqlens, torch.int64, q.device)
+    if cu_device is not None:
+        cu = cu_device
+    elif cu_seqlens is None:
+        cu = slots
+    else:
+        cu = step_constant(cu_seqlens, torch.int64, q.device)
     rows = n if num_rows is None else num_rows
     block_v = _block_v(rows, num_v_heads, head_v)
     grid = (rows, num_v_heads, triton.cdiv(head_v, block_v))
@@ -380,7 +399,7 @@ def gated_delta_rule_replay_(
     gates: Gates | tuple[torch.Tensor, torch.Tensor],
     state_pool: torch.Tensor,
     slots: torch.Tensor,
-    cu_seqlens: tuple[int, ...],
+    cu_seqlens: tuple[int, ...] | torch.Tensor,
     token_index: torch.Tensor,
     initial_from: InitialStates,
     backend: str = "auto",
@@ -389,7 +408,9 @@ def gated_delta_rule_replay_(
     is row `token_index[t]` of q, k, v and the gates (`(a, b, A_log, dt_bias)`, or `(g,
     beta)`), and request n starts from `initial_from[0][initial_from[1][n]]` rather than its
     pool row, which gets the final state. An MTP rollback's replay of the accepted tokens in
-    one launch a layer: no gathers of the recorded inputs, no restore of the pool rows."""
+    one launch a layer: no gathers of the recorded inputs, no restore of the pool rows.
+    `cu_seqlens` may be an int64 device vector (a CUDA graph's static buffer, its values
+    unchecked), with `token_index` as long as the most tokens it may hold."""
     rest = (state_pool, slots, None, True, backend)
     if len(gates) == 4:
         _run(q, k, v, None, None, *rest, gates, cu_seqlens, token_index, initial_from)

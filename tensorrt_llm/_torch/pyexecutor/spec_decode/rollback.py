@@ -81,16 +81,29 @@ class RecurrentRollback:
             x = pool.new_zeros(width, pool.shape[1])
             causal_conv1d_rollback_(pool, index, pool[dummy:].clone(), zero, x, zero, one)
 
-    def save(self, slots: list[int]) -> StateSnapshot | None:
-        """Copy the rows of `slots` (None when there are none)."""
+    def save(
+        self, slots: list[int], into: list[torch.Tensor] | None = None
+    ) -> StateSnapshot | None:
+        """Copy the rows of `slots` (None when there are none), into new tensors or the first
+        rows of `into` (one per pool, as the rollback graphs keep: rollback_graphs.py)."""
         if not slots:
             return None
-        if len(slots) > SAVE_BY_ROW_MAX_SLOTS:  # one gather a pool
+        n = len(slots)
+        if into is not None and (len(into) != len(self.pools) or into[0].shape[0] < n):
+            raise ValueError(f"{n} saved rows do not fit the given copies")
+        if n > SAVE_BY_ROW_MAX_SLOTS:  # one gather a pool
             index = async_tensor_h2d(slots, torch.int64, self.pools[0].device)
-            return StateSnapshot(list(slots), [p.index_select(0, index) for p in self.pools])
+            if into is None:
+                return StateSnapshot(list(slots), [p.index_select(0, index) for p in self.pools])
+            for p, out in zip(self.pools, into, strict=True):
+                torch.index_select(p, 0, index, out=out[:n])
+            return StateSnapshot(list(slots), [out[:n] for out in into])
         # A few rows: one multi-tensor copy per row and dtype instead of a gather per pool
         # (~100 launches for Qwen3.6's 48 DeltaNet layers).
-        rows = [p.new_empty((len(slots), *p.shape[1:])) for p in self.pools]
+        if into is None:
+            rows = [p.new_empty((n, *p.shape[1:])) for p in self.pools]
+        else:
+            rows = [out[:n] for out in into]
         for i, slot in enumerate(slots):
             foreach_copy_([r[i] for r in rows], [p[slot] for p in self.pools])
         return StateSnapshot(list(slots), rows)

@@ -17,6 +17,7 @@ from .config import SPEC_WITH_REUSE_ERROR
 from .draft_graphs import DraftGraphRunner
 from .mtp_drafter import MTPDrafter
 from .rollback import RECURRENT_PREFIX, record_bytes_per_token
+from .rollback_graphs import ROLLBACK_GRAPH_MAX_BYTES, RollbackGraphRunner, saved_row_bytes
 from .spec_decoder import SpecDecoder
 from .tp_spec import SpecLink
 from .verify_graphs import VerifyGraphRunner
@@ -68,6 +69,10 @@ VERIFY_GRAPHS_ENV = "TRTLLM_MTP_VERIFY_GRAPHS"
 # them eagerly): the 27B rejected-draft step 39.6 -> 34.9 ms on an H100 (qwen3_6_27b_h200.md).
 DRAFT_GRAPHS_DEFAULT = True
 DRAFT_GRAPHS_ENV = "TRTLLM_MTP_DRAFT_GRAPHS"
+# The rollback after a verify-graph step as CUDA graphs (rollback_graphs.py): off until the GPU
+# suite has run them.
+ROLLBACK_GRAPHS_DEFAULT = False
+ROLLBACK_GRAPHS_ENV = "TRTLLM_MTP_ROLLBACK_GRAPHS"
 
 
 def _switch(env: str, default: bool) -> bool:
@@ -86,6 +91,10 @@ def verify_graphs_enabled() -> bool:
 
 def draft_graphs_enabled() -> bool:
     return _switch(DRAFT_GRAPHS_ENV, DRAFT_GRAPHS_DEFAULT)
+
+
+def rollback_graphs_enabled() -> bool:
+    return _switch(ROLLBACK_GRAPHS_ENV, ROLLBACK_GRAPHS_DEFAULT)
 
 
 def capture_verify_graphs(
@@ -130,15 +139,16 @@ def capture_verify_graphs(
 
 def snapshot_reserve_bytes(config: EngineConfig, model: Any, num_slots: int) -> int:
     """Device bytes the recurrent-state snapshot of a full batch takes (rollback.py), kept
-    out of the KV cache's share like the probe's activation peak (0 when speculation is off)."""
+    out of the KV cache's share like the probe's activation peak (0 when speculation is off),
+    plus the rollback graphs' static copies where they may run (rollback_graphs.py)."""
     if config.speculative_config is None:
         return 0
-    rows = [
-        t[0].numel() * t.element_size()
-        for name, t in model.per_slot_state().items()
-        if name.startswith(RECURRENT_PREFIX)
-    ]
-    return sum(rows) * num_slots
+    state = model.per_slot_state()
+    row = saved_row_bytes([t for name, t in state.items() if name.startswith(RECURRENT_PREFIX)])
+    static = 0
+    if config.use_cuda_graph and row and rollback_graphs_enabled():
+        static = min(ROLLBACK_GRAPH_MAX_BYTES // row, num_slots) * row
+    return row * num_slots + static
 
 
 def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecoder | None:
@@ -171,6 +181,11 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
             engine.use_mrope,
         )
         decoder.draft_graphs.capture_all()
+    if verify is not None and rollback_graphs_enabled():
+        rollback = RollbackGraphRunner(decoder.rollback, verify)
+        if rollback.batch_sizes:
+            rollback.capture_all()
+            decoder.rollback_graphs = rollback
     if engine.step_channel is not None:  # the workers run every forward of a step too
         decoder.link = SpecLink(engine.step_channel)
     executor.spec_decoder = decoder
@@ -184,6 +199,13 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
             graphs,
             "in CUDA graphs after a verify graph" if decoder.draft_graphs else "eagerly",
         )
+        if decoder.rollback_graphs is not None:
+            logger.info(
+                "speculative_config: the rollback of verify-graph steps of batch sizes %s "
+                "replays CUDA graphs (%s=1)",
+                decoder.rollback_graphs.batch_sizes,
+                ROLLBACK_GRAPHS_ENV,
+            )
     logger.info(
         "speculative decoding: MTP, %d draft tokens per step (greedy and temperature-only "
         "requests draft)",

@@ -50,6 +50,7 @@ from .drafting import Drafting, DraftOverride
 from .mtp_drafter import MTPDrafter
 from .rejection import RejectionSampler, sampled_run
 from .rollback import RecurrentRollback, StateSnapshot
+from .rollback_graphs import RollbackGraphRunner
 from .verify_batch import build_verify_batch, uniform_verify_len
 from .verify_rows import DraftChecks, VerifyRow, check_rows, unpack_checks
 
@@ -96,8 +97,10 @@ class SpecDecoder(Drafting):
         self.accept_override: AcceptOverride | None = None
         self.stats = SpecStats()
         self.rejection = RejectionSampler()
-        # The draft passes of verify-graph steps as CUDA graphs (setup.py; None: eager).
+        # The draft passes and the rollback of verify-graph steps as CUDA graphs (setup.py;
+        # None: eager).
         self.draft_graphs: DraftGraphRunner | None = None
+        self.rollback_graphs: RollbackGraphRunner | None = None
         # Tensor parallelism, rank 0: sends each forward of a step to the workers (setup.py).
         self.link: SpecLink | None = None
 
@@ -122,8 +125,6 @@ class SpecDecoder(Drafting):
             VerifyRow(req, self._drafts_for(req), req.num_tokens - 1, req.output_token_ids[-1])
             for req in scheduled.generation_requests
         ]
-        save = [_slot(v.request) for v in verify if v.drafts]
-        snapshot = self.rollback.save(save)
         rows = [ChunkRow(v.request, [v.token, *v.drafts], v.start) for v in verify]
         # Before the chunks advance: (begin, size, ends the context) of each context request.
         chunks = [
@@ -133,7 +134,18 @@ class SpecDecoder(Drafting):
         # them as generation rows (verify_batch.py); else as chunks, piecewise where they fit.
         graphs = engine.verify_graph_runner
         uniform = uniform_verify_len(rows, bool(ctx))
-        if self.link is None and graphs is not None and graphs.takes(len(rows), uniform):
+        as_rows = self.link is None and graphs is not None and graphs.takes(len(rows), uniform)
+        # Its rollback, where a graph of the verify graph's bucket runs it (rollback_graphs.py),
+        # reads the saved rows from that graph's static copies.
+        rb = self.rollback_graphs
+        bucket = graphs.bucket(len(rows)) if as_rows and graphs is not None else None
+        rollback_bucket = bucket if rb is not None and rb.takes(bucket) else None
+        save = [_slot(v.request) for v in verify if v.drafts]
+        if rb is not None and rollback_bucket is not None:
+            snapshot = rb.save(save)
+        else:
+            snapshot = self.rollback.save(save)
+        if as_rows:
             cb = build_verify_batch(engine.batch_builder, rows)
         else:
             cb = build_chunk_batch(engine.batch_builder, ctx, rows)
@@ -169,7 +181,7 @@ class SpecDecoder(Drafting):
         if not self._graph_drafts(verify, uniform, hidden, cb.positions):
             self._draft_next(executor, ctx, chunks, cb.offsets, verify, hidden, cb.positions)
         self._forget_finished(executor)
-        self._roll_back(verify, snapshot, records, len(ctx))
+        self._roll_back(verify, snapshot, records, len(ctx), rollback_bucket)
 
     def _sample(
         self,
@@ -297,10 +309,12 @@ class SpecDecoder(Drafting):
         snapshot: StateSnapshot | None,
         records: list[RowsRecord] | None,
         first_row: int,
+        rollback_bucket: int | None = None,
     ) -> None:
         """Requests that rejected a draft: saved recurrent rows back, accepted tokens again
-        (the recurrence alone where the verify step recorded it, else a replay forward).
-        `first_row`: the batch row of `verify[0]` (after the step's context chunks)."""
+        (the recurrence alone where the verify step recorded it: a rollback graph of
+        `rollback_bucket`, or eagerly; else a replay forward). `first_row`: the batch row of
+        `verify[0]` (after the step's context chunks)."""
         replay = [
             (i, v)
             for i, v in enumerate(verify)
@@ -311,6 +325,10 @@ class SpecDecoder(Drafting):
         slots = [_slot(v.request) for _, v in replay]
         self.stats.num_replays += len(replay)
         # Not finished: every accepted token was emitted, the bonus token last.
+        if rollback_bucket is not None and self.rollback_graphs is not None:
+            kept_slots = [(i, len(v.emitted), s) for (i, v), s in zip(replay, slots, strict=True)]
+            self.rollback_graphs.replay(rollback_bucket, kept_slots)
+            return
         kept = [(first_row + i, len(v.emitted)) for i, v in replay]
         layers = self.rollback.num_layers
         if records is not None and covers(records, [row for row, _ in kept], layers):

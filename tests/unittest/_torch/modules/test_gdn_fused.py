@@ -370,3 +370,49 @@ def test_replay_rows_equals_running_the_shorter_rows(backend: str) -> None:
     )
     with pytest.raises(ValueError, match="kept tokens"):
         replay_rows(record, [(2, 2)], [1], saved, [0])
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_replay_from_device_offsets_equals_host_offsets(backend: str) -> None:
+    """`replay_layers` with its offsets a device vector and its token rows padded past them
+    (the rollback graphs' static index: spec_decode/rollback_graphs.py) writes the same pool
+    rows as `replay_rows` with host offsets."""
+    from tensorrt_llm._torch.modules.gated_delta_net_rows import (
+        ReplayIndex,
+        replay_layers,
+        replay_rows,
+    )
+
+    layer = _layer(seed=5).to(DEVICE)
+    layer.kernel_backend = backend
+    gen = torch.Generator().manual_seed(11)
+    lens, carry = (4, 4, 4), (True, True, True)
+    slots = torch.tensor([1, 3, 2], device=DEVICE)
+    conv0 = torch.randn(5, *layer.conv_state_shape, generator=gen).to(DEVICE)
+    ssm0 = torch.randn(5, *layer.ssm_state_shape, generator=gen).to(DEVICE)
+    x = torch.randn(sum(lens), 32, generator=gen).to(DEVICE)
+    record: list = []
+    conv, ssm = conv0.clone(), ssm0.clone()
+    layer(x, conv, ssm, GatedDeltaNetMetadata(lens, carry, record=record), slots, slots)
+    after = conv.clone(), ssm.clone()
+    saved = {conv.data_ptr(): conv0[slots], ssm.data_ptr(): ssm0[slots]}
+    # Rows 0 and 2 keep 3 and 1 tokens; row 1 replays one token onto slot 4 (a dummy).
+    replay_rows(record, [(0, 3), (2, 1), (1, 1)], [1, 2, 4], saved, [0, 2, 1])
+    want = conv.clone(), ssm.clone()
+    conv.copy_(after[0])
+    ssm.copy_(after[1])
+
+    def vec(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=DEVICE)
+
+    index = ReplayIndex(
+        tokens=vec([0, 1, 2, 4, 8] + [0] * 7),  # padded to all 12 recorded tokens
+        slots=vec([1, 4, 2]),
+        saved_rows=vec([0, 1, 2]),
+        starts=vec([0, 4, 8]),
+        keeps=vec([3, 1, 1]),
+        cu=vec([0, 3, 4, 5]),
+    )
+    replay_layers(record, index, saved)
+    assert torch.equal(conv, want[0]) and torch.equal(ssm, want[1])

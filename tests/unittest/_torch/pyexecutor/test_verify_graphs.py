@@ -21,10 +21,13 @@ from tensorrt_llm._torch.input_batch import InputBatch
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.spec_decode.draft_graphs import DraftGraphRunner
 from tensorrt_llm._torch.pyexecutor.spec_decode.rollback import record_bytes_per_token
+from tensorrt_llm._torch.pyexecutor.spec_decode.rollback_graphs import RollbackGraphRunner
 from tensorrt_llm._torch.pyexecutor.spec_decode.setup import (
     DRAFT_GRAPHS_ENV,
+    ROLLBACK_GRAPHS_ENV,
     VERIFY_GRAPHS_ENV,
     draft_graphs_enabled,
+    rollback_graphs_enabled,
     verify_graphs_enabled,
 )
 from tensorrt_llm._torch.pyexecutor.spec_decode.verify_graphs import VerifyGraphRunner
@@ -94,15 +97,18 @@ def reference(ckpt: Path) -> list[list[int]]:
         return _generate(llm)
 
 
-def _one_wrong(reference: list[list[int]]) -> Any:
-    """Drafts: the reference's next tokens, the second of them one off."""
+def _one_wrong(reference: list[list[int]], exact: int | None = None) -> Any:
+    """Drafts: the reference's next tokens, the second of them one off (all right for prompt
+    `exact`)."""
     by_prompt = {tuple(p): out for p, out in zip(PROMPTS, reference, strict=True)}
 
     def override(req: LlmRequest, drafts: list[int]) -> list[int]:
-        cont = by_prompt[tuple(int(t) for t in req.prompt_token_array)]
+        prompt = tuple(int(t) for t in req.prompt_token_array)
+        cont = by_prompt[prompt]
         done = req.num_generated_tokens
         out = list(cont[done : done + K]) + [0] * K
-        out[1] = (out[1] + 1) % 512
+        if exact is None or prompt != tuple(PROMPTS[exact]):
+            out[1] = (out[1] + 1) % 512
         return out[:K]
 
     return override
@@ -136,6 +142,29 @@ class EagerDraftRunner(DraftGraphRunner):
         return self._passes(bucket)
 
 
+class EagerRollbackRunner(RollbackGraphRunner):
+    """`RollbackGraphRunner` with each replay an eager run of the captured call over the
+    static saved rows and index (its buckets are the verify stand-in's recorded ones)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps: list[tuple[int, int]] = []  # (bucket, requests rolled back)
+
+    def takes(self, bucket: int | None) -> bool:
+        return bucket in self.batch_sizes
+
+    def capture(self, bucket: int) -> None:
+        raise AssertionError("nothing is captured on the CPU")
+
+    def replay(self, bucket: int, kept: Any) -> None:
+        self.steps.append((bucket, len(kept)))
+        super().replay(bucket, kept)
+
+    @torch.inference_mode()
+    def run(self, bucket: int) -> None:
+        self._replay(bucket)
+
+
 def _run_spec(
     ckpt: Path,
     reference: list[list[int]],
@@ -143,6 +172,8 @@ def _run_spec(
     draft_graphs: bool = False,
     heads: dict[tuple[int, int], list[int]] | None = None,
     params: list[SamplingParams] = PARAMS,
+    rollback_graphs: bool = False,
+    exact: int | None = None,
 ) -> dict[str, Any]:
     with LLM(model=str(ckpt), speculative_config=MTP, **ENGINE) as llm:
         engine = llm._executor.model_engine
@@ -156,7 +187,9 @@ def _run_spec(
                 drafter, [1, 2, 4], K, drafter.mtp.hidden_size, engine.max_blocks_per_seq,
                 engine.use_mrope,
             )  # fmt: skip
-        wrong = _one_wrong(reference)
+        if rollback_graphs:
+            decoder.rollback_graphs = EagerRollbackRunner(decoder.rollback, runner)
+        wrong = _one_wrong(reference, exact)
 
         def override(req: LlmRequest, drafts: list[int]) -> list[int]:
             if heads is not None:  # the head's own drafts, by prompt length and position
@@ -180,6 +213,7 @@ def _run_spec(
             "outputs": outputs,
             "draft_steps": getattr(decoder.draft_graphs, "steps", []),
             "offered": getattr(decoder.draft_graphs, "offered", []),
+            "rollback_steps": getattr(decoder.rollback_graphs, "steps", []),
             "steps": runner.steps,
             "recorded": recorded,
             "replays": decoder.stats.num_replays,
@@ -235,17 +269,57 @@ def test_draft_graphs_leave_steps_of_fewer_drafts_to_the_eager_passes(ckpt: Path
     assert any(1 < n < K + 1 and not taken for n, taken in run["offered"]), run["offered"]
 
 
+def test_rollback_graph_replays_keep_greedy_output(ckpt: Path, reference: list[list[int]]) -> None:
+    """Verify-graph steps roll back through the rollback graph's static rows and index: every
+    request of the padded bucket a row, the ones that keep their state on the dummy slot."""
+    # The first prompt's drafts are all right: it keeps its state while the others roll back.
+    run = _run_spec(ckpt, reference, 2**30, rollback_graphs=True, exact=0)
+    assert run["outputs"] == reference
+    steps = run["rollback_steps"]
+    assert steps, "no rollback reached the rollback graphs"
+    assert any(bucket == 4 and kept == 2 for bucket, kept in steps), steps
+
+
+def test_rollback_graph_index_layout(ckpt: Path) -> None:
+    """`fill`: request i's kept tokens are rows i * (1 + k) ..; the others one dummy token."""
+    with LLM(model=str(ckpt), speculative_config=MTP, **ENGINE) as llm:
+        engine = llm._executor.model_engine
+        decoder = llm._executor.spec_decoder
+        per_token = record_bytes_per_token(engine.model.per_slot_state())
+        runner = EagerVerifyRunner(engine, [1, 2, 4], K + 1, True, per_token, 2**30)
+        graphs = EagerRollbackRunner(decoder.rollback, runner)
+        graphs.fill(4, [(1, 3, 7), (3, 1, 5)])
+        index = graphs._index(4)
+        L, dummy = K + 1, runner.dummy_slot
+        assert index.keeps.tolist() == [1, 3, 1, 1]
+        assert index.slots.tolist() == [dummy, 7, dummy, 5]
+        assert index.cu.tolist() == [0, 1, 4, 5, 6]
+        assert index.tokens.tolist()[:6] == [0, L, L + 1, L + 2, 2 * L, 3 * L]
+        assert index.starts.tolist() == [0, L, 2 * L, 3 * L]
+        assert index.saved_rows.tolist() == [0, 1, 2, 3]
+        with pytest.raises(ValueError, match="keeping 5"):
+            graphs.fill(4, [(0, 5, 7)])
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("draft_graphs", [False, True])
+@pytest.mark.parametrize(
+    ("draft_graphs", "rollback_graphs"), [(False, False), (True, False), (True, True)]
+)
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
 def test_verify_graphs_on_cuda_keep_greedy_output(
-    family: str, draft_graphs: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: str,
+    draft_graphs: bool,
+    rollback_graphs: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The real graphs: captured at startup, replayed by the verify steps (with padding and
-    the records' rollback; with `draft_graphs`, the draft passes' graphs after them), greedy
-    output equal to the non-speculative decode graphs'."""
+    the records' rollback; with `draft_graphs`, the draft passes' graphs after them; with
+    `rollback_graphs`, the rollback's graphs), greedy output equal to the non-speculative
+    decode graphs'."""
     monkeypatch.setenv(VERIFY_GRAPHS_ENV, "1")
     monkeypatch.setenv(DRAFT_GRAPHS_ENV, "1" if draft_graphs else "0")
+    monkeypatch.setenv(ROLLBACK_GRAPHS_ENV, "1" if rollback_graphs else "0")
     ckpt = write_tiny_checkpoint(family, tmp_path / family, mtp_num_hidden_layers=1)
     cuda = {**ENGINE, "device": "cuda", "dtype": "float32", "attn_backend": "triton"}
     with LLM(model=str(ckpt), **cuda) as llm:
@@ -273,18 +347,34 @@ def test_verify_graphs_on_cuda_keep_greedy_output(
                 return real_drafts(bucket)
 
             decoder.draft_graphs.run = run_drafts  # type: ignore[method-assign]
-        decoder.draft_override = _one_wrong(expected)
+        rollbacks: list[int] = []
+        if rollback_graphs:
+            assert decoder.rollback_graphs is not None
+            real_rollback = decoder.rollback_graphs.run
+
+            def run_rollback(bucket: int) -> None:
+                rollbacks.append(bucket)
+                real_rollback(bucket)
+
+            decoder.rollback_graphs.run = run_rollback  # type: ignore[method-assign]
+        # The first prompt's drafts all right: it keeps its state beside rolled-back rows.
+        decoder.draft_override = _one_wrong(expected, exact=0)
         outputs = _generate(llm)
         stats = decoder.stats
     assert outputs == expected
     assert replays and stats.num_replays > 0
     assert bool(drafts) == draft_graphs
+    assert bool(rollbacks) == rollback_graphs
     assert any(rows < runner.bucket(rows // (K + 1)) * (K + 1) for rows in replays)
 
 
 @pytest.mark.parametrize(
     ("env", "read"),
-    [(VERIFY_GRAPHS_ENV, verify_graphs_enabled), (DRAFT_GRAPHS_ENV, draft_graphs_enabled)],
+    [
+        (VERIFY_GRAPHS_ENV, verify_graphs_enabled),
+        (DRAFT_GRAPHS_ENV, draft_graphs_enabled),
+        (ROLLBACK_GRAPHS_ENV, rollback_graphs_enabled),
+    ],
 )
 def test_the_switches_read_0_or_1_only(
     env: str, read: Any, monkeypatch: pytest.MonkeyPatch
