@@ -9,6 +9,7 @@ different number of correct drafts, then wrong ones: the recurrent state is roll
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,13 @@ def test_snapshot_memory_is_reserved(ckpts: dict[str, Path]) -> None:
         assert snapshot_reserve_bytes(config, engine.model, 4) == 4 * per_row
         plain = llm.args.__class__(model=str(ckpts["qwen3_5"])).to_engine_config()
         assert snapshot_reserve_bytes(plain, engine.model, 4) == 0
+        # The rollback graphs' static saved rows, where they may run, on top.
+        graphs = dataclasses.replace(config, use_cuda_graph=True)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TRTLLM_MTP_ROLLBACK_GRAPHS", "1")
+            assert snapshot_reserve_bytes(graphs, engine.model, 4) == 8 * per_row
+            mp.setenv("TRTLLM_MTP_ROLLBACK_GRAPHS", "0")
+            assert snapshot_reserve_bytes(graphs, engine.model, 4) == 4 * per_row
 
 
 @pytest.mark.parametrize("mode", ["recorded", "not in place", "over the bound"])
