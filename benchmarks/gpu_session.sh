@@ -19,7 +19,8 @@
 #   mtpgraphs           issue 20: the 27B MTP step (c=1 or env CONC, osl 256 or OSL, env MODE
 #                       rejected or oracle) without the MTP CUDA graphs, with the verify
 #                       graphs, + draft graphs, + rollback graphs
-#                       (TRTLLM_MTP_{VERIFY,DRAFT,ROLLBACK}_GRAPHS; env GRAPHS picks: "110 111")
+#                       (TRTLLM_MTP_{VERIFY,DRAFT,ROLLBACK}_GRAPHS; env GRAPHS picks: "110 111",
+#                       "nospec" the baseline; env CONFIG qwen3_6_35b_a3b for the MoE model)
 #   mtpphases [MODE] [TREE]  issue 20: the 27B MTP step (c=1, osl 256, MODE rejected by
 #                       default) phase by phase per window of 32 steps
 #                       (benchmarks/spec_step_phases.py), for the tree at TREE (default .)
@@ -128,16 +129,20 @@ mtp27 | mtp27c32)
 mtpgraphs)
     # The MTP step's CUDA graphs, one process each, as digits verify / draft / rollback
     # graphs: 000 none (the verify step as chunks, as before 7d249bf), 100 the verify graphs,
-    # 110 verify and draft graphs (the default), 111 all three; env GRAPHS picks ("110 111").
-    spec='{"decoding_type":"MTP","num_nextn_predict_layers":3}'
+    # 110 verify and draft graphs (the default), 111 all three; env GRAPHS picks ("110 111"),
+    # "nospec" runs without speculation (the ITL the bounds compare with). Env CONFIG:
+    # qwen3_6_27b (the default) or qwen3_6_35b_a3b.
+    config=benchmarks/configs/${CONFIG:-qwen3_6_27b}.json
     for graphs in ${GRAPHS:-000 100 110 111}; do
         set -- "${graphs:0:1}" "${graphs:1:1}" "${graphs:2:1}"
+        spec=(--speculative_config '{"decoding_type":"MTP","num_nextn_predict_layers":3}'
+            --draft_mode "${MODE:-rejected}")
+        [ "$graphs" = nospec ] && spec=() && set -- 1 1 0
         TRTLLM_MTP_VERIFY_GRAPHS=$1 TRTLLM_MTP_DRAFT_GRAPHS=$2 TRTLLM_MTP_ROLLBACK_GRAPHS=${3:-0} \
-            timeout -s ABRT 180 python3 -m tensorrt_llm.commands.bench \
-            --config benchmarks/configs/qwen3_6_27b.json --isl 1000 --osl "${OSL:-256}" \
-            --image_size 512 --concurrency "${CONC:-1}" --executor_mode inproc \
-            --no-enable_block_reuse --speculative_config "$spec" --draft_mode "${MODE:-rejected}" \
-            --output "$OUT/mtpgraphs_${graphs}_${MODE:-rejected}.json" 2>&1 | quiet | tail -6 \
+            timeout -s ABRT 180 python3 -m tensorrt_llm.commands.bench --config "$config" \
+            --isl 1000 --osl "${OSL:-256}" --image_size 512 --concurrency "${CONC:-1}" \
+            --executor_mode inproc --no-enable_block_reuse "${spec[@]}" \
+            --output "$OUT/mtpgraphs_${CONFIG:-qwen3_6_27b}_${graphs}_${MODE:-rejected}.json" 2>&1 | quiet | tail -6 \
             | sed "s|^|graphs=$graphs |" | tee -a "$OUT/mtpgraphs.log"
     done
     ;;
