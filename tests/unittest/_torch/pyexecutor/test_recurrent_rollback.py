@@ -46,6 +46,23 @@ def test_save_copies_the_rows_and_restore_puts_them_back(
     assert rollback.save([]) is None
 
 
+@pytest.mark.parametrize("by_row", [True, False])
+def test_save_into_given_copies(by_row: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`save(slots, into=)` (the rollback graphs' static copies): the first rows of the
+    given tensors hold the slots' rows, and the snapshot's rows are views of them."""
+    monkeypatch.setattr(rollback_module, "SAVE_BY_ROW_MAX_SLOTS", 16 if by_row else 0)
+    model = _Model()
+    rollback = RecurrentRollback(model)  # type: ignore[arg-type]
+    into = [p.new_zeros((4, *p.shape[1:])) for p in rollback.pools]
+    snapshot = rollback.save([6, 2], into=into)
+    assert snapshot is not None
+    for pool, rows, out in zip(rollback.pools, snapshot.rows, into, strict=True):
+        assert rows.data_ptr() == out.data_ptr() and torch.equal(out[:2], pool[[6, 2]])
+        assert not out[2:].any()
+    with pytest.raises(ValueError, match="do not fit"):
+        rollback.save([0, 1, 2, 3, 4], into=into)
+
+
 def test_the_conv_rollback_kernel_is_compiled_on_the_dummy_slot_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
