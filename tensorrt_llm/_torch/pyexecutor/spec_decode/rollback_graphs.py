@@ -71,7 +71,9 @@ class RollbackGraphRunner:
         self._constants: dict[int, list[torch.Tensor]] = {}
         self.pool: _POOL_HANDLE | None = None
         b, L = max(self.batch_sizes, default=0), self.rows
-        self.snapshot = [p.new_empty((b, *p.shape[1:])) for p in rollback.pools]
+        # Zeros, not empty: a padded request replays from its row onto the dummy slot, which
+        # padded rows of later steps read, so its state must stay finite.
+        self.snapshot = [p.new_zeros((b, *p.shape[1:])) for p in rollback.pools]
         pairs = zip(rollback.pools, self.snapshot, strict=True)
         self.saved = {pool.data_ptr(): rows for pool, rows in pairs}
         # The index vectors as views of one buffer (one copy a step), each at an even offset:
