@@ -65,6 +65,11 @@ def verify_tokens_per_request(config: EngineConfig) -> int:
 # environment says (`VERIFY_GRAPHS_ENV`; 0 runs them in the piecewise graphs, as before).
 VERIFY_GRAPHS_DEFAULT = True
 VERIFY_GRAPHS_ENV = "TRTLLM_MTP_VERIFY_GRAPHS"
+# 1: verify graphs only for the buckets whose rollback records fit (verify_graphs.py); the
+# others run as chunks. An A/B knob until measured at c = 24-48 (Qwen3.6-27B's unrecorded
+# buckets): a graph without records replays a whole forward for any rejected draft.
+VERIFY_RECORDED_ONLY_DEFAULT = False
+VERIFY_RECORDED_ONLY_ENV = "TRTLLM_MTP_VERIFY_GRAPHS_RECORDED_ONLY"
 # The draft passes after a step of full verify rows as CUDA graphs (draft_graphs.py; 0 runs
 # them eagerly): the 27B rejected-draft step 39.6 -> 34.9 ms on an H100 (qwen3_6_27b_h200.md).
 DRAFT_GRAPHS_DEFAULT = True
@@ -132,7 +137,11 @@ def capture_verify_graphs(
         per_request,
         config.cuda_graph_padding_enabled,
         record_bytes_per_token(engine.model.per_slot_state()),
+        recorded_only=_switch(VERIFY_RECORDED_ONLY_ENV, VERIFY_RECORDED_ONLY_DEFAULT),
     )
+    if not runner.batch_sizes:
+        logger.info("no MTP verify CUDA graph: no batch size's rollback records fit")
+        return
     runner.capture_all()
     engine.verify_graph_runner = runner
 

@@ -13,6 +13,8 @@ rows) are graph memory: each recorded bucket keeps the ones its capture made, fi
 each replay, and hands them to the step (`run_hidden`). They stay allocated with the graph, so
 only the smallest buckets whose records fit `record_budget` bytes together record; a step of
 a larger bucket rolls back with a replay forward, as an eager step too large to record does.
+With `recorded_only` (`TRTLLM_MTP_VERIFY_GRAPHS_RECORDED_ONLY=1`, setup.py) the larger buckets
+get no graph: their steps run as chunks, which record (until the A/B at c=32 says which pays).
 
 Padded requests are `1 + k` rows each on the dummy slot (`CUDAGraphRunner._pad`); the DeltaNet
 rows path runs them from the dummy slot's state, which nothing reads.
@@ -48,6 +50,7 @@ class VerifyGraphRunner(CUDAGraphRunner):
         enable_padding: bool = True,
         record_bytes_per_token: int = 0,
         record_budget: int = RECORD_MAX_BYTES,
+        recorded_only: bool = False,
     ) -> None:
         if tokens_per_request < 2:
             raise ValueError(f"a verify row holds at least 2 tokens, got {tokens_per_request}")
@@ -67,6 +70,11 @@ class VerifyGraphRunner(CUDAGraphRunner):
                 break
             self.recorded.add(bucket)
             left -= need
+        if recorded_only and record_bytes_per_token:
+            # A larger bucket rolls back with a replay forward (a whole forward again for any
+            # rejected draft); without its graph the step runs as chunks, which record their
+            # rows while they fit RECORD_MAX_BYTES and replay the recurrence alone.
+            self.batch_sizes = sorted(self.recorded)
         self.records: dict[int, list[Any]] = {}
         self._last_record: list[Any] | None = None
 

@@ -269,6 +269,25 @@ def test_draft_graphs_leave_steps_of_fewer_drafts_to_the_eager_passes(ckpt: Path
     assert any(1 < n < K + 1 and not taken for n, taken in run["offered"]), run["offered"]
 
 
+def test_recorded_only_keeps_graphs_for_the_buckets_with_records(
+    ckpt: Path, reference: list[list[int]]
+) -> None:
+    """`recorded_only`: with records for the buckets 1 and 2 only, a step of three requests
+    gets no graph and runs as chunks (recording its rows); the output stays the reference's."""
+    with LLM(model=str(ckpt), speculative_config=MTP, **ENGINE) as llm:
+        engine = llm._executor.model_engine
+        per_token = record_bytes_per_token(engine.model.per_slot_state())
+        budget = 3 * (K + 1) * per_token  # buckets 1 and 2
+        runner = EagerVerifyRunner(engine, [1, 2, 4], K + 1, True, per_token, budget, True)
+        assert runner.batch_sizes == [1, 2] and runner.recorded == {1, 2}
+        assert runner.takes(2, K + 1) and not runner.takes(3, K + 1)
+        engine.verify_graph_runner = runner
+        llm._executor.spec_decoder.draft_override = _one_wrong(reference)
+        outputs = _generate(llm)
+    assert outputs == reference
+    assert runner.steps and all(bucket <= 2 for _, bucket in runner.steps)
+
+
 def test_rollback_graph_replays_keep_greedy_output(ckpt: Path, reference: list[list[int]]) -> None:
     """Verify-graph steps roll back through the rollback graph's static rows and index: every
     request of the padded bucket a row, the ones that keep their state on the dummy slot."""
