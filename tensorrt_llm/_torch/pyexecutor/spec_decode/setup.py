@@ -13,6 +13,8 @@ from torch import nn
 
 from ...models.modeling_qwen3_5_mtp import num_mtp_layers, with_mtp
 from ...models.modeling_qwen3_next import Qwen3_5TextForCausalLM
+from ..cuda_graph_runner import graph_batch_sizes
+from ..engine_config import CudaGraphConfig
 from .config import SPEC_WITH_REUSE_ERROR
 from .draft_graphs import DraftGraphRunner
 from .mtp_drafter import MTPDrafter
@@ -20,7 +22,7 @@ from .rollback import RECURRENT_PREFIX, record_bytes_per_token
 from .rollback_graphs import ROLLBACK_GRAPH_MAX_BYTES, RollbackGraphRunner, saved_row_bytes
 from .spec_decoder import SpecDecoder
 from .tp_spec import SpecLink
-from .verify_graphs import VerifyGraphRunner
+from .verify_graphs import GRAPH_RECORD_BUDGET, VerifyGraphRunner, recorded_buckets
 
 if TYPE_CHECKING:
     from ..engine_config import EngineConfig
@@ -149,14 +151,22 @@ def capture_verify_graphs(
 def snapshot_reserve_bytes(config: EngineConfig, model: Any, num_slots: int) -> int:
     """Device bytes the recurrent-state snapshot of a full batch takes (rollback.py), kept
     out of the KV cache's share like the probe's activation peak (0 when speculation is off),
-    plus the rollback graphs' static copies where they may run (rollback_graphs.py)."""
+    plus where CUDA graphs run the verify graphs' rollback records (verify_graphs.py; for
+    the batch sizes a full batch may capture, the graphs are sized after the KV cache) and the
+    rollback graphs' static copies (rollback_graphs.py)."""
     if config.speculative_config is None:
         return 0
     state = model.per_slot_state()
     row = saved_row_bytes([t for name, t in state.items() if name.startswith(RECURRENT_PREFIX)])
     static = 0
-    if config.use_cuda_graph and row and rollback_graphs_enabled():
-        static = min(ROLLBACK_GRAPH_MAX_BYTES // row, num_slots) * row
+    if config.use_cuda_graph and verify_graphs_enabled():
+        per_request = verify_tokens_per_request(config)
+        sizes = config.cuda_graph_batch_sizes or graph_batch_sizes(CudaGraphConfig(), num_slots)
+        sizes = [b for b in sizes if b * per_request <= config.max_num_tokens]
+        record = per_request * record_bytes_per_token(state)
+        static += record * sum(recorded_buckets(sizes, record, GRAPH_RECORD_BUDGET))
+        if row and rollback_graphs_enabled():
+            static += min(ROLLBACK_GRAPH_MAX_BYTES // row, num_slots) * row
     return row * num_slots + static
 
 

@@ -11,8 +11,9 @@ an H100 against a plain decode step's ~15 ms).
 The rollback's records (`gated_delta_net_rows.RowsRecord`: each DeltaNet layer's inputs of the
 rows) are graph memory: each recorded bucket keeps the ones its capture made, filled anew at
 each replay, and hands them to the step (`run_hidden`). They stay allocated with the graph, so
-only the smallest buckets whose records fit `record_budget` bytes together record; a step of
-a larger bucket rolls back with a replay forward, as an eager step too large to record does.
+only the smallest buckets whose records fit `record_budget` bytes together
+(`GRAPH_RECORD_BUDGET`, reserved before KV sizing) record; a step of a larger bucket rolls
+back with a replay forward, as an eager step too large to record does.
 With `recorded_only` (`TRTLLM_MTP_VERIFY_GRAPHS_RECORDED_ONLY=1`, setup.py) the larger buckets
 get no graph: their steps run as chunks, which record (until the A/B at c=32 says which pays).
 
@@ -36,6 +37,26 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# What the verify graphs' rollback records may hold together (graph memory, for the engine's
+# life; kept out of the KV cache: setup.snapshot_reserve_bytes). Qwen3.6-27B's records are
+# ~10 MB a request at k = 3, so 1 GiB records the buckets up to 32 requests; a bucket without
+# records rolls back with a replay forward (a whole forward again for any rejected draft).
+GRAPH_RECORD_BUDGET = 1 << 30
+
+
+def recorded_buckets(batch_sizes: list[int], bytes_per_request: int, budget: int) -> set[int]:
+    """The smallest of `batch_sizes` whose records fit `budget` bytes together, each within
+    the bound a step's records have (`RECORD_MAX_BYTES`; none without records)."""
+    out: set[int] = set()
+    left = budget
+    for bucket in sorted(batch_sizes):
+        need = bucket * bytes_per_request
+        if not bytes_per_request or need > min(left, RECORD_MAX_BYTES):
+            break
+        out.add(bucket)
+        left -= need
+    return out
+
 
 class VerifyGraphRunner(CUDAGraphRunner):
     """Graphs of verify steps of `tokens_per_request` rows a request, per bucket of requests."""
@@ -49,7 +70,7 @@ class VerifyGraphRunner(CUDAGraphRunner):
         tokens_per_request: int,
         enable_padding: bool = True,
         record_bytes_per_token: int = 0,
-        record_budget: int = RECORD_MAX_BYTES,
+        record_budget: int = GRAPH_RECORD_BUDGET,
         recorded_only: bool = False,
     ) -> None:
         if tokens_per_request < 2:
@@ -61,15 +82,8 @@ class VerifyGraphRunner(CUDAGraphRunner):
             )
         super().__init__(engine, batch_sizes, enable_padding)
         self.rows_per_request = tokens_per_request
-        # The smallest buckets whose records fit the budget together.
-        self.recorded: set[int] = set()
-        left = record_budget
-        for bucket in self.batch_sizes:
-            need = bucket * tokens_per_request * record_bytes_per_token
-            if not record_bytes_per_token or need > left:
-                break
-            self.recorded.add(bucket)
-            left -= need
+        per_request = tokens_per_request * record_bytes_per_token
+        self.recorded = recorded_buckets(self.batch_sizes, per_request, record_budget)
         if recorded_only and record_bytes_per_token:
             # A larger bucket rolls back with a replay forward (a whole forward again for any
             # rejected draft); without its graph the step runs as chunks, which record their

@@ -217,6 +217,7 @@ def test_prompt_and_output_logprobs_match(ckpts: dict[str, Path]) -> None:
 
 def test_snapshot_memory_is_reserved(ckpts: dict[str, Path]) -> None:
     """KV sizing keeps room for a full batch's recurrent-state snapshot (rollback.py)."""
+    from tensorrt_llm._torch.pyexecutor.spec_decode.rollback import record_bytes_per_token
     from tensorrt_llm._torch.pyexecutor.spec_decode.setup import snapshot_reserve_bytes
 
     with LLM(model=str(ckpts["qwen3_5"]), speculative_config=MTP, **ENGINE) as llm:
@@ -228,12 +229,16 @@ def test_snapshot_memory_is_reserved(ckpts: dict[str, Path]) -> None:
         assert snapshot_reserve_bytes(config, engine.model, 4) == 4 * per_row
         plain = llm.args.__class__(model=str(ckpts["qwen3_5"])).to_engine_config()
         assert snapshot_reserve_bytes(plain, engine.model, 4) == 0
-        # The rollback graphs' static saved rows, where they may run, on top.
-        graphs = dataclasses.replace(config, use_cuda_graph=True)
+        # With CUDA graphs: the verify graphs' records of the batch sizes 1, 2 and 4 (all
+        # within the budget here), and the rollback graphs' static saved rows on top.
+        graphs = dataclasses.replace(config, use_cuda_graph=True, cuda_graph_batch_sizes=None)
+        records = 7 * (K + 1) * record_bytes_per_token(engine.model.per_slot_state())
         with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("TRTLLM_MTP_ROLLBACK_GRAPHS", "1")
-            assert snapshot_reserve_bytes(graphs, engine.model, 4) == 8 * per_row
             mp.setenv("TRTLLM_MTP_ROLLBACK_GRAPHS", "0")
+            assert snapshot_reserve_bytes(graphs, engine.model, 4) == 4 * per_row + records
+            mp.setenv("TRTLLM_MTP_ROLLBACK_GRAPHS", "1")
+            assert snapshot_reserve_bytes(graphs, engine.model, 4) == 8 * per_row + records
+            mp.setenv("TRTLLM_MTP_VERIFY_GRAPHS", "0")
             assert snapshot_reserve_bytes(graphs, engine.model, 4) == 4 * per_row
 
 

@@ -18,6 +18,7 @@ import torch
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.input_batch import InputBatch
+from tensorrt_llm._torch.modules.gated_delta_net_rows import RECORD_MAX_BYTES
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.spec_decode.draft_graphs import DraftGraphRunner
 from tensorrt_llm._torch.pyexecutor.spec_decode.rollback import record_bytes_per_token
@@ -30,7 +31,11 @@ from tensorrt_llm._torch.pyexecutor.spec_decode.setup import (
     rollback_graphs_enabled,
     verify_graphs_enabled,
 )
-from tensorrt_llm._torch.pyexecutor.spec_decode.verify_graphs import VerifyGraphRunner
+from tensorrt_llm._torch.pyexecutor.spec_decode.verify_graphs import (
+    GRAPH_RECORD_BUDGET,
+    VerifyGraphRunner,
+    recorded_buckets,
+)
 from tensorrt_llm.tools.tiny_checkpoint import write_tiny_checkpoint
 
 K = 3
@@ -267,6 +272,19 @@ def test_draft_graphs_leave_steps_of_fewer_drafts_to_the_eager_passes(ckpt: Path
     assert run["outputs"] == reference
     assert run["draft_steps"], "no step reached the draft graphs"
     assert any(1 < n < K + 1 and not taken for n, taken in run["offered"]), run["offered"]
+
+
+def test_recorded_buckets_fit_the_budget_and_the_step_bound() -> None:
+    """The smallest buckets whose records fit the budget together, none past the bound a
+    step's records have (`RECORD_MAX_BYTES`: the step would not attach them)."""
+    mib = 2**20
+    sizes = [1, 2, 4, 8, 16, 24, 32, 48, 64]
+    # Qwen3.6-27B at k = 3: ~10.3 MB a request; 1 GiB records up to 32 requests.
+    assert recorded_buckets(sizes, 10_250_000, GRAPH_RECORD_BUDGET) == {1, 2, 4, 8, 16, 24, 32}
+    assert recorded_buckets(sizes, 10 * mib, 512 * mib) == {1, 2, 4, 8, 16}
+    # One bucket alone past RECORD_MAX_BYTES stops there whatever the budget.
+    assert recorded_buckets(sizes, RECORD_MAX_BYTES // 40, 2**40) == {1, 2, 4, 8, 16, 24, 32}
+    assert recorded_buckets(sizes, 0, 2**40) == set()
 
 
 def test_recorded_only_keeps_graphs_for_the_buckets_with_records(
