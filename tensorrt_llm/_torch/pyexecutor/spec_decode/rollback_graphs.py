@@ -8,16 +8,16 @@ millisecond of GPU work (benchmarks/results/qwen3_6_27b_h200.md). In a verify-gr
 whose records are graph memory (`VerifyGraphRunner.recorded`) every input of that replay
 sits at a fixed address but two, which this runner makes static too:
 
-- the saved rows: `save` copies the step's rows into `snapshot` (one tensor per pool, as many
-  rows as the largest bucket taken) instead of new tensors;
+- the saved rows: `save` copies every speculative step's rows into `snapshot` (one tensor per
+  pool of `num_rows` rows, a full batch: the memory the snapshot has reserved out of the KV
+  cache, setup.snapshot_reserve_bytes, held here for good) instead of new tensors;
 - the index vectors (`gated_delta_net_rows.ReplayIndex`): every request of the bucket is a
   row of the replay, in the verify step's order (its saved row and its recorded tokens are
   its index times `1 + k`); a request that keeps its state (every draft accepted, finished,
   or padding) replays one token onto the dummy slot, which nothing reads.
 
-So the replay of a bucket is one graph, filled by one host-to-device copy a step. Buckets
-whose saved rows would pass `max_bytes` keep the eager replay. Off unless
-`TRTLLM_MTP_ROLLBACK_GRAPHS=1` (setup.py) until the GPU suite has run it.
+So the replay of a recorded bucket is one graph, filled by one host-to-device copy a step.
+Off unless `TRTLLM_MTP_ROLLBACK_GRAPHS=1` (setup.py) until the GPU suite has run it.
 """
 
 from __future__ import annotations
@@ -42,15 +42,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# The static saved rows' bound: Qwen3.6-27B's rows are ~147 MiB a request (buckets 1-4),
-# Qwen3.6-35B-A3B's ~61 MiB (buckets 1-16). Kept out of the KV cache (setup.py).
-ROLLBACK_GRAPH_MAX_BYTES = 1 << 30
-
-
-def saved_row_bytes(pools: Sequence[torch.Tensor]) -> int:
-    """One request's saved rows over the recurrent pools."""
-    return sum(p[0].numel() * p.element_size() for p in pools)
-
 
 class RollbackGraphRunner:
     """The rollback of a verify-graph step as one CUDA graph per bucket of requests."""
@@ -59,21 +50,20 @@ class RollbackGraphRunner:
         self,
         rollback: RecurrentRollback,
         verify: VerifyGraphRunner,
-        max_bytes: int = ROLLBACK_GRAPH_MAX_BYTES,
+        num_rows: int,
     ) -> None:
         self.rollback = rollback
         self.records = verify.records
         self.rows = verify.rows_per_request
         self.dummy_slot = verify.dummy_slot
-        row_bytes = saved_row_bytes(rollback.pools)
-        self.batch_sizes = [b for b in sorted(verify.recorded) if b * row_bytes <= max_bytes]
+        self.batch_sizes = [b for b in sorted(verify.recorded) if b <= num_rows]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._constants: dict[int, list[torch.Tensor]] = {}
         self.pool: _POOL_HANDLE | None = None
         b, L = max(self.batch_sizes, default=0), self.rows
         # Zeros, not empty: a padded request replays from its row onto the dummy slot, which
         # padded rows of later steps read, so its state must stay finite.
-        self.snapshot = [p.new_zeros((b, *p.shape[1:])) for p in rollback.pools]
+        self.snapshot = [p.new_zeros((num_rows, *p.shape[1:])) for p in rollback.pools]
         pairs = zip(rollback.pools, self.snapshot, strict=True)
         self.saved = {pool.data_ptr(): rows for pool, rows in pairs}
         # The index vectors as views of one buffer (one copy a step), each at an even offset:
@@ -94,7 +84,8 @@ class RollbackGraphRunner:
         return bucket is not None and bucket in self.graphs
 
     def save(self, slots: list[int]) -> StateSnapshot | None:
-        """The step's saved rows, in the static copies the graphs read."""
+        """A step's saved rows (any step's: graph or not), in the static copies the graphs
+        read."""
         return self.rollback.save(slots, into=self.snapshot)
 
     # ------------------------------------------------------------------ the replay

@@ -19,7 +19,7 @@ from .config import SPEC_WITH_REUSE_ERROR
 from .draft_graphs import DraftGraphRunner
 from .mtp_drafter import MTPDrafter
 from .rollback import RECURRENT_PREFIX, record_bytes_per_token
-from .rollback_graphs import ROLLBACK_GRAPH_MAX_BYTES, RollbackGraphRunner, saved_row_bytes
+from .rollback_graphs import RollbackGraphRunner
 from .spec_decoder import SpecDecoder
 from .tp_spec import SpecLink
 from .verify_graphs import GRAPH_RECORD_BUDGET, VerifyGraphRunner, recorded_buckets
@@ -152,22 +152,22 @@ def snapshot_reserve_bytes(config: EngineConfig, model: Any, num_slots: int) -> 
     """Device bytes the recurrent-state snapshot of a full batch takes (rollback.py), kept
     out of the KV cache's share like the probe's activation peak (0 when speculation is off),
     plus where CUDA graphs run the verify graphs' rollback records (verify_graphs.py; for
-    the batch sizes a full batch may capture, the graphs are sized after the KV cache) and the
-    rollback graphs' static copies (rollback_graphs.py)."""
+    the batch sizes a full batch may capture, the graphs are sized after the KV cache). The
+    rollback graphs hold the full batch's snapshot for good (rollback_graphs.py)."""
     if config.speculative_config is None:
         return 0
     state = model.per_slot_state()
-    row = saved_row_bytes([t for name, t in state.items() if name.startswith(RECURRENT_PREFIX)])
-    static = 0
+    rows = [
+        t[0].numel() * t.element_size() for n, t in state.items() if n.startswith(RECURRENT_PREFIX)
+    ]
+    records = 0
     if config.use_cuda_graph and verify_graphs_enabled():
         per_request = verify_tokens_per_request(config)
         sizes = config.cuda_graph_batch_sizes or graph_batch_sizes(CudaGraphConfig(), num_slots)
         sizes = [b for b in sizes if b * per_request <= config.max_num_tokens]
         record = per_request * record_bytes_per_token(state)
-        static += record * sum(recorded_buckets(sizes, record, GRAPH_RECORD_BUDGET))
-        if row and rollback_graphs_enabled():
-            static += min(ROLLBACK_GRAPH_MAX_BYTES // row, num_slots) * row
-    return row * num_slots + static
+        records = record * sum(recorded_buckets(sizes, record, GRAPH_RECORD_BUDGET))
+    return sum(rows) * num_slots + records
 
 
 def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecoder | None:
@@ -200,8 +200,8 @@ def attach_spec_decoder(executor: PyExecutor, config: EngineConfig) -> SpecDecod
             engine.use_mrope,
         )
         decoder.draft_graphs.capture_all()
-    if verify is not None and rollback_graphs_enabled():
-        rollback = RollbackGraphRunner(decoder.rollback, verify)
+    if verify is not None and verify.recorded and rollback_graphs_enabled():
+        rollback = RollbackGraphRunner(decoder.rollback, verify, engine.max_batch_size)
         if rollback.batch_sizes:
             rollback.capture_all()
             decoder.rollback_graphs = rollback

@@ -136,15 +136,12 @@ class SpecDecoder(Drafting):
         uniform = uniform_verify_len(rows, bool(ctx))
         as_rows = self.link is None and graphs is not None and graphs.takes(len(rows), uniform)
         # Its rollback, where a graph of the verify graph's bucket runs it (rollback_graphs.py),
-        # reads the saved rows from that graph's static copies.
+        # reads the saved rows from the static copies every step saves into then.
         rb = self.rollback_graphs
         bucket = graphs.bucket(len(rows)) if as_rows and graphs is not None else None
         rollback_bucket = bucket if rb is not None and rb.takes(bucket) else None
         save = [_slot(v.request) for v in verify if v.drafts]
-        if rb is not None and rollback_bucket is not None:
-            snapshot = rb.save(save)
-        else:
-            snapshot = self.rollback.save(save)
+        snapshot = self.rollback.save(save) if rb is None else rb.save(save)
         if as_rows:
             cb = build_verify_batch(engine.batch_builder, rows)
         else:

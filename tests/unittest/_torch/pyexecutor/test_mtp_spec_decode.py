@@ -229,15 +229,12 @@ def test_snapshot_memory_is_reserved(ckpts: dict[str, Path]) -> None:
         assert snapshot_reserve_bytes(config, engine.model, 4) == 4 * per_row
         plain = llm.args.__class__(model=str(ckpts["qwen3_5"])).to_engine_config()
         assert snapshot_reserve_bytes(plain, engine.model, 4) == 0
-        # With CUDA graphs: the verify graphs' records of the batch sizes 1, 2 and 4 (all
-        # within the budget here), and the rollback graphs' static saved rows on top.
+        # With CUDA graphs, the verify graphs' records of the batch sizes 1, 2 and 4 (all
+        # within the budget here) on top.
         graphs = dataclasses.replace(config, use_cuda_graph=True, cuda_graph_batch_sizes=None)
         records = 7 * (K + 1) * record_bytes_per_token(engine.model.per_slot_state())
+        assert snapshot_reserve_bytes(graphs, engine.model, 4) == 4 * per_row + records
         with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("TRTLLM_MTP_ROLLBACK_GRAPHS", "0")
-            assert snapshot_reserve_bytes(graphs, engine.model, 4) == 4 * per_row + records
-            mp.setenv("TRTLLM_MTP_ROLLBACK_GRAPHS", "1")
-            assert snapshot_reserve_bytes(graphs, engine.model, 4) == 8 * per_row + records
             mp.setenv("TRTLLM_MTP_VERIFY_GRAPHS", "0")
             assert snapshot_reserve_bytes(graphs, engine.model, 4) == 4 * per_row
 

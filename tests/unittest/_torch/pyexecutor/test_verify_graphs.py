@@ -193,7 +193,9 @@ def _run_spec(
                 engine.use_mrope,
             )  # fmt: skip
         if rollback_graphs:
-            decoder.rollback_graphs = EagerRollbackRunner(decoder.rollback, runner)
+            decoder.rollback_graphs = EagerRollbackRunner(
+                decoder.rollback, runner, engine.max_batch_size
+            )
         wrong = _one_wrong(reference, exact)
 
         def override(req: LlmRequest, drafts: list[int]) -> list[int]:
@@ -324,7 +326,7 @@ def test_rollback_graph_index_layout(ckpt: Path) -> None:
         decoder = llm._executor.spec_decoder
         per_token = record_bytes_per_token(engine.model.per_slot_state())
         runner = EagerVerifyRunner(engine, [1, 2, 4], K + 1, True, per_token, 2**30)
-        graphs = EagerRollbackRunner(decoder.rollback, runner)
+        graphs = EagerRollbackRunner(decoder.rollback, runner, engine.max_batch_size)
         graphs.fill(4, [(1, 3, 7), (3, 1, 5)])
         index = graphs._index(4)
         L, dummy = K + 1, runner.dummy_slot
