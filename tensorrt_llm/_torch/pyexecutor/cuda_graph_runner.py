@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from .engine_config import CudaGraphConfig
     from .model_engine import PyTorchModelEngine
+    from .resource_manager import KVCacheManager
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,45 @@ def capture_graph(
     with keeping_constants() as constants, torch.cuda.graph(graph, pool=pool):
         out = call()
     return graph, out, constants
+
+
+def graph_rows_metadata(
+    num_rows: int,
+    *,
+    seq_lens: torch.Tensor,
+    num_cached_tokens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    block_tables: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    seq_slots: torch.Tensor,
+    seq_slots_cpu: torch.Tensor,
+    kv_cache_manager: KVCacheManager | None,
+    tokens_per_block: int,
+    tokens_per_generation: int = 1,
+) -> AttentionMetadata:
+    """Metadata of `num_rows` generation rows of one token over a graph's static device
+    buffers (views), as a capture records them."""
+    ones = torch.ones(num_rows, dtype=torch.int32)
+    return AttentionMetadata(
+        num_contexts=0,
+        num_generations=num_rows,
+        num_ctx_tokens=0,
+        num_tokens=num_rows,
+        seq_lens_cpu=ones,
+        # Host view for layers that branch on it (recurrent state: "has a past"). Every
+        # generation row has a past; the device tensors hold the real lengths at replay.
+        num_cached_tokens_cpu=ones.clone(),
+        seq_lens=seq_lens,
+        num_cached_tokens=num_cached_tokens,
+        cu_seqlens_q=cu_seqlens_q,
+        block_tables=block_tables,
+        slot_mapping=slot_mapping,
+        seq_slots=seq_slots,
+        seq_slots_cpu=seq_slots_cpu,
+        kv_cache_manager=kv_cache_manager,
+        tokens_per_block=tokens_per_block,
+        tokens_per_generation=tokens_per_generation,
+    )
 
 
 class CUDAGraphRunner:
@@ -161,16 +201,8 @@ class CUDAGraphRunner:
     def _metadata(self, bucket: int) -> AttentionMetadata:
         """The capture's metadata for `bucket` generation rows."""
         buf = self.buffers
-        ones = torch.ones(bucket, dtype=torch.int32)
-        return AttentionMetadata(
-            num_contexts=0,
-            num_generations=bucket,
-            num_ctx_tokens=0,
-            num_tokens=bucket,
-            seq_lens_cpu=ones,
-            # Host view for layers that branch on it (recurrent state: "has a past"). Every
-            # generation row has a past; the device tensor holds the real lengths at replay.
-            num_cached_tokens_cpu=ones.clone(),
+        return graph_rows_metadata(
+            bucket,
             seq_lens=buf.seq_lens[:bucket],
             num_cached_tokens=buf.num_cached_tokens[:bucket],
             cu_seqlens_q=buf.cu_seqlens_q[: bucket + 1],

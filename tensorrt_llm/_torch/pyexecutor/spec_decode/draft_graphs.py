@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from ...._utils import maybe_pin_memory
 from ...attention_backend.interface import AttentionMetadata
-from ..cuda_graph_runner import capture_graph, pick_bucket
+from ..cuda_graph_runner import capture_graph, graph_rows_metadata, pick_bucket
 
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
@@ -108,15 +108,8 @@ class DraftGraphRunner:
     # ------------------------------------------------------------------ the passes
     def _metadata(self, num_rows: int, p: int, table_rows: torch.Tensor) -> AttentionMetadata:
         """Pass `p`'s `num_rows` decode rows over the static buffers."""
-        kv = self.drafter.kv_cache_manager
-        host = torch.ones(num_rows, dtype=torch.int32)
-        return AttentionMetadata(
-            num_contexts=0,
-            num_generations=num_rows,
-            num_ctx_tokens=0,
-            num_tokens=num_rows,
-            seq_lens_cpu=host,
-            num_cached_tokens_cpu=host.clone(),
+        return graph_rows_metadata(
+            num_rows,
             seq_lens=self._ones[:num_rows],
             num_cached_tokens=self.cached[p, :num_rows],
             cu_seqlens_q=self._cu[: num_rows + 1],
@@ -124,7 +117,7 @@ class DraftGraphRunner:
             slot_mapping=self.slots[p, :num_rows],
             seq_slots=self._zeros[:num_rows],
             seq_slots_cpu=torch.zeros(num_rows, dtype=torch.long),
-            kv_cache_manager=kv,
+            kv_cache_manager=self.drafter.kv_cache_manager,
             tokens_per_block=self.drafter.tokens_per_block,
         )
 

@@ -66,10 +66,8 @@ class Drafting:
             nxt = [*(int(t) for t in arr[begin + 1 : begin + size]), after]
             budget = draft_budget(req, self.max_draft_len) if last else 0
             rows.append(DraftRow(req, off, begin, nxt, budget))
+        self._drop_verified(verify)
         for v in verify:
-            self.drafts.pop(v.request.request_id, None)
-            if v.request.is_finished:
-                self.rejection.release(v.request.request_id)
             if v.request.is_finished or not takes_drafts(v.request):
                 continue
             budget = draft_budget(v.request, self.max_draft_len)
@@ -84,6 +82,13 @@ class Drafting:
         )
         for row, drafts in zip(rows, drafted, strict=True):
             self._keep_drafts(row.request, drafts, row.num_drafts)
+
+    def _drop_verified(self, verify: list[VerifyRow]) -> None:
+        """The verified drafts are spent; a finished request's rejection state goes too."""
+        for v in verify:
+            self.drafts.pop(v.request.request_id, None)
+            if v.request.is_finished:
+                self.rejection.release(v.request.request_id)
 
     def _keep_drafts(self, req: LlmRequest, drafts: list[int], num_drafts: int) -> None:
         """`drafts` (the head's, as many as wanted) become the request's next step's."""
@@ -107,10 +112,7 @@ class Drafting:
         graphs = self.draft_graphs
         if graphs is None or not graphs.takes(len(verify), tokens_per_request):
             return False
-        for v in verify:
-            self.drafts.pop(v.request.request_id, None)
-            if v.request.is_finished:
-                self.rejection.release(v.request.request_id)
+        self._drop_verified(verify)
         requests = [
             DraftRequest(
                 v.request, v.start, v.emitted, not v.request.is_finished and takes_drafts(v.request)
