@@ -34,7 +34,8 @@
 #                       process (the default: in process, the bench's image preprocessing
 #                       shares the GIL with the engine loop and the c=128 wave varies 10-15%)
 #   a3bserved [QUANT]   the same model through a trtllm-serve child (the figure users see),
-#                       c=32/128 (env CONC), osl 256 (env OSL), FP8 KV cache
+#                       c=32/128 (env CONC), osl 256 (env OSL), FP8 KV cache; env EXTRA adds
+#                       bench flags (e.g. "--mamba_ssm_cache_dtype bfloat16")
 #   srv8 [N...]         Qwen3-VL-8B fp8 through trtllm-serve at c=128, osl 1000, once per
 #                       --stream_interval N (default 1 4): throughput, ITL and server_cpu_pct
 #   a3bprof [QUANT]     one c=128 prefill wave of 35B-A3B (osl 8) under TRTLLM_BENCH_PROFILE
@@ -192,7 +193,7 @@ a3bserved)
     timeout -s ABRT 420 python3 -m tensorrt_llm.commands.bench --served \
         --config benchmarks/configs/qwen3_6_35b_a3b.json --isl 1000 --osl "${OSL:-256}" \
         --image_size 512 --concurrency ${CONC:-32 128} --kv_cache_dtype fp8 "${qflag[@]}" \
-        --output "$OUT/a3bserved_${quant}_osl${OSL:-256}.json" 2>&1 | quiet | tail -12 \
+        ${EXTRA:-} --output "$OUT/a3bserved_${quant}_osl${OSL:-256}.json" 2>&1 | quiet | tail -12 \
         | tee -a "$OUT/a3bserved.log"
     ;;
 srv8)
