@@ -49,7 +49,7 @@ class StateSnapshot:
 
 
 class RecurrentRollback:
-    def __init__(self, model: EngineModel) -> None:
+    def __init__(self, model: EngineModel, num_rows: int | None = None) -> None:
         state = model.per_slot_state()
         self.pools = [t for name, t in state.items() if name.startswith(RECURRENT_PREFIX)]
         # One SSM pool per DeltaNet layer (modeling_qwen3_next.RecurrentStateCache's names).
@@ -61,6 +61,22 @@ class RecurrentRollback:
                 "speculation here is built for the Qwen3.5 / Qwen3.6 hybrid stacks"
             )
         self._compile_conv_rollback(state)
+        # The saved rows of a full batch of `num_rows` requests (at most one a seq slot; the
+        # pools' last row is the dummy slot), held for good (None: each save allocates its
+        # own): the memory setup.snapshot_reserve_bytes keeps out of the KV cache, and the
+        # static copies the rollback graphs read (rollback_graphs.py). Zeros: a padded
+        # request of a rollback graph replays from its row.
+        self.saved_rows: list[torch.Tensor] | None = None
+        if num_rows is not None:
+            rows = min(num_rows, self.pools[0].shape[0] - 1)
+            self.saved_rows = [p.new_zeros((rows, *p.shape[1:])) for p in self.pools]
+        # Row views of the pools (by slot) and of `saved_rows` (by row), made once and grouped
+        # by dtype (one fused multi-tensor copy each): a save of a few rows is otherwise ~200
+        # tensor views and the grouping a row of host time (Qwen3.6-27B).
+        self._dtype_groups = _dtype_groups(self.pools)
+        self._slot_views: dict[int, list[list[torch.Tensor]]] = {}
+        self._saved_views: dict[int, list[list[torch.Tensor]]] = {}
+        self._prefixes: dict[int, list[torch.Tensor]] = {}  # the first n held rows, by n
 
     def _compile_conv_rollback(self, state: dict[str, torch.Tensor]) -> None:
         """Launch the conv-state rollback kernel once per pool shape on the dummy slot (its
@@ -84,29 +100,57 @@ class RecurrentRollback:
     def save(
         self, slots: list[int], into: list[torch.Tensor] | None = None
     ) -> StateSnapshot | None:
-        """Copy the rows of `slots` (None when there are none), into new tensors or the first
-        rows of `into` (one per pool, as the rollback graphs keep: rollback_graphs.py)."""
+        """Copy the rows of `slots` (None when there are none) into the first rows of `into`
+        (one tensor per pool), else of `saved_rows`, else into new tensors."""
         if not slots:
             return None
         n = len(slots)
+        held = into is None and self.saved_rows is not None
+        if into is None:
+            into = self.saved_rows
         if into is not None and (len(into) != len(self.pools) or into[0].shape[0] < n):
             raise ValueError(f"{n} saved rows do not fit the given copies")
         if n > SAVE_BY_ROW_MAX_SLOTS:  # one gather a pool
             index = async_tensor_h2d(slots, torch.int64, self.pools[0].device)
             if into is None:
                 return StateSnapshot(list(slots), [p.index_select(0, index) for p in self.pools])
-            for p, out in zip(self.pools, into, strict=True):
-                torch.index_select(p, 0, index, out=out[:n])
-            return StateSnapshot(list(slots), [out[:n] for out in into])
+            rows = self._held_prefix(n) if held else [out[:n] for out in into]
+            for p, out in zip(self.pools, rows, strict=True):
+                torch.index_select(p, 0, index, out=out)
+            return StateSnapshot(list(slots), rows)
         # A few rows: one multi-tensor copy per row and dtype instead of a gather per pool
         # (~100 launches for Qwen3.6's 48 DeltaNet layers).
         if into is None:
             rows = [p.new_empty((n, *p.shape[1:])) for p in self.pools]
+        elif held:
+            rows = self._held_prefix(n)
         else:
             rows = [out[:n] for out in into]
         for i, slot in enumerate(slots):
-            foreach_copy_([r[i] for r in rows], [p[slot] for p in self.pools])
+            if not held:
+                foreach_copy_([r[i] for r in rows], [p[slot] for p in self.pools])
+                continue
+            src = self._views(self._slot_views, self.pools, slot)
+            dst = self._views(self._saved_views, rows, i)
+            for group_dst, group_src in zip(dst, src, strict=True):
+                torch._foreach_copy_(group_dst, group_src)
         return StateSnapshot(list(slots), rows)
+
+    def _held_prefix(self, n: int) -> list[torch.Tensor]:
+        rows = self._prefixes.get(n)
+        if rows is None:
+            assert self.saved_rows is not None
+            rows = self._prefixes[n] = [r[:n] for r in self.saved_rows]
+        return rows
+
+    def _views(
+        self, cache: dict[int, list[list[torch.Tensor]]], tensors: list[torch.Tensor], row: int
+    ) -> list[list[torch.Tensor]]:
+        """Row `row` of each of `tensors` (the pools or the held rows), by dtype group."""
+        views = cache.get(row)
+        if views is None:
+            views = cache[row] = [[tensors[j][row] for j in group] for group in self._dtype_groups]
+        return views
 
     def replay_recorded(
         self,
@@ -133,6 +177,14 @@ class RecurrentRollback:
         index = async_tensor_h2d(slots, torch.int64, dev)
         for pool, rows in zip(self.pools, snapshot.rows, strict=True):
             pool.index_copy_(0, index, rows.index_select(0, picked))
+
+
+def _dtype_groups(pools: list[torch.Tensor]) -> list[list[int]]:
+    """The pools' indices by dtype (CUDA's fused multi-tensor copy takes one dtype a list)."""
+    groups: dict[torch.dtype, list[int]] = {}
+    for j, pool in enumerate(pools):
+        groups.setdefault(pool.dtype, []).append(j)
+    return list(groups.values())
 
 
 def record_bytes_per_token(state: dict[str, torch.Tensor]) -> int:

@@ -8,9 +8,9 @@ millisecond of GPU work (benchmarks/results/qwen3_6_27b_h200.md). In a verify-gr
 whose records are graph memory (`VerifyGraphRunner.recorded`) every input of that replay
 sits at a fixed address but two, which this runner makes static too:
 
-- the saved rows: `save` copies every speculative step's rows into `snapshot` (one tensor per
-  pool of `num_rows` rows, a full batch: the memory the snapshot has reserved out of the KV
-  cache, setup.snapshot_reserve_bytes, held here for good) instead of new tensors;
+- the saved rows: every speculative step saves its rows into the rollback's held copies
+  (`RecurrentRollback.saved_rows`, a full batch: the memory the snapshot has reserved out of
+  the KV cache, setup.snapshot_reserve_bytes), `snapshot` here;
 - the index vectors (`gated_delta_net_rows.ReplayIndex`): every request of the bucket is a
   row of the replay, in the verify step's order (its saved row and its recorded tokens are
   its index times `1 + k`); a request that keeps its state (every draft accepted, finished,
@@ -37,7 +37,7 @@ from ..cuda_graph_runner import capture_graph
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
 
-    from .rollback import RecurrentRollback, StateSnapshot
+    from .rollback import RecurrentRollback
     from .verify_graphs import VerifyGraphRunner
 
 logger = logging.getLogger(__name__)
@@ -56,14 +56,15 @@ class RollbackGraphRunner:
         self.records = verify.records
         self.rows = verify.rows_per_request
         self.dummy_slot = verify.dummy_slot
+        if rollback.saved_rows is None:
+            raise ValueError("the rollback graphs read the rollback's held saved rows")
+        self.snapshot = rollback.saved_rows
+        num_rows = min(num_rows, self.snapshot[0].shape[0])
         self.batch_sizes = [b for b in sorted(verify.recorded) if b <= num_rows]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._constants: dict[int, list[torch.Tensor]] = {}
         self.pool: _POOL_HANDLE | None = None
         b, L = max(self.batch_sizes, default=0), self.rows
-        # Zeros, not empty: a padded request replays from its row onto the dummy slot, which
-        # padded rows of later steps read, so its state must stay finite.
-        self.snapshot = [p.new_zeros((num_rows, *p.shape[1:])) for p in rollback.pools]
         pairs = zip(rollback.pools, self.snapshot, strict=True)
         self.saved = {pool.data_ptr(): rows for pool, rows in pairs}
         # The index vectors as views of one buffer (one copy a step), each at an even offset:
@@ -82,11 +83,6 @@ class RollbackGraphRunner:
     def takes(self, bucket: int | None) -> bool:
         """Whether a verify-graph step of `bucket` (the verify runner's) rolls back here."""
         return bucket is not None and bucket in self.graphs
-
-    def save(self, slots: list[int]) -> StateSnapshot | None:
-        """A step's saved rows (any step's: graph or not), in the static copies the graphs
-        read."""
-        return self.rollback.save(slots, into=self.snapshot)
 
     # ------------------------------------------------------------------ the replay
     def _view(self, name: str, size: int) -> torch.Tensor:

@@ -91,7 +91,7 @@ class SpecDecoder(Drafting):
         self.engine = engine
         self.drafter = drafter
         self.max_draft_len = max_draft_len
-        self.rollback = RecurrentRollback(engine.model)
+        self.rollback = RecurrentRollback(engine.model, engine.max_batch_size)
         self.drafts: dict[int, list[int]] = {}  # next step's drafts, by request id
         self.draft_override: DraftOverride | None = None
         self.accept_override: AcceptOverride | None = None
@@ -136,12 +136,12 @@ class SpecDecoder(Drafting):
         uniform = uniform_verify_len(rows, bool(ctx))
         as_rows = self.link is None and graphs is not None and graphs.takes(len(rows), uniform)
         # Its rollback, where a graph of the verify graph's bucket runs it (rollback_graphs.py),
-        # reads the saved rows from the static copies every step saves into then.
+        # reads the saved rows from the held copies every step saves into.
         rb = self.rollback_graphs
         bucket = graphs.bucket(len(rows)) if as_rows and graphs is not None else None
         rollback_bucket = bucket if rb is not None and rb.takes(bucket) else None
         save = [_slot(v.request) for v in verify if v.drafts]
-        snapshot = self.rollback.save(save) if rb is None else rb.save(save)
+        snapshot = self.rollback.save(save)
         if as_rows:
             cb = build_verify_batch(engine.batch_builder, rows)
         else:

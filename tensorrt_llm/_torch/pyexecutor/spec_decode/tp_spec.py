@@ -98,7 +98,7 @@ class SpecWorker:
         self.engine = engine
         self.channel = channel
         self.lm = lm  # the engine model's text LM with its MTP head (setup.text_lm)
-        self.rollback = RecurrentRollback(engine.model)
+        self.rollback = RecurrentRollback(engine.model, engine.max_batch_size)
         self.drafter: MTPDrafter | None = None
         # Between the parts of one step: the target's hidden states and positions (the
         # draft plan indexes them) and the saved recurrent rows (the replay restores them).

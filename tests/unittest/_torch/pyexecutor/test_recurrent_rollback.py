@@ -63,6 +63,29 @@ def test_save_into_given_copies(by_row: bool, monkeypatch: pytest.MonkeyPatch) -
         rollback.save([0, 1, 2, 3, 4], into=into)
 
 
+@pytest.mark.parametrize("by_row", [True, False])
+def test_saves_reuse_the_held_rows(by_row: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `num_rows` (the engine's rollback) every save writes the same held copies, one
+    row a slot up to the seq slots (the pools' last row is the dummy), and a later save of
+    the same slots copies the rows as they are then (the cached row views are views)."""
+    monkeypatch.setattr(rollback_module, "SAVE_BY_ROW_MAX_SLOTS", 16 if by_row else 0)
+    model = _Model()
+    rollback = RecurrentRollback(model, num_rows=64)  # type: ignore[arg-type]
+    assert rollback.saved_rows is not None
+    assert [r.shape[0] for r in rollback.saved_rows] == [6] * len(rollback.pools)
+    held = [r.data_ptr() for r in rollback.saved_rows]
+    for step in range(3):
+        for t in model.state.values():
+            t.add_(1)  # each verify step writes the rows
+        slots = [4, 0, 2][: step + 1]
+        snapshot = rollback.save(slots)
+        assert snapshot is not None
+        for pool, rows, ptr in zip(rollback.pools, snapshot.rows, held, strict=True):
+            assert rows.data_ptr() == ptr and torch.equal(rows, pool[slots])
+    with pytest.raises(ValueError, match="do not fit"):
+        rollback.save(list(range(7)))
+
+
 def test_the_conv_rollback_kernel_is_compiled_on_the_dummy_slot_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
