@@ -17,7 +17,7 @@ sits at a fixed address but two, which this runner makes static too:
   or padding) replays one token onto the dummy slot, which nothing reads.
 
 So the replay of a recorded bucket is one graph, filled by one host-to-device copy a step.
-Off unless `TRTLLM_MTP_ROLLBACK_GRAPHS=1` (setup.py) until the GPU suite has run it.
+On by default (setup.py; `TRTLLM_MTP_ROLLBACK_GRAPHS=0` rolls back eagerly).
 """
 
 from __future__ import annotations
