@@ -280,15 +280,24 @@ def quantize_model_fp8_(model: nn.Module, skip: tuple[str, ...] = ("visual",)) -
     MoE experts (`MoEExperts`, not a `Linear`) stay 16-bit at any tp size; a shared expert's
     Linears are column / row shards like the MLP's, the router is replicated (whole rows).
     """
-    count = 0
+    chosen = per_channel_fp8_linears(model, skip)
+    for name, module in chosen:
+        quantize_linear_fp8_(module, _full_row_amax(name, module))
+    return len(chosen)
+
+
+def per_channel_fp8_linears(
+    model: nn.Module, skip: tuple[str, ...] = ("visual",)
+) -> list[tuple[str, Linear]]:
+    """The `Linear`s `quantize_model_fp8_` converts, by module name."""
+    chosen = []
     for name, module in model.named_modules():
         if not isinstance(module, Linear) or any(part in skip for part in name.split(".")):
             continue
         if module.fp8_block is not None:
             raise ValueError(f"{name} is block-FP8 already; per-channel fp8 needs 16-bit weights")
-        quantize_linear_fp8_(module, _full_row_amax(name, module))
-        count += 1
-    return count
+        chosen.append((name, module))
+    return chosen
 
 
 def _full_row_amax(name: str, linear: Linear) -> torch.Tensor | None:

@@ -7,14 +7,16 @@
   batch is the number of typical requests (min(max_seq_len, 2048) tokens each) it holds.
 - Hybrid models (Gated DeltaNet) also keep conv/SSM state rows per seq slot. Those rows are
   allocated with the model, before the KV cache can be measured, so their count is decided
-  first: free memory minus an estimate of the weights, split over typical requests that each
-  need one state row plus their KV.
+  first: free memory minus the weights' bytes as served (a meta build at their final
+  precision: FP8 layers at one byte a weight; `model_build.served_weight_bytes`), split over
+  typical requests that each need one state row plus their KV.
 One startup log line gives the numbers and which bound won.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,10 +87,16 @@ def recurrent_state_bytes_per_slot(
     return num_layers * (conv + ssm) // tp_size
 
 
-def estimate_weight_bytes(cls: type, model_config: Any) -> int:
-    """Bytes of the model's parameters in their build dtype, from a build on the meta device."""
+def estimate_weight_bytes(
+    cls: type, model_config: Any, prepare: Callable[[torch.nn.Module], object] | None = None
+) -> int:
+    """Bytes of the model's parameters, from a build on the meta device that `prepare` gives
+    their served precision (model_build.prepare_on_meta: block-FP8 layers and experts, the
+    MTP head), not the 16-bit build dtype."""
     with torch.device("meta"):
         model = cls(model_config)
+        if prepare is not None:
+            prepare(model)
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 

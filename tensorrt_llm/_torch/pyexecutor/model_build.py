@@ -17,9 +17,10 @@ from ..modules.fp8_block_model import (
     fill_dummy_fp8_block_,
     quantize_moe_experts_fp8_block_,
 )
-from ..modules.fused_moe import fuse_shared_experts_
+from ..modules.fp8_linear import quantize_linear_fp8_
+from ..modules.fused_moe import MoEExperts, fuse_shared_experts_
 from ..modules.gated_delta_net import fuse_gdn_in_projections_
-from ..modules.linear import quantize_model_fp8_
+from ..modules.linear import per_channel_fp8_linears, quantize_model_fp8_
 from ..weight_loading import build_model_on_meta, load_model
 from .capacity import (
     BatchSizing,
@@ -96,10 +97,8 @@ def build_model(
     quant = config.quant_config
 
     def prepare(model: torch.nn.Module) -> None:  # on meta: no 16-bit copy of FP8 layers
-        if config.speculative_config is not None:
-            prepare_mtp(model, config.attn_backend)
+        converted = _prepare_on_meta(model, config)
         if quant is not None:
-            converted = apply_fp8_block_config_(model, quant)
             source = "checkpoint" if quant.from_checkpoint else "quantized at load"
             logger.info("fp8_block: %d block-FP8 linear layers (%s)", converted, source)
 
@@ -110,7 +109,7 @@ def build_model(
             fill_dummy_fp8_block_(model, config.seed)
     else:
         model = load_model(cls, model_config, device, prepare=prepare)
-    if quant is not None and (config.load_format == "dummy" or not quant.from_checkpoint):
+    if _experts_quantized_after_load(config):
         quantize_moe_experts_fp8_block_(model)
     # After the experts' final precision: random weights, or experts converted to FP8 after
     # loading, fuse only now (a checkpoint's load_weights fused already where it could).
@@ -122,6 +121,45 @@ def build_model(
     # projections become one GEMM; the forward only reads the joined weight.
     fuse_gdn_in_projections_(model)
     return model.eval()
+
+
+def _prepare_on_meta(model: torch.nn.Module, config: EngineConfig) -> int:
+    """What the build does on the meta model: the MTP head, the block-FP8 linears (how many)."""
+    if config.speculative_config is not None:
+        prepare_mtp(model, config.attn_backend)
+    if config.quant_config is None:
+        return 0
+    return apply_fp8_block_config_(model, config.quant_config)
+
+
+def _experts_quantized_after_load(config: EngineConfig) -> bool:
+    """Whether `build_model` converts 16-bit routed experts to block FP8 after loading (random
+    weights, or a 16-bit checkpoint with quantization="fp8_block")."""
+    quant = config.quant_config
+    return quant is not None and (config.load_format == "dummy" or not quant.from_checkpoint)
+
+
+def served_weight_bytes(config: EngineConfig, cls: type, model_config: ModelConfig) -> int:
+    """The bytes `build_model`'s parameters end up with, from a build on the meta device given
+    their final precision there: block-FP8 linears and experts, per-channel FP8 linears, the
+    MTP head. (The 16-bit build dtype over-counts an FP8 model twice: the hybrid presizing
+    then gave Qwen3.6-35B-A3B-FP8 on an 80 GB card a fraction of the slots it fits.)"""
+    quant = config.quant_config
+
+    def prepare(model: torch.nn.Module) -> None:
+        _prepare_on_meta(model, config)
+        # Routed experts end block-FP8 whenever a block-FP8 config is set: converted after
+        # loading 16-bit or random weights, or loaded so from a checkpoint that carries their
+        # scales (`prepare_fp8_block_experts_`; the releases quantize every expert).
+        if quant is not None:
+            for module in model.modules():
+                if isinstance(module, MoEExperts) and module.weight_block_size is None:
+                    module.use_fp8_block_(quant.weight_block_size)
+        if config.quantization == "fp8":
+            for _, linear in per_channel_fp8_linears(model):
+                quantize_linear_fp8_(linear)  # shapes only: meta tensors
+
+    return estimate_weight_bytes(cls, model_config, prepare)
 
 
 def engine_max_seq_len(config: EngineConfig, spec: KVCacheSpec) -> int:
@@ -165,7 +203,7 @@ def presize_hybrid(
     sizing = size_hybrid_slots(
         model_config.max_num_seq_slots,
         free,
-        estimate_weight_bytes(cls, probe_config),
+        served_weight_bytes(config, cls, probe_config),
         config.kv_cache_free_gpu_memory_fraction,
         state,
         kv_bytes_per_token(spec),

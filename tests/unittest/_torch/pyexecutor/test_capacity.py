@@ -162,3 +162,38 @@ def test_too_short_max_seq_len_for_an_image_is_a_clear_error(tmp_path: Path) -> 
     args = LlmArgs(model=ckpt, device="cpu", max_seq_len=17)
     with pytest.raises(ValueError, match="max_seq_len=17 cannot hold the smallest image prompt"):
         create_py_executor(args.to_engine_config(), proc)
+
+
+@pytest.mark.parametrize(
+    ("family", "checkpoint", "args"),
+    [
+        ("qwen3_5_moe", {}, {"load_format": "dummy", "quantization": "fp8_block"}),
+        ("qwen3_5_moe", {"quantization": "fp8_block"}, {}),  # an -FP8 release's layout
+        ("qwen3_5", {}, {"quantization": "fp8"}),
+        (
+            "qwen3_5",
+            {"mtp_num_hidden_layers": 1},
+            {"speculative_config": {"decoding_type": "MTP", "num_nextn_predict_layers": 2}},
+        ),
+    ],
+)
+def test_hybrid_presizing_counts_the_weights_as_served(
+    tmp_path: Path, family: str, checkpoint: dict, args: dict
+) -> None:
+    """The weight bytes the hybrid presizing subtracts (`served_weight_bytes`, a meta build)
+    equal the built model's: FP8 linears and experts at one byte a weight, the MTP head
+    included. The 16-bit build dtype counted an FP8 model twice."""
+    from tensorrt_llm._torch.models.modeling_auto import get_model_class
+    from tensorrt_llm._torch.pyexecutor.model_build import (
+        build_model,
+        model_config_of,
+        served_weight_bytes,
+    )
+
+    ckpt = write_tiny_checkpoint(family, tmp_path / "ckpt", **checkpoint)
+    config = LlmArgs(model=str(ckpt), device="cpu", max_batch_size=2, **args).to_engine_config()
+    cls = get_model_class(config.architecture)
+    model_config = model_config_of(config)
+    model = build_model(cls, model_config, torch.device("cpu"), config)
+    built = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert served_weight_bytes(config, cls, model_config) == built
