@@ -130,8 +130,9 @@ class RecurrentRollback:
             if not held:
                 foreach_copy_([r[i] for r in rows], [p[slot] for p in self.pools])
                 continue
+            assert self.saved_rows is not None
             src = self._views(self._slot_views, self.pools, slot)
-            dst = self._views(self._saved_views, rows, i)
+            dst = self._views(self._saved_views, self.saved_rows, i)
             for group_dst, group_src in zip(dst, src, strict=True):
                 torch._foreach_copy_(group_dst, group_src)
         return StateSnapshot(list(slots), rows)
