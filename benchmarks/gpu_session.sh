@@ -109,7 +109,8 @@ mt27 | mt8)
         timeout -s ABRT 280 python3 -m tensorrt_llm.commands.bench \
             --config "benchmarks/configs/$config.json" --image_size 512 --executor_mode inproc \
             --isl 1000 --osl 50 --multi_turn 4 --turn_tokens 800 --concurrency 32 $reuse \
-            --output "$OUT/$STAGE${reuse#--}.json" 2>&1 | quiet | tail -20 | tee -a "$OUT/$STAGE.log"
+            --output "$OUT/$STAGE${reuse#--}.json" 2>&1 | quiet | tee "$OUT/$STAGE${reuse#--}.full.log" \
+            | tail -20 | tee -a "$OUT/$STAGE.log"
     done
     ;;
 mtp27 | mtp27c32)
