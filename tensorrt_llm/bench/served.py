@@ -223,6 +223,28 @@ def server_cpu_pct(
     return 100.0 * (after[PROCESS_CPU] - before[PROCESS_CPU]) / wall_s
 
 
+def server_seq_slots(samples: dict[str, float] | None) -> float:
+    """The server's seq slots (`trtllm_seq_slots_total`): how many requests it runs at once
+    (nan when it does not say)."""
+    from ..serve.metrics import PREFIX
+
+    if samples is None:
+        return float("nan")
+    values = [v for k, v in samples.items() if k.split("{")[0] == f"{PREFIX}seq_slots_total"]
+    return float(sum(values)) if values else float("nan")
+
+
+def queue_note(concurrency: int, slots: float) -> str | None:
+    """A line for a wave larger than the server's slots (None otherwise): the rest of the
+    wave waits in the server's queue, which the TTFT then shows."""
+    if not slots == slots or concurrency <= slots:  # nan: unknown
+        return None
+    return (
+        f"note: the server runs at most {int(slots)} requests at a time (seq slots); "
+        f"{concurrency - int(slots)} of the c={concurrency} wave wait in its queue"
+    )
+
+
 def stage_sums(samples: dict[str, float] | None) -> dict[str, tuple[float, float]] | None:
     """{stage: (sum s, count)} from a /metrics scrape (None: the server has none)."""
     if samples is None:
@@ -264,7 +286,8 @@ def run_served_concurrency(
 
     The row also carries the server's own mean time per stage before the first token
     (`STAGE_COLUMNS`, from its /metrics around the wave): where the TTFT goes; and the
-    server process's CPU share during the wave (`server_cpu_pct`)."""
+    server process's CPU share during the wave (`server_cpu_pct`) and its seq slots
+    (`server_seq_slots`; a wave larger than them queues, and a line says so)."""
     bodies = [
         chat_body(target, c, workload.osl, workload.ignore_eos, workload.guided_json)
         for c in contents
@@ -278,6 +301,10 @@ def run_served_concurrency(
     row["isl_mean"] = float(np.mean([r.prompt_tokens for r in results]))
     row.update(stage_means(stage_sums(before), stage_sums(after)))
     row["server_cpu_pct"] = server_cpu_pct(before, after, wall)
+    row["server_seq_slots"] = server_seq_slots(after)
+    note = queue_note(concurrency, row["server_seq_slots"])
+    if note is not None:
+        print(note, flush=True)
     return row
 
 

@@ -54,7 +54,13 @@ from ..bench.workload_modes import (
     wave_served,
 )
 
-_SERVED_COLUMNS = (*_COLUMNS, "isl_mean", *STAGE_COLUMNS, "server_cpu_pct")
+_SERVED_COLUMNS = (
+    *_COLUMNS,
+    "isl_mean",
+    *STAGE_COLUMNS,
+    "server_cpu_pct",
+    "server_seq_slots",
+)
 # In-process defaults of knobs that the served mode leaves to trtllm-serve unless given.
 _INPROCESS_MAX_NUM_TOKENS = 8192
 _INPROCESS_KV_FRACTION = 0.8

@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tensorrt_llm.bench.served import STAGE_COLUMNS, parse_served_url, single_token_words
+from tensorrt_llm.bench.served import (
+    STAGE_COLUMNS,
+    parse_served_url,
+    queue_note,
+    server_seq_slots,
+    single_token_words,
+)
 from tensorrt_llm.bench.server_process import ServerProcess
 from tensorrt_llm.bench.workload import prepare_model_folder
 from tensorrt_llm.commands.bench import main, parse_args, serve_flags
@@ -100,6 +106,7 @@ def test_served_child_and_in_process_side_by_side(
         assert sum(stages[:4]) <= row["ttft_ms_p99"]
         assert sum(stages[4:]) <= stages[2] + stages[3] + 1e-6
         assert row["server_cpu_pct"] > 0.0  # the child's own CPU over the wave
+        assert row["server_seq_slots"] >= row["concurrency"]  # the server's own count
     ratios = result["served_vs_inprocess"]
     assert [r["concurrency"] for r in ratios] == [1, 2]
     for ratio, served, ours in zip(ratios, result["served"], result["ours"], strict=True):
@@ -266,3 +273,19 @@ def test_block_reuse_and_policy_flags(tiny_config: Path, tmp_path: Path) -> None
     assert _policy_kwargs(off) == {"kv_cache_config": {"enable_block_reuse": False}}
     with pytest.raises(SystemExit, match="in process only"):
         serve_flags(policy, tmp_path)
+
+
+def test_the_server_seq_slots_and_the_queue_note() -> None:
+    """`server_seq_slots` reads the server's own /metrics exposition; a wave larger than
+    the slots gets a line saying how many of it queue, a wave within them none."""
+    from types import SimpleNamespace
+
+    from tensorrt_llm.serve.metrics import ServerMetrics, parse_prometheus
+
+    stats = SimpleNamespace(num_total_seq_slots=62, num_free_seq_slots=62)
+    samples = parse_prometheus(ServerMetrics("m", stats_fn=lambda: stats).render())
+    assert server_seq_slots(samples) == 62
+    assert server_seq_slots(parse_prometheus(ServerMetrics("m").render())) != 62  # nan
+    note = queue_note(128, server_seq_slots(samples))
+    assert note is not None and "at most 62 requests" in note and "66 of the c=128" in note
+    assert queue_note(62, 62.0) is None and queue_note(128, float("nan")) is None
